@@ -1,0 +1,259 @@
+"""Settings of one drafter training run, as a frozen dataclass that round-trips through JSON.
+
+The trainer is launched out of process (`torchrun -m eagle_assets.drafter.train --config
+run.json`), so everything a run needs is in this one file: where the data and the target are,
+the drafter's shape, the optimiser, the schedule, the parallelism and the checkpoint policy.
+
+    cfg = TrainConfig(shard_dirs=("data/shards",), vocab_mapping="data/vocab_mapping.safetensors",
+                      target="/models/llama", out_dir="runs/d1")
+    cfg.save("runs/d1/run.json")
+    assert TrainConfig.load("runs/d1/run.json") == cfg
+
+Unknown keys in a JSON file are an error naming the key and listing the known ones: a typo
+must not silently train with a default.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import tempfile
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+
+PARALLELISMS = ("ddp", "fsdp2")
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """One training run of an EAGLE-3 drafter."""
+
+    # --- inputs ---
+    shard_dirs: tuple[str, ...]
+    """Hidden-state shard folders, or folders holding `shard-*` folders (formats.py layout)."""
+    vocab_mapping: str
+    """The `vocab_mapping.safetensors` file (d2t, t2d) of the draft vocabulary."""
+    target: str
+    """The target's HF folder: `config.json` plus safetensors with embed_tokens and lm_head."""
+    out_dir: str
+    """Where checkpoints, logs, TensorBoard events and the exported drafter go."""
+
+    # --- drafter ---
+    drafter: dict | str | None = None
+    """A `DrafterConfig` as a dict, a drafter preset name, or None to derive the drafter from
+    the target's `config.json`, the draft vocabulary size and the shards' aux layer ids."""
+    ttt_steps: int | None = None
+    """Training-time-test unroll length K; None takes the drafter config's."""
+    warm_start: str | None = None
+    """A parent drafter's HF folder to start from; its d2t/t2d must equal `vocab_mapping`'s."""
+
+    # --- data ---
+    max_seq_len: int = 2048
+    """Samples longer than this are cut to their first `max_seq_len` tokens."""
+    micro_batch_tokens: int | None = 4096
+    """Budget of one micro-batch in padded tokens (samples x longest sample); None = no limit."""
+    micro_batch_samples: int | None = None
+    """Most samples in one micro-batch; None = only the token budget applies."""
+    grad_accum: int = 1
+    """Micro-batches each process accumulates per optimiser step. The global batch is
+    world_size x grad_accum micro-batches, independent of how it is split over processes."""
+    length_window: int = 512
+    """Length-aware batching sorts the shuffled samples by length inside windows of this many
+    samples: similar lengths share a micro-batch (little padding), the order stays random."""
+    val_fraction: float = 0.02
+    """Share of samples held out for validation, chosen by a stable hash of sample_id."""
+
+    # --- optimisation ---
+    epochs: int = 1
+    """Passes over the training split (ignored once `max_steps` is reached)."""
+    max_steps: int | None = None
+    """Stop after this many optimiser steps; None = `epochs` full passes."""
+    lr: float = 1e-4
+    """Peak learning rate of AdamW."""
+    warmup_steps: int = 100
+    """Linear warm-up from 0 to `lr` over this many steps."""
+    cosine: bool = True
+    """Cosine decay from `lr` to `min_lr_ratio * lr` after warm-up; False keeps `lr` constant."""
+    min_lr_ratio: float = 0.1
+    """Final learning rate as a fraction of `lr` (cosine schedule only)."""
+    weight_decay: float = 0.0
+    """AdamW weight decay, applied to matrices only (never to norms)."""
+    betas: tuple[float, float] = (0.9, 0.95)
+    """AdamW betas."""
+    grad_clip: float | None = 0.5
+    """Clip the global gradient norm to this value; None = no clipping."""
+    seed: int = 0
+    """Seeds weight initialisation, data order (with the epoch) and every RNG."""
+
+    # --- parallelism and precision ---
+    parallelism: str = "ddp"
+    """"ddp" (replicated weights) or "fsdp2" (sharded weights, `fully_shard`)."""
+    bf16: bool = True
+    """bf16 autocast on CUDA; on CPU the run is always fp32."""
+
+    # --- validation, checkpoints, logging ---
+    val_interval: int = 500
+    """Validate every this many optimiser steps (and at the end); 0 = only at the end."""
+    val_max_batches: int | None = None
+    """Cap on validation micro-batches per validation (None = the whole held-out split)."""
+    checkpoint_every: int = 500
+    """Write a resumable checkpoint every this many optimiser steps; 0 = never."""
+    keep_last: int = 2
+    """Checkpoints kept on disk; older ones are deleted once a newer one is complete."""
+    resume: bool = True
+    """Resume from the newest complete checkpoint in `out_dir` when there is one."""
+    log_every: int = 10
+    """Write scalars (TensorBoard, metrics.jsonl, reporter) every this many steps."""
+    tensorboard_dir: str | None = None
+    """TensorBoard event folder; None = `out_dir/tensorboard`."""
+    export: bool = True
+    """Export the final drafter as an HF folder (`out_dir/drafter`) with export.py."""
+
+    extra: dict = field(default_factory=dict)
+    """Free-form notes carried into the checkpoint and summary (lineage, run ids)."""
+
+    def __post_init__(self) -> None:
+        # JSON gives lists; the dataclass is frozen and hashable-minded, so store tuples.
+        if isinstance(self.shard_dirs, (str, os.PathLike)):
+            object.__setattr__(self, "shard_dirs", (str(self.shard_dirs),))
+        object.__setattr__(self, "shard_dirs", tuple(str(p) for p in self.shard_dirs))
+        object.__setattr__(self, "betas", tuple(float(b) for b in self.betas))
+        for name in ("vocab_mapping", "target", "out_dir"):
+            object.__setattr__(self, name, str(getattr(self, name)))
+        self.validate()
+
+    def validate(self) -> None:
+        """Raise ValueError naming the setting and what to write instead."""
+        problems = []
+        if not self.shard_dirs:
+            problems.append("shard_dirs is empty: give at least one hidden-state shard folder")
+        if self.parallelism not in PARALLELISMS:
+            problems.append(f"parallelism={self.parallelism!r}: use one of {PARALLELISMS}")
+        if self.micro_batch_tokens is None and self.micro_batch_samples is None:
+            problems.append("set micro_batch_tokens or micro_batch_samples (both are None)")
+        for name in ("grad_accum", "epochs", "max_seq_len", "length_window"):
+            if getattr(self, name) < 1:
+                problems.append(f"{name}={getattr(self, name)} must be >= 1")
+        for name in ("micro_batch_tokens", "micro_batch_samples", "max_steps", "ttt_steps"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                problems.append(f"{name}={value} must be >= 1 or null")
+        for name in ("warmup_steps", "val_interval", "checkpoint_every", "log_every"):
+            if getattr(self, name) < 0:
+                problems.append(f"{name}={getattr(self, name)} must be >= 0")
+        if self.keep_last < 1:
+            problems.append(f"keep_last={self.keep_last} must be >= 1 (the newest checkpoint is what resume reads)")
+        if not 0.0 <= self.val_fraction < 1.0:
+            problems.append(f"val_fraction={self.val_fraction} must be in [0, 1)")
+        if not 0.0 <= self.min_lr_ratio <= 1.0:
+            problems.append(f"min_lr_ratio={self.min_lr_ratio} must be in [0, 1]")
+        if self.lr <= 0:
+            problems.append(f"lr={self.lr} must be > 0")
+        if len(self.betas) != 2:
+            problems.append(f"betas={self.betas} must be two numbers")
+        if self.grad_clip is not None and self.grad_clip <= 0:
+            problems.append(f"grad_clip={self.grad_clip} must be > 0 or null")
+        if problems:
+            raise ValueError("invalid TrainConfig:\n  - " + "\n  - ".join(problems))
+
+    # --- paths derived from out_dir ---
+    @property
+    def checkpoint_dir(self) -> Path:
+        return Path(self.out_dir) / "checkpoints"
+
+    @property
+    def export_dir(self) -> Path:
+        return Path(self.out_dir) / "drafter"
+
+    @property
+    def tensorboard_path(self) -> Path:
+        return Path(self.tensorboard_dir) if self.tensorboard_dir else Path(self.out_dir) / "tensorboard"
+
+    # --- JSON ---
+    def to_dict(self) -> dict:
+        out = {}
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            out[f.name] = list(value) if isinstance(value, tuple) else value
+        return out
+
+    @classmethod
+    def from_dict(cls, data: dict, source: str = "config") -> "TrainConfig":
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ValueError(
+                f"{source}: unknown TrainConfig key(s) {unknown}; known keys: {sorted(known)}"
+            )
+        required = [f.name for f in dataclasses.fields(cls) if f.default is dataclasses.MISSING
+                    and f.default_factory is dataclasses.MISSING]
+        missing = [k for k in required if k not in data]
+        if missing:
+            raise ValueError(f"{source}: missing required TrainConfig key(s) {missing}")
+        _check_types(cls, data, source)
+        return cls(**data)
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2, sort_keys=True)
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> "TrainConfig":
+        path = Path(path)
+        if not path.is_file():
+            raise FileNotFoundError(f"training config {path} does not exist; write one with TrainConfig(...).save()")
+        try:
+            data = json.loads(path.read_text())
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{path}: not valid JSON ({e})") from None
+        if not isinstance(data, dict):
+            raise ValueError(f"{path}: expected a JSON object of TrainConfig keys, got {type(data).__name__}")
+        return cls.from_dict(data, source=str(path))
+
+    def save(self, path: str | os.PathLike) -> Path:
+        """Write atomically (temp file then rename), so a reader never sees half a config."""
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        with os.fdopen(fd, "w") as f:
+            f.write(self.to_json())
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+        return path
+
+    def replace(self, **changes) -> "TrainConfig":
+        return dataclasses.replace(self, **changes)
+
+
+def _check_types(cls, data: dict, source: str) -> None:
+    """A light type check of JSON values, so `"lr": "1e-4"` fails here and not mid-run."""
+    hints = typing.get_type_hints(cls)
+    problems = []
+    for key, value in data.items():
+        allowed = _json_kinds(hints[key])
+        if not isinstance(value, allowed) or (isinstance(value, bool) and bool not in allowed):
+            kinds = "/".join(sorted({k.__name__ for k in allowed}))
+            problems.append(f"{key}={value!r} should be {kinds}")
+    if problems:
+        raise ValueError(f"{source}: wrong type for " + "; ".join(problems))
+
+
+def _json_kinds(hint) -> tuple[type, ...]:
+    origin = typing.get_origin(hint)
+    if origin in (typing.Union, types.UnionType):
+        kinds: tuple[type, ...] = ()
+        for arg in typing.get_args(hint):
+            kinds += _json_kinds(arg)
+        return kinds
+    if hint is type(None):
+        return (type(None),)
+    if hint is float:
+        return (float, int)
+    if origin in (tuple, list) or hint in (tuple, list):
+        return (list, tuple)
+    if origin is dict or hint is dict:
+        return (dict,)
+    return (hint,)
