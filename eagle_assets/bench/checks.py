@@ -1,0 +1,142 @@
+"""Pass/fail checks on benchmark results, as pure functions (asset checks wrap them).
+
+    speedup_check(runs)              eagle3 tokens/s over baseline at concurrency 1 is above 1
+    parity_check(verdict)            served acceptance within tolerance of the offline reference
+    parent_al_check(al, parent_al)   a warm-started drafter's AL is at least its parent's
+
+Speedup = output tokens/s with speculation / without, same prompts, same engine, same run
+(DESIGN.md, "Metrics"): the two `ServedRun`s must share prompts, output length and model.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+
+from eagle_assets.bench.metrics import SpecStats
+from eagle_assets.bench.parity import Verdict
+from eagle_assets.bench.served import ServedRun
+
+BASELINE = "baseline"
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    """One named pass/fail check with the numbers it looked at."""
+
+    name: str
+    passed: bool
+    description: str
+    """A sentence saying what was compared and what came out."""
+    metadata: dict = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: Mapping) -> "CheckResult":
+        return cls(**d)
+
+
+def _comparable(a: ServedRun, b: ServedRun) -> None:
+    if (a.model, a.output_len, a.num_prompts) != (b.model, b.output_len, b.num_prompts):
+        raise ValueError(
+            f"runs {a.label!r} and {b.label!r} did not measure the same work (model, output_len, "
+            f"prompts: {(a.model, a.output_len, a.num_prompts)} vs {(b.model, b.output_len, b.num_prompts)}); "
+            "a speedup needs the same prompts and lengths on the same engine"
+        )
+
+
+def speedups(runs: Sequence[ServedRun], baseline: str = BASELINE) -> dict[str, dict[int, float]]:
+    """tokens/s of every non-baseline run over the baseline's, per concurrency both measured."""
+    base = next((r for r in runs if r.label == baseline), None)
+    if base is None:
+        return {}
+    out: dict[str, dict[int, float]] = {}
+    for run in runs:
+        if run.label == baseline:
+            continue
+        _comparable(base, run)
+        out[run.label] = {
+            lv.concurrency: lv.tokens_per_s / b.tokens_per_s
+            for lv in run.levels
+            if (b := base.level(lv.concurrency)) is not None and b.tokens_per_s > 0
+        }
+    return out
+
+
+def pooled_spec_stats(run: ServedRun) -> SpecStats | None:
+    """The run's spec statistics summed over its concurrency levels (same prompts at each level)."""
+    stats = [lv.spec for lv in run.levels if lv.spec is not None]
+    if not stats:
+        return None
+    k = max(len(s.accepted_per_pos) for s in stats)
+    per_pos = [sum(s.accepted_per_pos[i] for s in stats if i < len(s.accepted_per_pos)) for i in range(k)]
+    return SpecStats(
+        drafts=sum(s.drafts for s in stats),
+        draft_tokens=sum(s.draft_tokens for s in stats),
+        accepted=sum(s.accepted for s in stats),
+        accepted_per_pos=tuple(per_pos),
+    )
+
+
+def speedup_check(
+    runs: Sequence[ServedRun],
+    label: str = "eagle3",
+    baseline: str = BASELINE,
+    concurrency: int = 1,
+    min_speedup: float = 1.0,
+) -> CheckResult:
+    """Passes when `label`'s tokens/s over `baseline`'s at `concurrency` is above `min_speedup`."""
+    name = f"speedup_above_{min_speedup:g}_at_concurrency_{concurrency}"
+    ratio = speedups(runs, baseline).get(label, {}).get(concurrency)
+    if ratio is None:
+        have = sorted({r.label for r in runs})
+        return CheckResult(
+            name, False,
+            f"no {label!r} and {baseline!r} measurements at concurrency {concurrency} to compare (runs: {have})",
+            {"label": label, "baseline": baseline, "concurrency": concurrency},
+        )
+    passed = ratio > min_speedup
+    return CheckResult(
+        name, passed,
+        f"{label} runs at {ratio:.2f}x the {baseline}'s output tokens/s at concurrency {concurrency} "
+        f"({'above' if passed else 'not above'} {min_speedup:g}x)",
+        {"speedup": ratio, "label": label, "baseline": baseline, "concurrency": concurrency, "min_speedup": min_speedup},
+    )
+
+
+def parity_check(verdict: Verdict | None) -> CheckResult:
+    """Passes when served acceptance is within tolerance of the offline reference."""
+    if verdict is None:
+        return CheckResult("parity_within_tolerance", False, "no parity verdict: offline or served acceptance is missing")
+    ev = verdict.evidence
+    return CheckResult(
+        "parity_within_tolerance",
+        verdict.parity_ok,
+        f"{verdict.verdict}: {verdict.sentence}",
+        {
+            "verdict": verdict.verdict,
+            "offline_al": ev.get("offline", {}).get("al"),
+            "served_al": ev.get("served", {}).get("al"),
+            "al_diff": ev.get("al_diff"),
+        },
+    )
+
+
+def parent_al_check(al: float, parent_al: float | None, slack: float = 0.0) -> CheckResult:
+    """Passes when a warm-started drafter's AL is at least its parent's (minus `slack`) on the
+    same prompts; passes trivially, and says so, when the drafter was trained from scratch."""
+    name = "al_not_below_parent"
+    if parent_al is None:
+        return CheckResult(name, True, "trained from scratch: no parent drafter to compare with", {"al": al})
+    if not math.isfinite(al):
+        return CheckResult(name, False, "the drafter's AL is not a number (no drafts measured)", {"al": None, "parent_al": parent_al})
+    passed = al >= parent_al - slack
+    return CheckResult(
+        name, passed,
+        f"AL {al:.3f} vs parent {parent_al:.3f}: {'not below' if passed else 'REGRESSED below'} the parent"
+        + (f" (slack {slack:g})" if slack else ""),
+        {"al": al, "parent_al": parent_al, "slack": slack},
+    )

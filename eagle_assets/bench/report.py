@@ -1,0 +1,396 @@
+"""The benchmark report: offline and served acceptance, their parity, throughput and speedup.
+
+`build_report` gathers the served runs ("baseline", "eagle3", "ngram"), the offline reference
+numbers and the parity verdict, and runs the checks; `write_report` writes
+
+    report.md                 the report for people (tables, verdict, definitions, plots)
+    report.json               the same data (`BenchmarkReport.to_dict`; `load_report` reads it)
+    acceptance_per_position.png   p_k offline vs served (bars)
+    throughput.png            output tokens/s against concurrency per configuration (lines)
+    speedup.png               speedup over the baseline against concurrency (lines)
+
+and `summary_text` gives a one-screen console summary. Print a saved report:
+
+    python -m eagle_assets.bench.report path/to/report.json
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from eagle_assets.bench.checks import (
+    BASELINE,
+    CheckResult,
+    parent_al_check,
+    parity_check,
+    pooled_spec_stats,
+    speedup_check,
+    speedups,
+)
+from eagle_assets.bench.metrics import METRIC_DEFINITIONS
+from eagle_assets.bench.parity import AcceptanceNumbers, ParityTolerance, Verdict, judge_parity
+from eagle_assets.bench.plots import plot_acceptance, plot_speedup, plot_throughput
+from eagle_assets.bench.served import ServedRun
+
+REPORT_MD = "report.md"
+REPORT_JSON = "report.json"
+PLOT_ACCEPTANCE = "acceptance_per_position.png"
+PLOT_THROUGHPUT = "throughput.png"
+PLOT_SPEEDUP = "speedup.png"
+
+
+@dataclass(frozen=True)
+class BenchmarkReport:
+    """Everything the benchmark measured about one drafter on one target and engine."""
+
+    target: str
+    """Target name or fingerprint."""
+    drafter: str
+    """Drafter checkpoint (path or name) that was served."""
+    engine: str
+    """Serving engine ("vllm" or "sglang")."""
+    runs: tuple[ServedRun, ...]
+    """One served sweep per engine configuration, same prompts and lengths."""
+    spec_label: str = "eagle3"
+    """The run that serves this drafter (the others are baseline and comparisons)."""
+    offline: AcceptanceNumbers | None = None
+    """The reference decoder's acceptance on the same prompts."""
+    served: AcceptanceNumbers | None = None
+    """The engine's acceptance for `spec_label`, pooled over its concurrency levels."""
+    parity: Verdict | None = None
+    parent_al: float | None = None
+    """AL of the parent drafter on the same prompts, when warm-started."""
+    checks: tuple[CheckResult, ...] = ()
+    speedups: dict[str, dict[int, float]] = field(default_factory=dict)
+    """label -> concurrency -> tokens/s over the baseline's."""
+    definitions: dict[str, str] = field(default_factory=lambda: dict(METRIC_DEFINITIONS))
+    created_at: float = 0.0
+    notes: tuple[str, ...] = ()
+
+    def run(self, label: str) -> ServedRun | None:
+        return next((r for r in self.runs if r.label == label), None)
+
+    @property
+    def passed(self) -> bool:
+        return all(c.passed for c in self.checks)
+
+    def to_dict(self) -> dict:
+        return _finite(
+            {
+                "target": self.target,
+                "drafter": self.drafter,
+                "engine": self.engine,
+                "spec_label": self.spec_label,
+                "runs": [r.to_dict() for r in self.runs],
+                "offline": _asdict_or_none(self.offline),
+                "served": _asdict_or_none(self.served),
+                "parity": self.parity.to_dict() if self.parity else None,
+                "parent_al": self.parent_al,
+                "checks": [c.to_dict() for c in self.checks],
+                "speedups": {k: {str(c): v for c, v in by_c.items()} for k, by_c in self.speedups.items()},
+                "definitions": dict(self.definitions),
+                "created_at": self.created_at,
+                "notes": list(self.notes),
+            }
+        )
+
+    @classmethod
+    def from_dict(cls, d: Mapping) -> "BenchmarkReport":
+        return cls(
+            target=d["target"],
+            drafter=d["drafter"],
+            engine=d["engine"],
+            spec_label=d.get("spec_label", "eagle3"),
+            runs=tuple(ServedRun.from_dict(_nan_back(r)) for r in d["runs"]),
+            offline=AcceptanceNumbers.from_dict(d["offline"]) if d.get("offline") else None,
+            served=AcceptanceNumbers.from_dict(d["served"]) if d.get("served") else None,
+            parity=Verdict.from_dict(d["parity"]) if d.get("parity") else None,
+            parent_al=d.get("parent_al"),
+            checks=tuple(CheckResult.from_dict(c) for c in d.get("checks", ())),
+            speedups={k: {int(c): float(v) for c, v in by_c.items()} for k, by_c in d.get("speedups", {}).items()},
+            definitions=dict(d.get("definitions", METRIC_DEFINITIONS)),
+            created_at=float(d.get("created_at", 0.0)),
+            notes=tuple(d.get("notes", ())),
+        )
+
+
+def _asdict_or_none(x: AcceptanceNumbers | None) -> dict | None:
+    if x is None:
+        return None
+    return {"al": x.al, "per_position_acceptance": list(x.per_position_acceptance), "num_drafts": x.num_drafts, "source": x.source}
+
+
+def _finite(obj):
+    """NaN and inf become None: the JSON stays standard (readable by any parser)."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: _finite(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_finite(v) for v in obj]
+    return obj
+
+
+def _nan_back(run: Mapping) -> dict:
+    """Latency distributions written as None (no samples) read back as NaN."""
+    run = dict(run)
+    levels = []
+    for lv in run["levels"]:
+        lv = dict(lv)
+        for key in ("ttft_s", "itl_s"):
+            lv[key] = {k: (math.nan if v is None else v) for k, v in lv[key].items()}
+        levels.append(lv)
+    run["levels"] = levels
+    return run
+
+
+def build_report(
+    target: str,
+    drafter: str,
+    runs: Sequence[ServedRun],
+    offline: AcceptanceNumbers | None = None,
+    engine: str = "vllm",
+    spec_label: str = "eagle3",
+    parity: Verdict | None = None,
+    parent_al: float | None = None,
+    tolerance: ParityTolerance = ParityTolerance(),
+    drafter_path: str | Path | Mapping | None = None,
+    trained_aux_layer_ids: Sequence[int] | None = None,
+    target_num_layers: int | None = None,
+    min_speedup: float = 1.0,
+    notes: Sequence[str] = (),
+) -> BenchmarkReport:
+    """Put the runs, offline numbers and verdict together and run the checks.
+
+    The served acceptance is `spec_label`'s spec statistics pooled over its levels. The parity
+    verdict is computed here (`judge_parity`, with `drafter_path` for config evidence) unless
+    given. The parent check compares the offline AL (served when there is no offline) with
+    `parent_al`.
+    """
+    labels = [r.label for r in runs]
+    if len(set(labels)) != len(labels):
+        raise ValueError(f"two served runs share a label: {labels}; give each configuration its own")
+    spec_run = next((r for r in runs if r.label == spec_label), None)
+    pooled = pooled_spec_stats(spec_run) if spec_run else None
+    served = AcceptanceNumbers.from_spec_stats(pooled, f"served {engine}") if pooled and pooled.drafts else None
+    if parity is None and offline is not None and served is not None:
+        parity = judge_parity(
+            offline, served, tolerance, drafter=drafter_path, engine=engine,
+            trained_aux_layer_ids=trained_aux_layer_ids, target_num_layers=target_num_layers,
+        )
+    checks = [speedup_check(runs, spec_label, BASELINE, 1, min_speedup), parity_check(parity)]
+    own_al = offline.al if offline is not None else (served.al if served is not None else math.nan)
+    checks.append(parent_al_check(own_al, parent_al))
+    return BenchmarkReport(
+        target=target,
+        drafter=str(drafter),
+        engine=engine,
+        runs=tuple(runs),
+        spec_label=spec_label,
+        offline=offline,
+        served=served,
+        parity=parity,
+        parent_al=parent_al,
+        checks=tuple(checks),
+        speedups=speedups(runs, BASELINE),
+        created_at=time.time(),
+        notes=tuple(notes),
+    )
+
+
+# -- Text ------------------------------------------------------------------------------------
+
+
+def _f(x: float | None, fmt: str = "{:.2f}") -> str:
+    return "-" if x is None or (isinstance(x, float) and not math.isfinite(x)) else fmt.format(x)
+
+
+def _ms(x: float | None) -> str:
+    return _f(None if x is None else x * 1e3, "{:.1f}")
+
+
+def _level_rows(report: BenchmarkReport) -> list[list[str]]:
+    rows = []
+    concurrencies = sorted({lv.concurrency for r in report.runs for lv in r.levels})
+    for c in concurrencies:
+        for run in report.runs:
+            lv = run.level(c)
+            if lv is None:
+                continue
+            spec = lv.spec
+            rows.append([
+                str(c), run.label, _f(lv.tokens_per_s, "{:.1f}"), _f(lv.requests_per_s, "{:.3f}"),
+                _ms(lv.ttft_s["mean"]), _ms(lv.ttft_s["p50"]), _ms(lv.ttft_s["p90"]),
+                _ms(lv.itl_s["mean"]), _ms(lv.itl_s["p50"]), _ms(lv.itl_s["p90"]),
+                _f(spec.al if spec else None), _f(spec.draft_acceptance_rate if spec else None, "{:.1%}"),
+                _f(report.speedups.get(run.label, {}).get(c), "{:.2f}x") if run.label != BASELINE else "1.00x",
+            ])
+    return rows
+
+
+def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    lines += ["| " + " | ".join(r) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def to_markdown(report: BenchmarkReport, plots: Mapping[str, str] | None = None) -> str:
+    """The report as Markdown; `plots` maps plot names to paths relative to the Markdown file."""
+    plots = plots or {}
+    base = report.run(BASELINE)
+    first = report.runs[0] if report.runs else None
+    out = [f"# Benchmark report: {report.drafter}", ""]
+    out += [
+        f"- target: `{report.target}`",
+        f"- engine: {report.engine}; served configurations: {', '.join(r.label for r in report.runs) or 'none'}",
+    ]
+    if first:
+        out.append(f"- load: {first.num_prompts} prompts, greedy, exactly {first.output_len} output tokens each, "
+                   f"concurrency {', '.join(str(lv.concurrency) for lv in first.levels)}")
+    out.append(f"- created: {time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime(report.created_at))}")
+    out.append("")
+
+    if report.parity:
+        p = report.parity
+        out += [f"## Verdict: `{p.verdict}`", "", p.sentence, ""]
+        if p.causes:
+            out += ["Check, most likely first:", ""] + [f"1. {c}" for c in p.causes] + [""]
+        cfg = p.evidence.get("drafter_config") or {}
+        if cfg:
+            out += ["Drafter config values read:", "", _table(["key", "value"], [[k, f"`{json.dumps(v)}`"] for k, v in cfg.items()]), ""]
+
+    if report.checks:
+        out += ["## Checks", "", _table(["check", "result", "detail"],
+                [[c.name, "pass" if c.passed else "FAIL", c.description] for c in report.checks]), ""]
+
+    out += ["## Acceptance", ""]
+    if report.offline or report.served:
+        k = max(len(x.per_position_acceptance) for x in (report.offline, report.served) if x)
+        rows = []
+        for name, x in (("offline (reference decoder)", report.offline), (f"served ({report.spec_label})", report.served)):
+            if x is None:
+                continue
+            pk = [_f(x.per_position_acceptance[i]) if i < len(x.per_position_acceptance) else "-" for i in range(k)]
+            rows.append([name, _f(x.al), _f(x.num_drafts, "{:d}") if x.num_drafts is not None else "-", *pk])
+        out += [_table(["", "AL", "drafts", *[f"p_{i + 1}" for i in range(k)]], rows), ""]
+    else:
+        out += ["No acceptance measured (no speculative run with drafts, no offline numbers).", ""]
+    if report.parent_al is not None:
+        out += [f"Parent drafter AL (warm start): {report.parent_al:.2f}", ""]
+    if PLOT_ACCEPTANCE in plots:
+        out += [f"![per-position acceptance]({plots[PLOT_ACCEPTANCE]})", ""]
+
+    out += ["## Throughput and latency per concurrency", ""]
+    if base is None:
+        out += ["No `baseline` run: speedups cannot be computed.", ""]
+    out += [_table(
+        ["conc.", "config", "tok/s", "req/s", "TTFT mean ms", "TTFT p50", "TTFT p90",
+         "ITL mean ms", "ITL p50", "ITL p90", "AL", "draft acc.", "speedup"],
+        _level_rows(report)), ""]
+    if report.speedups:
+        labels = list(report.speedups)
+        cs = sorted({c for v in report.speedups.values() for c in v})
+        out += ["### Speedup over no speculation", "",
+                _table(["concurrency", *labels], [[str(c), *[_f(report.speedups[l].get(c), "{:.2f}x") for l in labels]] for c in cs]), ""]
+    for name, alt in ((PLOT_THROUGHPUT, "throughput"), (PLOT_SPEEDUP, "speedup")):
+        if name in plots:
+            out += [f"![{alt}]({plots[name]})", ""]
+
+    out += ["## Definitions", ""] + [f"- **{k}**: {v}" for k, v in report.definitions.items()] + [""]
+    if report.notes:
+        out += ["## Notes", ""] + [f"- {n}" for n in report.notes] + [""]
+    return "\n".join(out)
+
+
+def summary_text(report: BenchmarkReport) -> str:
+    """A one-screen console summary: verdict, checks, acceptance and the speedup table."""
+    lines = [f"benchmark: {report.drafter} on {report.target} ({report.engine})"]
+    if report.parity:
+        lines.append(f"verdict: {report.parity.verdict} - {report.parity.sentence}")
+    if report.offline or report.served:
+        def fmt(x: AcceptanceNumbers | None) -> str:
+            if x is None:
+                return "-"
+            return f"AL {_f(x.al)}  p_k [{', '.join(_f(p) for p in x.per_position_acceptance)}]"
+        lines.append(f"offline: {fmt(report.offline)}")
+        lines.append(f"served : {fmt(report.served)}")
+    header = f"{'conc':>4}  " + "  ".join(f"{r.label:>16}" for r in report.runs)
+    lines += ["tokens/s (speedup):", header]
+    for c in sorted({lv.concurrency for r in report.runs for lv in r.levels}):
+        cells = []
+        for r in report.runs:
+            lv = r.level(c)
+            s = report.speedups.get(r.label, {}).get(c)
+            cells.append(f"{'-' if lv is None else f'{lv.tokens_per_s:.1f}':>9} ({_f(s, '{:.2f}x'):>5})"
+                         if r.label != BASELINE else f"{'-' if lv is None else f'{lv.tokens_per_s:.1f}':>16}")
+        lines.append(f"{c:>4}  " + "  ".join(cells))
+    for ch in report.checks:
+        lines.append(f"[{'pass' if ch.passed else 'FAIL'}] {ch.name}: {ch.description}")
+    lines.append("AL = 1 + accepted/drafts; draft acceptance = accepted/drafted; speedup = tok/s with / without speculation")
+    return "\n".join(lines)
+
+
+# -- Files -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ReportPaths:
+    """Files `write_report` produced."""
+
+    markdown: Path
+    json: Path
+    plots: dict[str, Path]
+
+
+def _write_text_atomic(path: Path, text: str) -> Path:
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
+    return path
+
+
+def write_report(report: BenchmarkReport, out_dir: str | Path) -> ReportPaths:
+    """Write the plots, `report.json` and `report.md` (last, so its presence means complete)."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    plots: dict[str, Path] = {}
+    acc = {}
+    if report.offline and report.offline.per_position_acceptance:
+        acc["offline"] = report.offline.per_position_acceptance
+    if report.served and report.served.per_position_acceptance:
+        acc["served"] = report.served.per_position_acceptance
+    if acc:
+        plots[PLOT_ACCEPTANCE] = plot_acceptance(acc, out / PLOT_ACCEPTANCE, f"Per-position acceptance: {report.spec_label}")
+    if report.runs:
+        plots[PLOT_THROUGHPUT] = plot_throughput(report.runs, out / PLOT_THROUGHPUT)
+    if any(report.speedups.values()):
+        plots[PLOT_SPEEDUP] = plot_speedup(report.speedups, out / PLOT_SPEEDUP)
+    json_path = _write_text_atomic(out / REPORT_JSON, json.dumps(report.to_dict(), indent=2, allow_nan=False))
+    md = to_markdown(report, {name: p.name for name, p in plots.items()})
+    md_path = _write_text_atomic(out / REPORT_MD, md)
+    return ReportPaths(markdown=md_path, json=json_path, plots=plots)
+
+
+def load_report(path: str | Path) -> BenchmarkReport:
+    """Read a `report.json` (or the folder holding it)."""
+    path = Path(path)
+    if path.is_dir():
+        path = path / REPORT_JSON
+    try:
+        return BenchmarkReport.from_dict(json.loads(path.read_text(encoding="utf-8")))
+    except (KeyError, TypeError, json.JSONDecodeError) as e:
+        raise ValueError(f"{path} is not a benchmark report written by write_report: {e}") from e
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 2:
+        print("usage: python -m eagle_assets.bench.report REPORT_JSON_OR_FOLDER", file=sys.stderr)
+        sys.exit(2)
+    print(summary_text(load_report(sys.argv[1])))

@@ -1,0 +1,515 @@
+"""Served benchmark: load a running OpenAI-compatible server and measure it per concurrency level.
+
+Every request is the same kind of work in every engine configuration: the same chat prompts,
+greedy (temperature 0), exactly `output_len` output tokens (`max_tokens` = `min_tokens` =
+`output_len`, `ignore_eos`), streamed over SSE. Per concurrency level we measure
+
+    TTFT            request sent -> first streamed output token (mean, p50, p90)
+    ITL             gap between streamed chunks / tokens in the chunk, one sample per token
+                    (a speculative step streams several tokens at once; this keeps ITL a
+                    per-token latency comparable with and without speculation)
+    tokens/s        total output tokens of the level / wall time of the level
+    requests/s      requests of the level / wall time of the level
+    SpecStats       vLLM: delta of `/metrics` spec-decode counters scraped before and after
+                    the level; SGLang: per-request `spec_tokens_details` (see `metrics.py`)
+
+Token counts come from the server's own usage numbers (`stream_options.continuous_usage_stats`,
+supported by vLLM and SGLang), never from counting text chunks.
+
+One engine configuration ("baseline", "eagle3", "ngram") gives one `ServedRun`. Run it by hand
+against a server:
+
+    python -m eagle_assets.bench.served --base-url http://127.0.0.1:8000 \\
+        --model smollm2-135m-instruct --label eagle3 --num-prompts 16 --output-len 128 \\
+        --concurrency 1 4 8 --out eagle3.json
+    python -m eagle_assets.bench.served --base-url ... --model ... --label baseline --smoke
+
+The API key (`--api-key` or `EAGLE_ASSETS_API_KEY`) is sent as a bearer token and never logged
+or written to results.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import math
+import os
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import httpx
+import numpy as np
+from tqdm import tqdm
+
+from eagle_assets.bench.metrics import (
+    SpecCounters,
+    SpecStats,
+    auth_headers,
+    scrape,
+    spec_stats_between,
+    spec_stats_from_sglang,
+)
+
+log = logging.getLogger(__name__)
+
+ENGINES = ("vllm", "sglang")
+Messages = list[dict[str, str]]
+
+
+@dataclass(frozen=True)
+class SweepSettings:
+    """How a served sweep loads the server."""
+
+    output_len: int = 256
+    """Output tokens per request, exact: max_tokens = min_tokens = output_len with ignore_eos."""
+    concurrencies: tuple[int, ...] = (1, 4, 8)
+    """Requests in flight at each level; every level sends every prompt once."""
+    engine: str = "vllm"
+    """"vllm" (spec stats from /metrics) or "sglang" (spec stats from per-request details)."""
+    warmup_requests: int = 2
+    """Unmeasured requests before the first level (first requests pay one-off setup costs)."""
+    request_timeout_s: float = 600.0
+    """Per-request read timeout; a request that stalls this long fails the level."""
+    metrics_settle_s: float = 2.0
+    """After a level, how long to wait for /metrics to stop moving (the engine records the last
+    step's counters just after it streams the last token)."""
+    progress: bool = True
+    """Show a progress bar per level."""
+
+    def __post_init__(self) -> None:
+        if self.output_len < 2:
+            raise ValueError(f"output_len={self.output_len}: need at least 2 tokens to measure ITL")
+        if not self.concurrencies or min(self.concurrencies) < 1:
+            raise ValueError(f"concurrencies={self.concurrencies}: give one or more levels >= 1")
+        if self.engine not in ENGINES:
+            raise ValueError(f"engine={self.engine!r}: choose one of {ENGINES}")
+
+
+@dataclass(frozen=True)
+class RequestResult:
+    """One streamed request."""
+
+    prompt_index: int
+    output_tokens: int
+    """Completion tokens the server reported (equals output_len, or the level fails)."""
+    ttft_s: float
+    e2e_s: float
+    itl_s: tuple[float, ...]
+    """One sample per output token after the first: chunk gap / tokens in the chunk."""
+    chunks: int
+    """Streamed chunks that carried tokens (fewer than tokens when speculation streams runs)."""
+    spec_details: Mapping | None = None
+    """SGLang's per-request `spec_tokens_details`, when the engine returns them."""
+
+
+def _dist(values: Sequence[float]) -> dict[str, float]:
+    if not values:
+        return {"mean": math.nan, "p50": math.nan, "p90": math.nan}
+    a = np.asarray(values, dtype=np.float64)
+    return {"mean": float(a.mean()), "p50": float(np.percentile(a, 50)), "p90": float(np.percentile(a, 90))}
+
+
+@dataclass(frozen=True)
+class LevelResult:
+    """One concurrency level of a sweep."""
+
+    concurrency: int
+    num_requests: int
+    output_tokens: int
+    """Sum of output tokens over the level's requests."""
+    wall_s: float
+    """First request sent to last request finished."""
+    tokens_per_s: float
+    """output_tokens / wall_s."""
+    requests_per_s: float
+    """num_requests / wall_s."""
+    ttft_s: dict[str, float]
+    """TTFT distribution over requests: mean, p50, p90 (seconds)."""
+    itl_s: dict[str, float]
+    """ITL distribution over tokens: mean, p50, p90 (seconds)."""
+    tokens_per_chunk: float
+    """Mean output tokens per streamed chunk (1 without speculation, about AL with it)."""
+    spec: SpecStats | None = None
+    """Speculation statistics of this level; None when the server runs without speculation."""
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["spec"] = self.spec.to_dict() if self.spec else None
+        return d
+
+    @classmethod
+    def from_dict(cls, d: Mapping) -> "LevelResult":
+        d = dict(d)
+        d["spec"] = SpecStats.from_dict(d["spec"]) if d.get("spec") else None
+        return cls(**d)
+
+
+@dataclass(frozen=True)
+class ServedRun:
+    """A sweep of one engine configuration: "baseline", "eagle3" or "ngram"."""
+
+    label: str
+    """Engine configuration: "baseline" (no speculation), "eagle3", "ngram", ..."""
+    engine: str
+    model: str
+    """Served model name the requests asked for."""
+    base_url: str
+    output_len: int
+    num_prompts: int
+    levels: tuple[LevelResult, ...]
+    started_at: float = 0.0
+    """Unix time the sweep began."""
+    config: dict = field(default_factory=dict)
+    """Free-form description of the server (speculative config, engine version, ...)."""
+
+    def level(self, concurrency: int) -> LevelResult | None:
+        return next((lv for lv in self.levels if lv.concurrency == concurrency), None)
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["levels"] = [lv.to_dict() for lv in self.levels]
+        return d
+
+    @classmethod
+    def from_dict(cls, d: Mapping) -> "ServedRun":
+        d = dict(d)
+        d["levels"] = tuple(LevelResult.from_dict(lv) for lv in d["levels"])
+        return cls(**d)
+
+
+# -- Prompts ---------------------------------------------------------------------------------
+
+
+def as_messages(prompt: str | Sequence[Mapping]) -> Messages:
+    """A prompt as chat messages: a plain string becomes one user turn."""
+    if isinstance(prompt, str):
+        return [{"role": "user", "content": prompt}]
+    msgs = [dict(m) for m in prompt]
+    if not msgs or any("role" not in m or "content" not in m for m in msgs):
+        raise ValueError(f"a prompt must be a string or a list of {{role, content}} messages; got {prompt!r:.200}")
+    return msgs
+
+
+def mt_bench_prompts(n: int | None = None, path: str | Path | None = None) -> list[Messages]:
+    """The first turn of the first `n` MT-Bench questions (evaluation only, never training)."""
+    path = Path(path) if path else Path(__file__).resolve().parent.parent / "data" / "mt_bench_questions.jsonl"
+    out = []
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            if line.strip():
+                out.append(as_messages(json.loads(line)["turns"][0]))
+    return out[:n] if n else out
+
+
+# -- One request -----------------------------------------------------------------------------
+
+
+def _payload(model: str, messages: Messages, output_len: int, engine: str) -> dict:
+    body = {
+        "model": model,
+        "messages": messages,
+        "temperature": 0.0,
+        "max_tokens": output_len,
+        "min_tokens": output_len,
+        "ignore_eos": True,
+        "stream": True,
+        "stream_options": {"include_usage": True, "continuous_usage_stats": True},
+    }
+    if engine == "sglang":
+        body["return_spec_tokens_details"] = True
+    return body
+
+
+async def _one_request(
+    client: httpx.AsyncClient,
+    url: str,
+    headers: dict[str, str],
+    body: dict,
+    prompt_index: int,
+) -> RequestResult:
+    t0 = time.perf_counter()
+    first = last = None
+    tokens = chunks = 0
+    itl: list[float] = []
+    spec_details = None
+    async with client.stream("POST", url, json=body, headers=headers) as resp:
+        if resp.status_code != 200:
+            text = (await resp.aread()).decode(errors="replace")
+            raise RuntimeError(
+                f"prompt {prompt_index}: {url} answered HTTP {resp.status_code}: {text[:500]}. "
+                "Check the model name and that the server accepts min_tokens/ignore_eos."
+            )
+        async for line in resp.aiter_lines():
+            if not line.startswith("data:"):
+                continue
+            data = line[5:].strip()
+            if data == "[DONE]":
+                break
+            chunk = json.loads(data)
+            if "error" in chunk:
+                raise RuntimeError(f"prompt {prompt_index}: the server streamed an error: {chunk['error']}")
+            now = time.perf_counter()
+            sglext = chunk.get("sglext") or {}
+            if sglext.get("spec_tokens_details"):
+                spec_details = sglext["spec_tokens_details"]
+            usage = chunk.get("usage") or {}
+            has_text = any(
+                (c.get("delta") or {}).get("content") or (c.get("delta") or {}).get("reasoning_content")
+                for c in chunk.get("choices") or ()
+            )
+            if not chunk.get("choices"):
+                # A usage-only chunk (the last one) carries no tokens; it fixes the count when the
+                # server gave no per-chunk usage.
+                tokens = max(tokens, int(usage.get("completion_tokens", 0)))
+                continue
+            if "completion_tokens" in usage:
+                new = int(usage["completion_tokens"]) - tokens
+            else:
+                # No per-chunk usage: one token per text chunk, corrected by the final usage below.
+                new = 1 if has_text else 0
+            if new <= 0:
+                continue
+            tokens += new
+            chunks += 1
+            if first is None:
+                first = now
+            else:
+                itl.extend([(now - last) / new] * new)
+            last = now
+    e2e = time.perf_counter() - t0
+    if first is None:
+        raise RuntimeError(f"prompt {prompt_index}: the stream ended without any output token")
+    return RequestResult(
+        prompt_index=prompt_index,
+        output_tokens=tokens,
+        ttft_s=first - t0,
+        e2e_s=e2e,
+        itl_s=tuple(itl),
+        chunks=chunks,
+        spec_details=spec_details,
+    )
+
+
+async def _run_requests(
+    base_url: str,
+    model: str,
+    prompts: Sequence[Messages],
+    settings: SweepSettings,
+    concurrency: int,
+    api_key: str | None,
+    desc: str,
+) -> tuple[list[RequestResult], float]:
+    url = base_url.rstrip("/") + "/v1/chat/completions"
+    headers = auth_headers(api_key)
+    queue: asyncio.Queue[int] = asyncio.Queue()
+    for i in range(len(prompts)):
+        queue.put_nowait(i)
+    results: list[RequestResult] = []
+    bar = tqdm(total=len(prompts), desc=desc, disable=not settings.progress, leave=False)
+    timeout = httpx.Timeout(settings.request_timeout_s, connect=30.0)
+    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+
+    async def worker(client: httpx.AsyncClient) -> None:
+        while True:
+            try:
+                i = queue.get_nowait()
+            except asyncio.QueueEmpty:
+                return
+            body = _payload(model, prompts[i], settings.output_len, settings.engine)
+            results.append(await _one_request(client, url, headers, body, i))
+            bar.update(1)
+
+    try:
+        async with httpx.AsyncClient(timeout=timeout, limits=limits) as client:
+            t0 = time.perf_counter()
+            await asyncio.gather(*(worker(client) for _ in range(concurrency)))
+            wall = time.perf_counter() - t0
+    finally:
+        bar.close()
+    return sorted(results, key=lambda r: r.prompt_index), wall
+
+
+def _settled_scrape(base_url: str, api_key: str | None, model: str, settle_s: float) -> SpecCounters:
+    """Scrape until two scrapes agree (or settle_s passes): the last step's counters land late."""
+    prev = scrape(base_url, api_key=api_key, model=model)
+    deadline = time.monotonic() + settle_s
+    while time.monotonic() < deadline:
+        time.sleep(0.2)
+        cur = scrape(base_url, api_key=api_key, model=model)
+        if cur == prev:
+            return cur
+        prev = cur
+    return prev
+
+
+def run_level(
+    base_url: str,
+    model: str,
+    prompts: Sequence[Messages],
+    concurrency: int,
+    settings: SweepSettings,
+    api_key: str | None = None,
+) -> LevelResult:
+    """Send every prompt once with `concurrency` requests in flight; measure the level."""
+    if len(prompts) < concurrency:
+        raise ValueError(
+            f"{len(prompts)} prompts cannot keep {concurrency} requests in flight: give at least "
+            f"{concurrency} prompts or lower the concurrency"
+        )
+    before = _settled_scrape(base_url, api_key, model, settings.metrics_settle_s) if settings.engine == "vllm" else None
+    results, wall = asyncio.run(
+        _run_requests(base_url, model, prompts, settings, concurrency, api_key, f"c={concurrency}")
+    )
+    for r in results:
+        if r.output_tokens != settings.output_len:
+            raise RuntimeError(
+                f"prompt {r.prompt_index} at concurrency {concurrency} got {r.output_tokens} output "
+                f"tokens, expected exactly {settings.output_len}: the server did not honour "
+                "min_tokens/ignore_eos, or output_len exceeds max-model-len minus the prompt"
+            )
+    if settings.engine == "vllm":
+        after = _settled_scrape(base_url, api_key, model, settings.metrics_settle_s)
+        spec = spec_stats_between(before, after)
+    else:
+        spec = spec_stats_from_sglang(r.spec_details for r in results if r.spec_details)
+    out_tokens = sum(r.output_tokens for r in results)
+    level = LevelResult(
+        concurrency=concurrency,
+        num_requests=len(results),
+        output_tokens=out_tokens,
+        wall_s=wall,
+        tokens_per_s=out_tokens / wall,
+        requests_per_s=len(results) / wall,
+        ttft_s=_dist([r.ttft_s for r in results]),
+        itl_s=_dist([x for r in results for x in r.itl_s]),
+        tokens_per_chunk=out_tokens / sum(r.chunks for r in results),
+        spec=spec,
+    )
+    al = f", AL {spec.al:.2f}" if spec else ""
+    log.info(
+        "concurrency %d: %d requests, %.1f output tok/s, TTFT p50 %.3f s, ITL p50 %.4f s%s",
+        concurrency, level.num_requests, level.tokens_per_s, level.ttft_s["p50"], level.itl_s["p50"], al,
+    )
+    return level
+
+
+def warm_up(base_url: str, model: str, prompts: Sequence[Messages], settings: SweepSettings, api_key: str | None = None) -> None:
+    """Unmeasured requests (the first requests to a fresh server pay one-off setup costs)."""
+    if settings.warmup_requests <= 0:
+        return
+    n = settings.warmup_requests
+    warm = [prompts[i % len(prompts)] for i in range(n)]
+    quiet = SweepSettings(
+        output_len=min(settings.output_len, 16), concurrencies=(1,), engine=settings.engine,
+        warmup_requests=0, request_timeout_s=settings.request_timeout_s, progress=False,
+    )
+    asyncio.run(_run_requests(base_url, model, warm, quiet, 1, api_key, "warm-up"))
+
+
+def run_sweep(
+    base_url: str,
+    model: str,
+    prompts: Sequence[str | Sequence[Mapping]],
+    output_len: int = 256,
+    concurrencies: Sequence[int] = (1, 4, 8),
+    api_key: str | None = None,
+    settings: SweepSettings | None = None,
+) -> list[LevelResult]:
+    """Measure the server at each concurrency level, in the order given.
+
+    `prompts` are chat message lists (or plain strings, sent as one user turn); every level
+    sends each of them once. `settings` overrides `output_len` and `concurrencies` when given.
+    """
+    settings = settings or SweepSettings(output_len=output_len, concurrencies=tuple(concurrencies))
+    msgs = [as_messages(p) for p in prompts]
+    if not msgs:
+        raise ValueError("no prompts to send: give at least one")
+    warm_up(base_url, model, msgs, settings, api_key)
+    return [run_level(base_url, model, msgs, c, settings, api_key) for c in settings.concurrencies]
+
+
+def run_served(
+    label: str,
+    base_url: str,
+    model: str,
+    prompts: Sequence[str | Sequence[Mapping]],
+    settings: SweepSettings,
+    api_key: str | None = None,
+    config: Mapping | None = None,
+) -> ServedRun:
+    """`run_sweep` for one engine configuration, packaged as a `ServedRun` named `label`."""
+    started = time.time()
+    log.info("served sweep %r on %s (%s): %d prompts x %d tokens at concurrency %s",
+             label, base_url, model, len(prompts), settings.output_len, list(settings.concurrencies))
+    levels = run_sweep(base_url, model, prompts, settings=settings, api_key=api_key)
+    return ServedRun(
+        label=label,
+        engine=settings.engine,
+        model=model,
+        base_url=base_url,
+        output_len=settings.output_len,
+        num_prompts=len(prompts),
+        levels=tuple(levels),
+        started_at=started,
+        config=dict(config or {}),
+    )
+
+
+def write_json_atomic(path: str | Path, obj: object) -> Path:
+    """Write JSON through a temporary name and rename, so a crash never leaves half a file."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp.write_text(json.dumps(obj, indent=2, allow_nan=True), encoding="utf-8")
+    os.replace(tmp, path)
+    return path
+
+
+def _main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--base-url", required=True)
+    ap.add_argument("--model", required=True, help="served model name")
+    ap.add_argument("--label", default="baseline", help='engine configuration: "baseline", "eagle3", "ngram"')
+    ap.add_argument("--engine", default="vllm", choices=ENGINES)
+    ap.add_argument("--num-prompts", type=int, default=16, help="first N MT-Bench questions")
+    ap.add_argument("--prompts", help="JSONL file with a 'messages' or 'prompt' field per line (default MT-Bench)")
+    ap.add_argument("--output-len", type=int, default=256)
+    ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 8])
+    ap.add_argument("--smoke", action="store_true", help="2 prompts, 16 tokens, concurrency 1 and 2")
+    ap.add_argument("--api-key", default=os.environ.get("EAGLE_ASSETS_API_KEY"))
+    ap.add_argument("--out", help="write the ServedRun as JSON here")
+    args = ap.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    if args.smoke:
+        args.num_prompts, args.output_len, args.concurrency = 2, 16, [1, 2]
+    if args.prompts:
+        prompts = []
+        with open(args.prompts, encoding="utf-8") as f:
+            for lineno, line in enumerate(f, 1):
+                if not line.strip():
+                    continue
+                row = json.loads(line)
+                if "messages" not in row and "prompt" not in row:
+                    raise SystemExit(f"{args.prompts}:{lineno}: needs a 'messages' or 'prompt' field")
+                prompts.append(as_messages(row.get("messages") or row["prompt"]))
+        prompts = prompts[: args.num_prompts]
+    else:
+        prompts = mt_bench_prompts(args.num_prompts)
+    settings = SweepSettings(output_len=args.output_len, concurrencies=tuple(args.concurrency), engine=args.engine)
+    run = run_served(args.label, args.base_url, args.model, prompts, settings, api_key=args.api_key)
+    for lv in run.levels:
+        al = f"  AL {lv.spec.al:.2f}  acc {lv.spec.draft_acceptance_rate:.1%}" if lv.spec else ""
+        print(f"c={lv.concurrency:<3} {lv.tokens_per_s:8.1f} tok/s  TTFT p50 {lv.ttft_s['p50'] * 1e3:7.1f} ms  "
+              f"ITL p50 {lv.itl_s['p50'] * 1e3:6.1f} ms{al}")
+    if args.out:
+        print(f"wrote {write_json_atomic(args.out, run.to_dict())}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(_main())
