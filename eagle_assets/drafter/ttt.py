@@ -1,0 +1,450 @@
+"""Training-time test (TTT): the EAGLE-3 loss, unrolled over K draft steps as serving runs them.
+
+Sequence index t pairs g_t = fc(A_t) with E[x_{t+1}] at rotary position t and predicts
+x_{t+2}. Step i (0..K-1) is serving's draft step i+1 (EAGLE3_SEMANTICS.md sections 3 and 6):
+
+    token     E[x_{t+1+i}]                        (teacher forcing: the ground-truth token)
+    hidden    g_t at i = 0, else step i-1's h_pre at t
+    position  t + i
+    keys      step-0 keys at indices <= t (causal), plus index t's own key of steps 1..i
+    target    softmax over the draft vocabulary of the target's logits at t+1+i
+    mask      loss_mask[t+2+i] * t2d[target argmax at t+1+i] * (t+2+i < length)
+
+The attention of step i is computed without a (T, T*K) mask: a causal flash attention over
+the step-0 keys, which also returns its log-sum-exp, merged exactly with the i extra
+"diagonal" scores (one dot product per token, head and earlier step). Its backward reuses the
+flash backward with the merged output and log-sum-exp (as ring attention does), plus the
+diagonal's closed-form gradient. The draft-vocabulary logits are never held for all steps:
+one fused function computes loss, accuracy and both gradients chunk by chunk. The step loop has
+no host synchronisation.
+
+    out = ttt_loss(model, batch, target_head, steps=7)
+    (out.loss_sum / global_token_count).backward()   # or out.loss for a local mean
+
+`batch` holds `aux` (B, T, n_aux*Ht), `final` (B, T, Ht) (the target's normed last state),
+`input_ids` (B, T), `loss_mask` (B, T) and `lengths` (B,) for right padding; `target_head`
+is the target lm_head's draft-vocabulary rows (N, Ht) (`target_head.draft_head`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from eagle_assets.drafter.model import Eagle3Drafter, apply_rotary
+
+DEFAULT_STEP_DECAY = 0.8
+"""Step i's loss weighs DEFAULT_STEP_DECAY ** i, as in EAGLE-3 and SpecForge."""
+
+
+@dataclass
+class TTTOutput:
+    """What one TTT forward returns; only `loss_sum` carries gradients."""
+
+    loss_sum: torch.Tensor
+    """() fp32: sum over steps i of weight_i * (sum over masked positions of the soft cross-entropy)."""
+    num_tokens: torch.Tensor
+    """() fp32: masked positions of step 0. Normalise by its sum over ranks for exact DDP equality."""
+    step_loss_sum: torch.Tensor
+    """(K,) fp32, detached: unweighted cross-entropy summed over each step's masked positions."""
+    step_tokens: torch.Tensor
+    """(K,) fp32: masked positions per step (later steps lose positions off the end)."""
+    step_correct: torch.Tensor
+    """(K,) fp32: masked positions whose drafter argmax equals the target's (draft vocabulary)."""
+
+    @property
+    def loss(self) -> torch.Tensor:
+        """Local mean: loss_sum / num_tokens (use the global count under DDP)."""
+        return self.loss_sum / self.num_tokens.clamp(min=1)
+
+    @property
+    def step_loss(self) -> torch.Tensor:
+        return self.step_loss_sum / self.step_tokens.clamp(min=1)
+
+    @property
+    def step_accuracy(self) -> torch.Tensor:
+        return self.step_correct / self.step_tokens.clamp(min=1)
+
+    @property
+    def acceptance(self) -> torch.Tensor:
+        """(K,) estimate of per-position acceptance p_k: product of accuracies up to step k."""
+        return torch.cumprod(self.step_accuracy, dim=0)
+
+
+# ---------------------------------------------------------------------------------------------
+# Attention: causal over step-0 keys, merged with the diagonal keys of steps 1..i
+# ---------------------------------------------------------------------------------------------
+
+
+def _flash_forward(q, k, v, scale):
+    """Causal flash attention -> (out (B, h, T, D), lse (B, h, T) fp32, state for the backward)."""
+    if q.device.type == "cuda":
+        res = torch.ops.aten._scaled_dot_product_flash_attention(q, k, v, 0.0, True, False, scale=scale)
+        out, lse = res[0], res[1]
+        return out, lse[..., : q.shape[2]], res[2:8]
+    out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, True, scale=scale)
+    return out, lse, None
+
+
+def _flash_backward(dout, q, k, v, out, lse, scale, state):
+    if q.device.type == "cuda":
+        cum_q, cum_k, max_q, max_k, seed, offset = state
+        return torch.ops.aten._scaled_dot_product_flash_attention_backward(
+            dout, q, k, v, out, lse, cum_q, cum_k, max_q, max_k, 0.0, True, seed, offset, scale=scale
+        )
+    return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
+        dout, q, k, v, out, lse, 0.0, True, scale=scale
+    )
+
+
+def _diagonal_scores(q: torch.Tensor, k: torch.Tensor, scale: float) -> torch.Tensor:
+    """q (B, nh, T, D), k (B, nkv, T, D) -> fp32 scores (B, nh, T) of each query with its own index's key."""
+    B, nh, T, D = q.shape
+    nkv = k.shape[1]
+    qg = q.view(B, nkv, nh // nkv, T, D).float()
+    return (qg * k[:, :, None].float()).sum(-1).mul_(scale).view(B, nh, T)
+
+
+def _expand_kv(x: torch.Tensor, nh: int) -> torch.Tensor:
+    """(B, nkv, T, D) -> (B, nh, T, D): query head h reads kv head h // (nh / nkv)."""
+    return x if x.shape[1] == nh else x.repeat_interleave(nh // x.shape[1], dim=1)
+
+
+class _MergedFlashAttention(torch.autograd.Function):
+    """Causal flash attention over (q, k0, v0) merged with per-index diagonal keys, exactly."""
+
+    @staticmethod
+    def forward(ctx, q, k0, v0, scale, *extra):
+        # q, k0, v0: (B, nh, T, D) (k0, v0 already expanded to nh heads); extra = k_1..k_i, v_1..v_i (B, nkv, T, D)
+        n = len(extra) // 2
+        ks, vs = extra[:n], extra[n:]
+        out0, lse0, state = _flash_forward(q, k0, v0, scale)  # (B, nh, T, D), (B, nh, T)
+        if n == 0:
+            out, lse = out0, lse0
+        else:
+            B, nh, T, D = q.shape
+            scores = torch.stack([lse0] + [_diagonal_scores(q, k, scale) for k in ks])  # (1+n, B, nh, T)
+            lse = torch.logsumexp(scores, dim=0)  # (B, nh, T)
+            weights = torch.exp(scores - lse)  # (1+n, B, nh, T): share of each key block
+            out32 = out0.float() * weights[0, ..., None]
+            for j, v in enumerate(vs):
+                out32 += _expand_kv(v, nh).float() * weights[j + 1, ..., None]
+            out = out32.to(q.dtype)
+        ctx.scale, ctx.n, ctx.state = scale, n, state
+        ctx.save_for_backward(q, k0, v0, out, lse, *extra)
+        return out
+
+    @staticmethod
+    def backward(ctx, dout):
+        q, k0, v0, out, lse, *extra = ctx.saved_tensors
+        n, scale = ctx.n, ctx.scale
+        dout = dout.to(q.dtype).contiguous()
+        # The flash backward with the *merged* out and lse gives the exact gradient of the
+        # step-0 block: P = exp(S - lse) and D = rowsum(dout * out) are the global ones.
+        dq, dk0, dv0 = _flash_backward(dout, q, k0, v0, out, lse, scale, ctx.state)
+        if n == 0:
+            return dq, dk0, dv0, None
+        ks, vs = extra[:n], extra[n:]
+        B, nh, T, D = q.shape
+        nkv = ks[0].shape[1]
+        g = nh // nkv
+        dout32 = dout.float()
+        delta = (dout32 * out.float()).sum(-1)  # (B, nh, T)
+        dq32 = dq.float()
+        dks, dvs = [], []
+        for k, v in zip(ks, vs):
+            p = torch.exp(_diagonal_scores(q, k, scale) - lse)  # (B, nh, T)
+            dp = (dout32.view(B, nkv, g, T, D) * v[:, :, None].float()).sum(-1).view(B, nh, T)
+            ds = p * (dp - delta) * scale  # (B, nh, T), d loss / d score (scale folded in)
+            dq32 += ds[..., None] * _expand_kv(k, nh).float()
+            dks.append((ds[..., None] * q.float()).view(B, nkv, g, T, D).sum(2).to(k.dtype))
+            dvs.append((p[..., None] * dout32).view(B, nkv, g, T, D).sum(2).to(v.dtype))
+        return (dq32.to(q.dtype), dk0, dv0, None, *dks, *dvs)
+
+
+def _math_attention(q, k0, v0, ks, vs, scale):
+    """Same function with explicit (T, T) scores; autograd does the backward. CPU/fallback path."""
+    B, nh, T, D = q.shape
+    k0e, v0e = _expand_kv(k0, nh).float(), _expand_kv(v0, nh).float()
+    s0 = torch.matmul(q.float(), k0e.transpose(-1, -2)) * scale  # (B, nh, T, T)
+    causal = torch.ones(T, T, dtype=torch.bool, device=q.device).tril()
+    s0 = s0.masked_fill(~causal, float("-inf"))
+    diag = [_diagonal_scores(q, k, scale)[..., None] for k in ks]  # each (B, nh, T, 1)
+    p = torch.softmax(torch.cat([s0, *diag], dim=-1), dim=-1)  # (B, nh, T, T + i)
+    out = torch.matmul(p[..., :T], v0e)
+    for j, v in enumerate(vs):
+        out = out + p[..., T + j, None] * _expand_kv(v, nh).float()
+    return out.to(q.dtype)
+
+
+def flash_supported(q: torch.Tensor) -> bool:
+    """Whether the merged flash path runs for this query (device, dtype, head size)."""
+    if q.device.type == "cpu":
+        return q.dtype in (torch.float32, torch.bfloat16, torch.float16)
+    if q.device.type == "cuda":
+        return q.dtype in (torch.bfloat16, torch.float16) and q.shape[-1] % 8 == 0 and q.shape[-1] <= 256
+    return False
+
+
+def ttt_attention(
+    q: torch.Tensor,
+    k0: torch.Tensor,
+    v0: torch.Tensor,
+    ks: list[torch.Tensor],
+    vs: list[torch.Tensor],
+    scale: float,
+    backend: str = "auto",
+) -> torch.Tensor:
+    """Step-i attention: query t sees step-0 keys at <= t and k_j[t] for each earlier step j >= 1.
+
+    q (B, nh, T, D); k0, v0 and each of ks, vs (B, nkv, T, D) -> (B, nh, T, D).
+    backend: "flash" (merged flash, exact gradient), "math" (explicit scores), "auto".
+    """
+    if backend == "auto":
+        backend = "flash" if flash_supported(q) else "math"
+    if backend == "math":
+        return _math_attention(q, k0, v0, ks, vs, scale)
+    if backend != "flash":
+        raise ValueError(f"attention backend {backend!r}: use 'flash', 'math' or 'auto'")
+    nh = q.shape[1]
+    return _MergedFlashAttention.apply(q, _expand_kv(k0, nh), _expand_kv(v0, nh), scale, *ks, *vs)
+
+
+# ---------------------------------------------------------------------------------------------
+# Target distribution and the fused draft-vocabulary soft cross-entropy
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass
+class TargetStats:
+    """The target's distribution over the draft vocabulary, per sequence index (flattened B*T)."""
+
+    logits: torch.Tensor  # (B*T, N) target logits over the draft vocabulary (matmul dtype)
+    lse: torch.Tensor  # (B*T,) fp32 log-sum-exp of those logits
+    argmax: torch.Tensor  # (B*T,) long, draft id of the target's most likely drafted token
+    in_draft: torch.Tensor  # (B*T,) bool: the target's argmax over the FULL vocab is drafted
+
+
+@torch.no_grad()
+def target_stats(
+    final: torch.Tensor,
+    target_head: torch.Tensor,
+    outside_head: torch.Tensor | None = None,
+    chunk_rows: int = 4096,
+) -> TargetStats:
+    """Target logits over the draft vocab from the normed final state, in row chunks.
+
+    final (B, T, Ht), target_head (N, Ht) = lm_head rows of the draft vocab; outside_head
+    (V - N, Ht) = the other rows, optional: with it, `in_draft` is exact (SpecForge's
+    t2d[argmax]); without it every position counts as drafted.
+    """
+    flat = final.reshape(-1, final.shape[-1])
+    head = target_head.to(flat.dtype)
+    logits = torch.empty(flat.shape[0], head.shape[0], dtype=torch.promote_types(flat.dtype, head.dtype), device=flat.device)
+    lse = torch.empty(flat.shape[0], dtype=torch.float32, device=flat.device)
+    best = torch.empty(flat.shape[0], dtype=torch.long, device=flat.device)
+    in_draft = torch.ones(flat.shape[0], dtype=torch.bool, device=flat.device)
+    for start in range(0, flat.shape[0], chunk_rows):
+        rows = slice(start, start + chunk_rows)
+        chunk = flat[rows] @ head.T  # (C, N)
+        logits[rows] = chunk
+        c32 = chunk.float()
+        lse[rows] = torch.logsumexp(c32, dim=-1)
+        top, best[rows] = c32.max(dim=-1)
+        if outside_head is not None and outside_head.shape[0] > 0:
+            other = (flat[rows] @ outside_head.to(flat.dtype).T).float().amax(dim=-1)  # (C,)
+            in_draft[rows] = top >= other
+    return TargetStats(logits=logits, lse=lse, argmax=best, in_draft=in_draft)
+
+
+class _FusedSoftCE(torch.autograd.Function):
+    """sum_r weight_r * CE(softmax(target_r) || softmax(h_r @ W.T)) without holding all logits.
+
+    Gradients are computed in the forward, chunk by chunk, and scaled by the incoming scalar
+    gradient in the backward (as Liger's fused linear cross-entropy): memory is one chunk of
+    logits plus grad_h (rows, H) and grad_W (N, H) fp32.
+    """
+
+    @staticmethod
+    def forward(ctx, h, weight, tgt_logits, tgt_lse, tgt_argmax, tgt_index, row_mask, row_step, step_weight, chunk_rows):
+        # h (M, H) compute dtype; weight (N, H); tgt_* indexed by tgt_index (M,); row_mask (M,) fp32 0/1;
+        # row_step (M,) long; step_weight (K,) fp32.
+        K = step_weight.shape[0]
+        w = weight.to(h.dtype)
+        grad_h = torch.empty_like(h)
+        grad_w = torch.zeros(w.shape, dtype=torch.float32, device=h.device)
+        loss_sum = torch.zeros((), dtype=torch.float32, device=h.device)
+        step_loss = torch.zeros(K, dtype=torch.float32, device=h.device)
+        step_correct = torch.zeros(K, dtype=torch.float32, device=h.device)
+        for start in range(0, h.shape[0], chunk_rows):
+            rows = slice(start, start + chunk_rows)
+            hc = h[rows]  # (C, H)
+            logits = (hc @ w.T).float()  # (C, N)
+            logq = torch.log_softmax(logits, dim=-1)
+            idx = tgt_index[rows]
+            p = torch.exp(tgt_logits[idx].float() - tgt_lse[idx, None])  # (C, N) target probabilities
+            ce = -(p * logq).sum(-1)  # (C,)
+            mask = row_mask[rows]
+            step = row_step[rows]
+            rw = mask * step_weight[step]  # (C,)
+            loss_sum += (rw * ce).sum()
+            step_loss.index_add_(0, step, mask * ce)
+            step_correct.index_add_(0, step, mask * (logits.argmax(-1) == tgt_argmax[idx]).float())
+            grad_logits = ((logq.exp_() - p) * rw[:, None]).to(h.dtype)  # (C, N) d loss / d logits
+            grad_h[rows] = grad_logits @ w
+            grad_w += (grad_logits.T @ hc).float()
+        ctx.save_for_backward(grad_h, grad_w)
+        ctx.weight_dtype = weight.dtype
+        ctx.mark_non_differentiable(step_loss, step_correct)
+        return loss_sum, step_loss, step_correct
+
+    @staticmethod
+    def backward(ctx, dloss, _dstep_loss, _dstep_correct):
+        grad_h, grad_w = ctx.saved_tensors
+        return (grad_h * dloss.to(grad_h.dtype), (grad_w * dloss).to(ctx.weight_dtype)) + (None,) * 8
+
+
+def _compute_dtype(ref: torch.Tensor) -> torch.dtype:
+    if torch.is_autocast_enabled(ref.device.type):
+        return torch.get_autocast_dtype(ref.device.type)
+    return ref.dtype
+
+
+# ---------------------------------------------------------------------------------------------
+# The unroll
+# ---------------------------------------------------------------------------------------------
+
+
+def step_masks(loss_mask: torch.Tensor, lengths: torch.Tensor, in_draft: torch.Tensor, steps: int) -> torch.Tensor:
+    """(K, B, T) fp32 0/1: which rows each step trains on.
+
+    Row t of step i predicts x_{t+2+i}: it counts when that token exists (t+2+i < length),
+    carries loss_mask, and the target's argmax at t+1+i is in the draft vocabulary.
+    """
+    B, T = loss_mask.shape
+    pad = torch.zeros(B, steps + 2, dtype=loss_mask.dtype, device=loss_mask.device)
+    lm = torch.cat([loss_mask, pad], dim=1)  # (B, T + K + 2)
+    dr = torch.cat([in_draft.view(B, T), pad.bool()], dim=1)
+    t = torch.arange(T, device=loss_mask.device)
+    masks = []
+    for i in range(steps):
+        exists = (t[None, :] + 2 + i) < lengths[:, None]  # (B, T)
+        masks.append((lm[:, 2 + i : 2 + i + T] > 0) & dr[:, 1 + i : 1 + i + T] & exists)
+    return torch.stack(masks).float()
+
+
+def ttt_loss(
+    model: Eagle3Drafter,
+    batch: dict,
+    target_head: torch.Tensor,
+    steps: int,
+    *,
+    outside_head: torch.Tensor | None = None,
+    step_weights: torch.Tensor | list[float] | None = None,
+    attention: str = "auto",
+    loss_chunk_rows: int | None = None,
+) -> TTTOutput:
+    """Unroll `steps` draft steps over a right-padded batch and return the summed loss and stats.
+
+    batch: aux (B, T, n_aux*Ht), final (B, T, Ht) normed, input_ids (B, T) long, loss_mask
+    (B, T) 0/1, lengths (B,) (optional; default T). target_head (N, Ht): the target lm_head's
+    draft-vocabulary rows (target logits over the draft vocab = final @ target_head.T).
+    outside_head (V-N, Ht): the remaining rows, to mask positions whose target argmax is not
+    drafted (SpecForge's t2d[argmax]); omit it to keep every position. step_weights (K,):
+    default 0.8**i. attention: "auto" | "flash" | "math". loss_chunk_rows: rows of draft logits
+    held at once (default: about 64 Mi logits).
+    """
+    cfg = model.config
+    aux, final, input_ids, loss_mask = batch["aux"], batch["final"], batch["input_ids"], batch["loss_mask"]
+    B, T = input_ids.shape
+    device = input_ids.device
+    _check_batch(cfg, aux, final, input_ids, loss_mask, target_head, steps)
+    lengths = batch.get("lengths")
+    lengths = torch.full((B,), T, device=device) if lengths is None else lengths.to(device)
+    if step_weights is None:
+        step_weights = [DEFAULT_STEP_DECAY**i for i in range(steps)]
+    step_weight = torch.as_tensor(step_weights, dtype=torch.float32, device=device)
+    if step_weight.shape != (steps,):
+        raise ValueError(f"step_weights has {step_weight.numel()} entries for steps={steps}")
+
+    layer = model.layer
+    attn = layer.self_attn
+    H = cfg.hidden_size
+    nh, nkv, D = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+
+    stats = target_stats(final, target_head, outside_head)
+    masks = step_masks(loss_mask, lengths, stats.in_draft, steps)  # (K, B, T)
+
+    # Tokens: step i at row t reads x_{t+1+i}; ids past the end are padding (their rows are masked).
+    ids = torch.cat([input_ids[:, 1:], input_ids.new_zeros(B, steps)], dim=1)  # (B, T-1+K)
+    e_all = layer.input_layernorm(model.embed_input_ids(ids))  # (B, T-1+K, H), one norm for all steps
+    # q/k/v are linear in [e ; u]: the embedding half is computed once for all steps and sliced.
+    w_qkv = torch.cat([attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight], dim=0)  # (Q+2KV, 2H)
+    qkv_e = F.linear(e_all, w_qkv[:, :H])  # (B, T-1+K, Q+2KV)
+    w_qkv_h = w_qkv[:, H:]  # (Q+2KV, H)
+    positions = torch.arange(T - 1 + steps, device=device)
+    cos_all, sin_all = model.rotary(positions[None])  # (1, T-1+K, D) each
+
+    h = model.project_hidden_states(aux)  # (B, T, H): g
+    k0 = v0 = None
+    ks, vs, h_posts = [], [], []
+    for i in range(steps):
+        qkv = qkv_e[:, i : i + T] + F.linear(layer.hidden_norm(h), w_qkv_h)  # (B, T, Q+2KV)
+        q, k, v = qkv.split([cfg.q_size, cfg.kv_size, cfg.kv_size], dim=-1)
+        cos, sin = cos_all[:, i : i + T], sin_all[:, i : i + T]  # rotary position t + i
+        q = apply_rotary(q.reshape(B, T, nh, D).transpose(1, 2), cos, sin)  # (B, nh, T, D)
+        k = apply_rotary(k.reshape(B, T, nkv, D).transpose(1, 2), cos, sin)  # (B, nkv, T, D)
+        v = v.reshape(B, T, nkv, D).transpose(1, 2)  # (B, nkv, T, D)
+        if i == 0:
+            k0, v0 = k, v
+        else:
+            ks.append(k)
+            vs.append(v)
+        out = ttt_attention(q, k0, v0, ks, vs, attn.scale, backend=attention)  # (B, nh, T, D)
+        h = layer.finish(out.transpose(1, 2).reshape(B, T, nh * D), h)  # (B, T, H) h_pre, fed back
+        h_posts.append(model.norm(h))
+
+    dtype = _compute_dtype(h_posts[0])
+    h_all = torch.stack(h_posts).to(dtype).reshape(steps * B * T, H)  # (K*B*T, H), rows (i, b, t)
+    del h_posts
+    t_idx = torch.arange(T, device=device)
+    tgt_index = torch.stack([
+        (torch.arange(B, device=device)[:, None] * T + (t_idx[None, :] + 1 + i).clamp(max=T - 1))
+        for i in range(steps)
+    ]).reshape(-1)  # (K*B*T,) flat index of the target position t+1+i
+    row_step = torch.arange(steps, device=device).repeat_interleave(B * T)
+    chunk = loss_chunk_rows or max(1, (64 << 20) // cfg.draft_vocab_size)
+    loss_sum, step_loss, step_correct = _FusedSoftCE.apply(
+        h_all, model.lm_head.weight, stats.logits, stats.lse, stats.argmax, tgt_index,
+        masks.reshape(-1), row_step, step_weight, chunk,
+    )
+    step_tokens = masks.sum(dim=(1, 2))
+    return TTTOutput(
+        loss_sum=loss_sum,
+        num_tokens=step_tokens[0],
+        step_loss_sum=step_loss,
+        step_tokens=step_tokens,
+        step_correct=step_correct,
+    )
+
+
+def _check_batch(cfg, aux, final, input_ids, loss_mask, target_head, steps) -> None:
+    B, T = input_ids.shape
+    if steps < 1:
+        raise ValueError(f"steps={steps}: TTT needs at least one step")
+    if aux.shape[:2] != (B, T) or aux.shape[-1] != cfg.fc_in_features:
+        raise ValueError(
+            f"batch['aux'] has shape {tuple(aux.shape)}, expected ({B}, {T}, {cfg.fc_in_features}) = "
+            f"{cfg.num_aux} aux states of width {cfg.target_hidden_size}"
+        )
+    if final.shape != (B, T, cfg.target_hidden_size):
+        raise ValueError(f"batch['final'] has shape {tuple(final.shape)}, expected ({B}, {T}, {cfg.target_hidden_size})")
+    if loss_mask.shape != (B, T):
+        raise ValueError(f"batch['loss_mask'] has shape {tuple(loss_mask.shape)}, expected ({B}, {T})")
+    if target_head.shape != (cfg.draft_vocab_size, cfg.target_hidden_size):
+        raise ValueError(
+            f"target_head has shape {tuple(target_head.shape)}, expected (draft_vocab_size, target_hidden_size) = "
+            f"({cfg.draft_vocab_size}, {cfg.target_hidden_size}); select the rows with target_head.draft_head(lm_head, d2t)"
+        )
