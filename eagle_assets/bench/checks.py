@@ -130,7 +130,10 @@ def parent_al_check(al: float, parent_al: float | None, slack: float = 0.0) -> C
     same prompts; passes trivially, and says so, when the drafter was trained from scratch."""
     name = "al_not_below_parent"
     if parent_al is None:
-        return CheckResult(name, True, "trained from scratch: no parent drafter to compare with", {"al": al})
+        return CheckResult(
+            name, True, "trained from scratch: no parent drafter to compare with",
+            {"al": al if math.isfinite(al) else None},
+        )
     if not math.isfinite(al):
         return CheckResult(name, False, "the drafter's AL is not a number (no drafts measured)", {"al": None, "parent_al": parent_al})
     passed = al >= parent_al - slack

@@ -146,6 +146,8 @@ def _nan_back(run: Mapping) -> dict:
         lv = dict(lv)
         for key in ("ttft_s", "itl_s"):
             lv[key] = {k: (math.nan if v is None else v) for k, v in lv[key].items()}
+        for key in ("tokens_per_s", "requests_per_s", "tokens_per_chunk"):
+            lv[key] = math.nan if lv[key] is None else lv[key]
         levels.append(lv)
     run["levels"] = levels
     return run

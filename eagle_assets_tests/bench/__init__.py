@@ -1,0 +1,1 @@
+"""Tests of eagle_assets.bench."""

@@ -1,0 +1,146 @@
+"""The benchmark report: files written and readable, speedups, checks, definitions, summary."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from eagle_assets.bench.checks import speedup_check, speedups
+from eagle_assets.bench.metrics import METRIC_DEFINITIONS, SpecStats
+from eagle_assets.bench.parity import AcceptanceNumbers
+from eagle_assets.bench.report import (
+    PLOT_ACCEPTANCE,
+    PLOT_SPEEDUP,
+    PLOT_THROUGHPUT,
+    build_report,
+    load_report,
+    summary_text,
+    to_markdown,
+    write_report,
+)
+from eagle_assets.bench.served import LevelResult, ServedRun
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+CONCURRENCIES = (1, 4, 8)
+
+
+def _level(c: int, tokens_per_s: float, spec: SpecStats | None = None) -> LevelResult:
+    tokens = 8 * 64
+    wall = tokens / tokens_per_s
+    return LevelResult(
+        concurrency=c, num_requests=8, output_tokens=tokens, wall_s=wall, tokens_per_s=tokens_per_s,
+        requests_per_s=8 / wall, ttft_s={"mean": 0.12, "p50": 0.1, "p90": 0.2},
+        itl_s={"mean": 0.021, "p50": 0.02, "p90": 0.03}, tokens_per_chunk=spec.al if spec and spec.drafts else 1.0, spec=spec,
+    )
+
+
+def _run(label: str, tokens_per_s: dict[int, float], spec: SpecStats | None = None, output_len: int = 64) -> ServedRun:
+    return ServedRun(label, "vllm", "smollm2-135m-instruct", "http://127.0.0.1:8150", output_len, 8,
+                     tuple(_level(c, tokens_per_s[c], spec) for c in CONCURRENCIES))
+
+
+# Per level: 100 drafts, 300 drafted, 150 accepted -> AL 2.5, 50 %, p = (0.7, 0.5, 0.3).
+EAGLE = SpecStats(100, 300, 150, (70, 50, 30))
+NGRAM = SpecStats(50, 150, 30, (20, 7, 3))
+RUNS = [
+    _run("baseline", {1: 50.0, 4: 160.0, 8: 240.0}),
+    _run("eagle3", {1: 80.0, 4: 200.0, 8: 216.0}, EAGLE),
+    _run("ngram", {1: 55.0, 4: 168.0, 8: 240.0}, NGRAM),
+]
+OFFLINE = AcceptanceNumbers(2.55, (0.72, 0.52, 0.31), 600, "offline reference")
+
+
+def test_speedup_is_tokens_per_s_with_over_without():
+    s = speedups(RUNS)
+    assert s["eagle3"] == {1: 80.0 / 50.0, 4: 200.0 / 160.0, 8: 216.0 / 240.0}
+    assert s["ngram"] == {1: 55.0 / 50.0, 4: 168.0 / 160.0, 8: 1.0}
+    assert "baseline" not in s
+    assert speedup_check(RUNS).passed
+    slower = [RUNS[0], _run("eagle3", {1: 45.0, 4: 160.0, 8: 240.0}, EAGLE)]
+    check = speedup_check(slower)
+    assert not check.passed and check.metadata["speedup"] == 45.0 / 50.0
+    assert not speedup_check(RUNS[1:]).passed  # no baseline: nothing to compare with
+
+
+def test_speedup_refuses_runs_of_different_work():
+    with pytest.raises(ValueError, match="same prompts and lengths"):
+        speedups([RUNS[0], _run("eagle3", {1: 1.0, 4: 1.0, 8: 1.0}, EAGLE, output_len=128)])
+
+
+def test_report_pools_served_acceptance_and_runs_the_checks():
+    report = build_report("smollm2-135m-instruct", "/drafters/smollm2-eagle3", RUNS, offline=OFFLINE, parent_al=2.4)
+    # Pooled over the three levels: 300 drafts, 450 accepted.
+    assert report.served == AcceptanceNumbers(2.5, (0.7, 0.5, 0.3), 300, "served vllm")
+    assert report.parity.verdict == "ok"
+    assert {c.name: c.passed for c in report.checks} == {
+        "speedup_above_1_at_concurrency_1": True,
+        "parity_within_tolerance": True,
+        "al_not_below_parent": True,
+    }
+    regressed = build_report("t", "d", RUNS, offline=OFFLINE, parent_al=2.7)
+    assert not regressed.passed
+    with pytest.raises(ValueError, match="share a label"):
+        build_report("t", "d", [RUNS[0], RUNS[0]])
+
+
+def test_written_report_is_complete_and_reads_back(tmp_path):
+    report = build_report("smollm2-135m-instruct", "/drafters/smollm2-eagle3", RUNS, offline=OFFLINE, parent_al=2.4)
+    paths = write_report(report, tmp_path / "out")
+
+    assert set(paths.plots) == {PLOT_ACCEPTANCE, PLOT_THROUGHPUT, PLOT_SPEEDUP}
+    for png in paths.plots.values():
+        data = png.read_bytes()
+        assert data[:8] == PNG_MAGIC and len(data) > 5000
+    assert not [p for p in (tmp_path / "out").iterdir() if p.name.startswith(".")]  # no temp files left
+
+    # Standard JSON (no NaN) that reads back to the same report.
+    text = paths.json.read_text()
+    json.loads(text, parse_constant=lambda c: pytest.fail(f"non-standard JSON constant {c}"))
+    assert load_report(paths.json) == report
+    assert load_report(tmp_path / "out") == report
+
+    md = paths.markdown.read_text()
+    for definition in METRIC_DEFINITIONS.values():
+        assert definition in md
+    assert "## Verdict: `ok`" in md
+    assert "| 1 | eagle3 | 80.0 |" in md and "1.60x" in md
+    assert "| 8 | eagle3 | 216.0 |" in md and "0.90x" in md  # a slowdown is shown, not hidden
+    assert "| 1 | 1.60x | 1.10x |" in md  # n-gram's speedup beside ours
+    for name in paths.plots:
+        assert f"]({name})" in md
+
+
+def test_engine_wiring_report_shows_causes_and_config(tmp_path):
+    served_bad = SpecStats(100, 300, 10, (8, 2, 0))
+    runs = [RUNS[0], _run("eagle3", {1: 40.0, 4: 120.0, 8: 150.0}, served_bad)]
+    drafter = {"architectures": ["LlamaForCausalLMEagle3"], "norm_output": True, "draft_vocab_size": 8192}
+    report = build_report("smollm2-135m-instruct", "d", runs, offline=OFFLINE, drafter_path=drafter)
+    assert report.parity.verdict == "engine_wiring"
+    md = to_markdown(report)
+    assert "## Verdict: `engine_wiring`" in md
+    assert "norm_output is true" in md and "| norm_output | `true` |" in md
+    text = summary_text(report)
+    assert "engine_wiring" in text and "[FAIL] speedup_above_1_at_concurrency_1" in text
+    assert len(text.splitlines()) <= 25
+
+
+def test_report_without_speculation_or_baseline_still_writes(tmp_path):
+    report = build_report("t", "d", [_run("baseline", {1: 50.0, 4: 160.0, 8: 240.0})])
+    assert report.served is None and report.parity is None and report.speedups == {}
+    paths = write_report(report, tmp_path)
+    assert set(paths.plots) == {PLOT_THROUGHPUT}
+    assert load_report(paths.json) == report
+    zero = _run("eagle3", {1: 50.0, 4: 160.0, 8: 240.0}, SpecStats(0, 0, 0, (0, 0, 0)))
+    report = build_report("t", "d", [zero])  # no drafts at all: AL is NaN, written as null
+    assert load_report(write_report(report, tmp_path / "z").json) == report
+
+
+def test_summary_fits_one_screen():
+    report = build_report("smollm2-135m-instruct", "d", RUNS, offline=OFFLINE)
+    text = summary_text(report)
+    assert "verdict: ok" in text
+    assert "offline: AL 2.55" in text and "served : AL 2.50" in text
+    assert "80.0 (1.60x)" in text and "55.0 (1.10x)" in text
+    assert "1 + accepted/drafts" in text
+    assert len(text.splitlines()) <= 25 and max(len(line) for line in text.splitlines()) < 240
