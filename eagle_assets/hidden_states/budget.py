@@ -1,0 +1,133 @@
+"""Disk budget for the hidden-state stage: predict the bytes, check the space, plan a run.
+
+    >>> from eagle_assets.hidden_states.budget import plan, predict_bytes, check_free_space
+    >>> p = plan("kimi-k2.5", samples=10_000, tokens_per_sample=1_450)
+    >>> round(p.hidden_state_bytes / 1e9)      # the seeds measured 828 GB
+    832
+    >>> check_free_space("data/hidden_states", p.hidden_state_bytes)   # raises when it does not fit
+
+Sizes are decimal (1 GB = 1e9 bytes), as `df -H` and the seeds report them. Per token a shard
+stores (n_aux + 1) bf16 states of width H, an int32 id and a uint8 mask
+(`formats.hidden_state_bytes_per_token`); per sample an int64 offset; per shard a header of
+a few hundred bytes and a manifest.
+"""
+
+from __future__ import annotations
+
+import shutil
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from eagle_assets.formats import hidden_state_bytes_per_token
+from eagle_assets.targets import TargetPreset, get_preset
+
+CORPUS_BYTES_PER_TOKEN = 9
+"""Parquet corpus, before compression: int32 id + uint8 mask + ~4 bytes of message text per token."""
+SHARD_OVERHEAD_BYTES = 8192
+"""Upper bound of one shard's safetensors header plus the fixed part of its manifest."""
+SAMPLE_OVERHEAD_BYTES = 64
+"""Per sample: its int64 offset plus its id and token count in the manifest (JSON)."""
+
+
+def predict_bytes(num_tokens: int, n_aux: int, hidden: int, num_samples: int = 0, num_shards: int = 0) -> int:
+    """Bytes the shards take: exact per token, an upper bound for the per-sample/per-shard parts."""
+    return (
+        num_tokens * hidden_state_bytes_per_token(n_aux, hidden)
+        + num_samples * SAMPLE_OVERHEAD_BYTES
+        + num_shards * SHARD_OVERHEAD_BYTES
+    )
+
+
+def _existing(path: Path) -> Path:
+    path = path.absolute()
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    return path
+
+
+def check_free_space(dest: str | Path, needed_bytes: int, reserve_bytes: int = 0) -> int:
+    """Raise unless `dest`'s filesystem has `needed_bytes` (+ `reserve_bytes`) free; returns free bytes.
+
+    `dest` need not exist yet: the nearest existing parent's filesystem is checked.
+    """
+    where = _existing(Path(dest))
+    free = shutil.disk_usage(where).free
+    if free < needed_bytes + reserve_bytes:
+        raise OSError(
+            f"not enough free disk space for the hidden states at {dest}: they need "
+            f"{needed_bytes:,} bytes ({_human(needed_bytes)})"
+            + (f" plus {_human(reserve_bytes)} reserve" if reserve_bytes else "")
+            + f", but only {free:,} bytes ({_human(free)}) are free on the filesystem of {where}. "
+            "Free space there, point the output at a larger disk, or use fewer samples or aux layers."
+        )
+    return free
+
+
+def _human(n: float) -> str:
+    for unit in ("B", "kB", "MB", "GB", "TB"):
+        if abs(n) < 1000 or unit == "TB":
+            return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
+        n /= 1000
+    raise AssertionError
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Sizes of one pipeline run for a target: the arithmetic behind `eagle-assets plan`."""
+
+    target: str
+    samples: int
+    tokens_per_sample: int
+    num_tokens: int
+    """samples x tokens_per_sample."""
+    num_aux: int
+    hidden_size: int
+    bytes_per_token: int
+    """(n_aux + 1) * H * 2 + 5."""
+    corpus_bytes: int
+    """Estimate of the Parquet corpus before compression (`CORPUS_BYTES_PER_TOKEN`)."""
+    hidden_state_bytes: int
+    """The shards on disk (`predict_bytes`)."""
+
+    def extraction_hours(self, tokens_per_s: float) -> float:
+        """Hours the forward passes take at a measured extraction rate."""
+        return self.num_tokens / tokens_per_s / 3600
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+    def lines(self) -> list[str]:
+        return [
+            f"target {self.target}: {self.samples:,} samples x {self.tokens_per_sample:,} tokens = {self.num_tokens:,} tokens",
+            f"corpus (Parquet, uncompressed): {_human(self.corpus_bytes)}",
+            f"hidden states: {self.num_aux} aux + final x H={self.hidden_size} bf16 = "
+            f"{self.bytes_per_token:,} B/token -> {_human(self.hidden_state_bytes)}",
+        ]
+
+
+def plan(
+    preset: str | TargetPreset,
+    samples: int,
+    tokens_per_sample: int,
+    num_aux: int | None = None,
+    num_shards: int | None = None,
+) -> Plan:
+    """Corpus and hidden-state sizes for `samples` of `tokens_per_sample` tokens on `preset`.
+
+    `num_aux` defaults to the preset's aux ids (3); `num_shards` to one shard per 100 samples.
+    """
+    p = get_preset(preset) if isinstance(preset, str) else preset
+    n_aux = len(p.default_aux_layer_ids) if num_aux is None else num_aux
+    tokens = samples * tokens_per_sample
+    shards = num_shards if num_shards is not None else max(1, samples // 100)
+    return Plan(
+        target=p.name,
+        samples=samples,
+        tokens_per_sample=tokens_per_sample,
+        num_tokens=tokens,
+        num_aux=n_aux,
+        hidden_size=p.hidden_size,
+        bytes_per_token=hidden_state_bytes_per_token(n_aux, p.hidden_size),
+        corpus_bytes=tokens * CORPUS_BYTES_PER_TOKEN,
+        hidden_state_bytes=predict_bytes(tokens, n_aux, p.hidden_size, samples, shards),
+    )
