@@ -1,0 +1,372 @@
+"""The corpus generator: the target's own answers to a prompt set, resumable, into a CorpusStore.
+
+For each prompt the user turns are sent one at a time to the target's inference server, each
+answer fed back before the next turn. The answer's reasoning (split off by the server's
+reasoning parser) is kept and re-wrapped in the target's thinking tokens through its own
+chat template (conversation.py), giving the token ids and loss mask the trainer reads.
+
+`sample_id = stable_id(prompt messages, sampling params, target fingerprint)`: a rerun
+skips every id already in the store, so a killed run resumes where its last shard ended.
+A sample that still fails after the client's retries is recorded in failures.jsonl and the
+run goes on; only a long streak of such failures (the server is gone) stops it early.
+
+    python -m eagle_assets.corpus.generate --prompts prompts.jsonl --out data/corpus \\
+        --server http://localhost:8000 --model smollm2-135m-instruct \\
+        --tokenizer .cache/targets/smollm2-135m-instruct --max-tokens 512
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from tqdm.auto import tqdm
+
+from eagle_assets.corpus.client import ClientSettings, InferenceClient, InferenceError, RetriesExhausted
+from eagle_assets.corpus.conversation import ChatTemplate, ConversationError, ThinkingFormat
+from eagle_assets.corpus.prompts import Prompt, ensure_training_prompts, load_prompt_file
+from eagle_assets.corpus.store import CorpusStore
+from eagle_assets.formats import stable_id
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How the target answers; part of every sample id."""
+
+    temperature: float = 0.0
+    """0 is greedy: the drafter learns the target's most likely continuation."""
+    top_p: float = 1.0
+    top_k: int | None = None
+    """None leaves the server's default (all tokens)."""
+    max_tokens: int = 2048
+    """Longest answer per turn; longer ones are cut and flagged `truncated`."""
+    seed: int | None = None
+    """For sampled runs: each request gets a seed derived from (seed, sample_id, turn)."""
+    ignore_eos: bool = False
+    """Keep generating past end-of-turn (benchmarks only: it makes every answer max_tokens long)."""
+
+    def __post_init__(self) -> None:
+        if self.temperature < 0 or not 0 < self.top_p <= 1 or self.max_tokens < 1:
+            raise ValueError(f"invalid sampling parameters: {self}")
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+    def request_params(self, sample_id: str, turn: int) -> dict[str, Any]:
+        """Body fields of one chat request."""
+        params: dict[str, Any] = {"max_tokens": self.max_tokens, "temperature": self.temperature, "top_p": self.top_p}
+        if self.top_k is not None:
+            params["top_k"] = self.top_k
+        if self.seed is not None:
+            params["seed"] = int(stable_id("sample-seed", self.seed, sample_id, turn)[:8], 16)
+        if self.ignore_eos:
+            params["ignore_eos"] = True
+        return params
+
+
+def sample_id_for(prompt: Prompt, sampling: SamplingParams, target: str) -> str:
+    """The stable id of one sample: (prompt messages, sampling parameters, target fingerprint)."""
+    return stable_id(prompt.to_messages(), sampling.as_dict(), target)
+
+
+@dataclass
+class CorpusStats:
+    """What a generation run did; `as_metadata()` is what Dagster shows."""
+
+    prompts: int = 0
+    """Distinct samples asked for (prompts after dropping duplicate ids)."""
+    already_done: int = 0
+    """Skipped: in the store from an earlier run."""
+    succeeded: int = 0
+    failed: int = 0
+    truncated: int = 0
+    reasoning_captured: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    train_tokens: int = 0
+    """Tokens of the stored rows (template included)."""
+    elapsed_s: float = 0.0
+    aborted: bool = False
+    errors: list[str] = field(default_factory=list)
+    """The first few failure messages."""
+
+    @property
+    def attempted(self) -> int:
+        return self.succeeded + self.failed
+
+    @property
+    def error_rate(self) -> float:
+        return self.failed / self.attempted if self.attempted else 0.0
+
+    @property
+    def reasoning_capture_rate(self) -> float:
+        return self.reasoning_captured / self.succeeded if self.succeeded else 0.0
+
+    @property
+    def output_tokens_per_s(self) -> float:
+        return self.completion_tokens / self.elapsed_s if self.elapsed_s > 0 else 0.0
+
+    def summary(self) -> str:
+        return (
+            f"{self.succeeded + self.already_done}/{self.prompts} samples done ({self.already_done} from earlier runs), "
+            f"{self.failed} failed, {self.truncated} truncated, {self.completion_tokens} output tokens "
+            f"at {self.output_tokens_per_s:.1f} tok/s"
+        )
+
+    def as_metadata(self) -> dict[str, Any]:
+        out = {k: v for k, v in asdict(self).items() if k != "errors"}
+        out.update(
+            attempted=self.attempted,
+            error_rate=round(self.error_rate, 6),
+            reasoning_capture_rate=round(self.reasoning_capture_rate, 6),
+            output_tokens_per_s=round(self.output_tokens_per_s, 3),
+            first_errors=self.errors[:5],
+        )
+        return out
+
+
+class GenerationAborted(RuntimeError):
+    """Too many samples in a row failed after retries: the server is most likely gone."""
+
+    def __init__(self, message: str, stats: CorpusStats):
+        super().__init__(message)
+        self.stats = stats
+
+
+async def _answer(
+    client: InferenceClient, template: ChatTemplate, prompt: Prompt, sid: str, sampling: SamplingParams, target: str
+) -> dict:
+    """Run every turn of one prompt and build its corpus row."""
+    messages: list[dict] = [{"role": "system", "content": prompt.system}] if prompt.system is not None else []
+    finish, truncated, captured = None, False, True
+    prompt_tokens = completion_tokens = 0
+    latency = 0.0
+    for turn, user in enumerate(prompt.turns):
+        messages.append({"role": "user", "content": user})
+        # History goes back as the training conversation renders it (reasoning re-wrapped or
+        # passed through), so the target is conditioned on exactly the text it is trained on.
+        out = await client.chat(template.training_messages(messages), sampling.request_params(sid, turn))
+        answer = {"role": "assistant", "content": out.content}
+        if out.reasoning_content is not None:
+            answer["reasoning_content"] = out.reasoning_content
+        captured = captured and bool(out.reasoning_content)
+        messages.append(answer)
+        finish = out.finish_reason
+        truncated = truncated or out.finish_reason == "length"
+        prompt_tokens += out.prompt_tokens
+        completion_tokens += out.completion_tokens
+        latency += out.latency_s
+    example = template.tokenize(messages)
+    return {
+        "sample_id": sid,
+        "prompt_id": prompt.prompt_id,
+        "source": prompt.source,
+        "messages": json.dumps(messages, ensure_ascii=False),
+        "input_ids": example.input_ids,
+        "loss_mask": example.loss_mask,
+        "num_tokens": len(example.input_ids),
+        "num_turns": len(prompt.turns),
+        "finish_reason": finish or "",
+        "truncated": truncated,
+        "reasoning_captured": captured,
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "latency_s": latency,
+        "sampling": json.dumps(sampling.as_dict(), sort_keys=True),
+        "target": target,
+    }
+
+
+async def generate_corpus_async(
+    prompts: Iterable[Prompt],
+    client: InferenceClient,
+    store: CorpusStore,
+    template: ChatTemplate,
+    *,
+    target: str,
+    sampling: SamplingParams = SamplingParams(),
+    progress: Callable[[CorpusStats], None] | None = None,
+    progress_every: int = 50,
+    show_progress_bar: bool = True,
+    max_consecutive_failures: int | None = 64,
+) -> CorpusStats:
+    """Answer every prompt not yet in `store`; see the module docstring. Flushes before returning."""
+    prompts = list(prompts)
+    ensure_training_prompts(prompts)
+    previous = store.meta.get("target")
+    if previous is not None and previous != target:
+        raise ValueError(
+            f"the corpus at {store.url} was generated for target {previous}, this run is for {target}; "
+            "write this target's corpus to a new folder"
+        )
+    samplings = store.meta.get("sampling", [])
+    if sampling.as_dict() not in samplings:
+        samplings = [*samplings, sampling.as_dict()]
+    store.update_meta(target=target, sampling=samplings, thinking=asdict(template.thinking),
+                      template_handles_reasoning=template.handles_reasoning)
+
+    stats = CorpusStats()
+    done = store.done_ids()
+    todo: list[tuple[Prompt, str]] = []
+    seen: set[str] = set()
+    for p in prompts:
+        sid = sample_id_for(p, sampling, target)
+        if sid in seen:
+            continue
+        seen.add(sid)
+        if sid in done:
+            stats.already_done += 1
+        else:
+            todo.append((p, sid))
+    stats.prompts = len(seen)
+
+    start = time.perf_counter()
+    streak = 0
+    last_error = ""
+    bar = tqdm(total=len(todo), desc="corpus", unit="sample", disable=not show_progress_bar, file=sys.stderr)
+    pending = iter(todo)
+
+    def report() -> None:
+        stats.elapsed_s = time.perf_counter() - start
+        if progress:
+            progress(stats)
+
+    async def worker() -> None:
+        nonlocal streak, last_error
+        # Workers share one iterator: each (prompt, id) is taken exactly once.
+        for prompt, sid in pending:
+            if stats.aborted:
+                return
+            try:
+                row = await _answer(client, template, prompt, sid, sampling, target)
+            except (InferenceError, ConversationError) as exc:
+                stats.failed += 1
+                last_error = f"{prompt.origin or prompt.prompt_id}: {exc}"
+                if len(stats.errors) < 20:
+                    stats.errors.append(last_error)
+                store.record_failure(
+                    {
+                        "sample_id": sid,
+                        "prompt_id": prompt.prompt_id,
+                        "origin": prompt.origin,
+                        "error_type": type(exc).__name__,
+                        "error": str(exc),
+                        "time": time.time(),
+                    }
+                )
+                streak = streak + 1 if isinstance(exc, RetriesExhausted) else streak
+                if max_consecutive_failures is not None and streak >= max_consecutive_failures:
+                    stats.aborted = True
+            else:
+                streak = 0
+                store.append(row)
+                stats.succeeded += 1
+                stats.truncated += row["truncated"]
+                stats.reasoning_captured += row["reasoning_captured"]
+                stats.prompt_tokens += row["prompt_tokens"]
+                stats.completion_tokens += row["completion_tokens"]
+                stats.train_tokens += row["num_tokens"]
+            bar.update(1)
+            bar.set_postfix(failed=stats.failed, refresh=False)
+            if stats.attempted % progress_every == 0:
+                report()
+
+    try:
+        await asyncio.gather(*(worker() for _ in range(client.settings.concurrency)))
+    finally:
+        bar.close()
+        store.flush()
+        report()
+    if stats.aborted:
+        raise GenerationAborted(
+            f"stopped after {max_consecutive_failures} samples in a row failed after retries against "
+            f"{client.settings.base_url} (last: {last_error}). {stats.succeeded + stats.already_done} "
+            "samples are stored; restart the server and rerun to resume.",
+            stats,
+        )
+    return stats
+
+
+def generate_corpus(
+    prompts: Iterable[Prompt],
+    store: CorpusStore,
+    server: ClientSettings,
+    tokenizer: Any,
+    *,
+    target: str,
+    sampling: SamplingParams = SamplingParams(),
+    thinking: ThinkingFormat | None = None,
+    progress: Callable[[CorpusStats], None] | None = None,
+    progress_every: int = 50,
+    show_progress_bar: bool = True,
+    max_consecutive_failures: int | None = 64,
+) -> CorpusStats:
+    """Synchronous entry point: checks the server answers with the model, then generates.
+
+    Raises `ServerUnreachable` (naming the URL) before touching the store when the server is
+    down; `GenerationAborted` (after storing every finished sample) when it goes away.
+    """
+    template = ChatTemplate(tokenizer, thinking)
+
+    async def run() -> CorpusStats:
+        async with InferenceClient(server) as client:
+            await client.check_server()
+            return await generate_corpus_async(
+                prompts,
+                client,
+                store,
+                template,
+                target=target,
+                sampling=sampling,
+                progress=progress,
+                progress_every=progress_every,
+                show_progress_bar=show_progress_bar,
+                max_consecutive_failures=max_consecutive_failures,
+            )
+
+    return asyncio.run(run())
+
+
+def _main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--prompts", required=True, help="JSONL or Parquet prompt file (any fsspec URL)")
+    parser.add_argument("--out", required=True, help="corpus folder (any fsspec URL); resumed if present")
+    parser.add_argument("--server", required=True, help="e.g. http://localhost:8000")
+    parser.add_argument("--model", required=True, help="the server's --served-model-name")
+    parser.add_argument("--tokenizer", required=True, help="the target's HF folder (tokenizer + chat template)")
+    parser.add_argument("--max-tokens", type=int, default=2048)
+    parser.add_argument("--temperature", type=float, default=0.0)
+    parser.add_argument("--seed", type=int, default=None)
+    parser.add_argument("--concurrency", type=int, default=16)
+    parser.add_argument("--shard-size", type=int, default=256)
+    parser.add_argument("--retries", type=int, default=4)
+    parser.add_argument("--backoff", type=float, default=1.0)
+    parser.add_argument("--timeout", type=float, default=600.0)
+    parser.add_argument("--limit", type=int, default=None, help="use only the first N prompts")
+    args = parser.parse_args(argv)
+    from eagle_assets.corpus.target import load_tokenizer, target_fingerprint
+
+    server = ClientSettings(
+        args.server, args.model, concurrency=args.concurrency, max_retries=args.retries,
+        backoff_s=args.backoff, timeout_s=args.timeout,
+    )
+    prompts = load_prompt_file(args.prompts, limit=args.limit)
+    with CorpusStore(args.out, shard_size=args.shard_size) as store:
+        stats = generate_corpus(
+            prompts, store, server, load_tokenizer(args.tokenizer),
+            target=target_fingerprint(args.tokenizer),
+            sampling=SamplingParams(temperature=args.temperature, max_tokens=args.max_tokens, seed=args.seed),
+            progress=lambda s: print(s.summary(), file=sys.stderr, flush=True),
+        )
+    print(json.dumps(stats.as_metadata(), indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(_main())

@@ -1,0 +1,451 @@
+"""Prompt sets: a user file, prompts the target writes itself (Magpie), and MT-Bench (evaluation only).
+
+A `Prompt` is a system message (optional) and one or more user turns; the corpus generator
+replays the user turns one at a time and lets the target write every answer, so assistant
+turns in a source file are ignored. Each prompt has a stable `prompt_id`.
+
+Sources:
+  * `load_prompt_file(url)`: JSONL or Parquet at any fsspec URL; each row has `messages`
+    (an OpenAI chat list, multi-turn allowed) or `prompt` (a string) or `turns` (a list of
+    user strings). Bad rows fail with the file and row named.
+  * `synthesize_prompts(...)`: Magpie-style, the target samples the user turn itself from the
+    chat template cut just after the user header (`<|im_start|>user\\n` for ChatML), through
+    the server's raw `/v1/completions`; deduplicated, empty and over-long ones dropped;
+    optionally multi-turn (a follow-up user turn sampled after the target's own answer).
+  * `load_mt_bench()`: the 80 MT-Bench questions shipped in eagle_assets/data, for the
+    benchmark only. Any attempt to train on them (by file name, or by the content of the
+    questions under any name) raises `EvaluationDataError`.
+
+    python -m eagle_assets.corpus.prompts magpie --server http://localhost:8000 \\
+        --model smollm2-135m-instruct --tokenizer .cache/targets/smollm2-135m-instruct \\
+        --num-prompts 64 --out data/prompts/magpie.jsonl
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import hashlib
+import json
+import posixpath
+import random
+import re
+import sys
+import unicodedata
+import uuid
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+import fsspec
+
+from eagle_assets.corpus.client import ClientSettings, InferenceClient
+from eagle_assets.corpus.conversation import ChatTemplate
+from eagle_assets.formats import stable_id
+
+MT_BENCH_PATH = Path(__file__).resolve().parent.parent / "data" / "mt_bench_questions.jsonl"
+TRAINING_SOURCES = ("file", "magpie")
+_JSONL_SUFFIXES = (".jsonl", ".ndjson", ".jsonl.gz", ".ndjson.gz", ".jsonl.zst")
+_PARQUET_SUFFIXES = (".parquet", ".pq")
+
+
+class PromptFileError(ValueError):
+    """A prompt file that cannot be read, or a row in it that is not a prompt."""
+
+
+class EvaluationDataError(ValueError):
+    """Evaluation prompts (MT-Bench) offered as training data."""
+
+
+@dataclass(frozen=True)
+class Prompt:
+    """One prompt: optional system message and the user turns the target answers one by one."""
+
+    prompt_id: str
+    """stable_id of (system, turns): the same text gives the same id on every machine."""
+    turns: tuple[str, ...]
+    """User messages, replayed turn by turn; the target writes every answer."""
+    system: str | None = None
+    """System message; None lets the chat template use its default."""
+    source: str = "file"
+    """`file`, `magpie` or `mt_bench`."""
+    origin: str = ""
+    """Where it came from (`file.jsonl row 12`), for error messages."""
+
+    @classmethod
+    def make(cls, turns: Sequence[str], system: str | None = None, source: str = "file", origin: str = "") -> "Prompt":
+        turns = tuple(turns)
+        return cls(prompt_id=stable_id("prompt", system, list(turns)), turns=turns, system=system, source=source, origin=origin)
+
+    def to_messages(self) -> list[dict]:
+        """The prompt as an OpenAI chat list (user turns only, no answers)."""
+        head = [{"role": "system", "content": self.system}] if self.system is not None else []
+        return head + [{"role": "user", "content": t} for t in self.turns]
+
+
+# ---- MT-Bench guard ---------------------------------------------------------------------
+def normalize_text(text: str) -> str:
+    """Casefolded, NFKC, whitespace collapsed: what "the same prompt" means for dedup and guards."""
+    return re.sub(r"\s+", " ", unicodedata.normalize("NFKC", text)).strip().casefold()
+
+
+def _text_hash(text: str) -> str:
+    return hashlib.sha256(normalize_text(text).encode("utf-8")).hexdigest()
+
+
+@lru_cache(maxsize=1)
+def mt_bench_hashes() -> frozenset[str]:
+    """Hashes of every MT-Bench turn (normalised text), to recognise the questions under any name."""
+    hashes = set()
+    with open(MT_BENCH_PATH, encoding="utf-8") as f:
+        for line in f:
+            if line.strip():
+                hashes.update(_text_hash(t) for t in json.loads(line)["turns"])
+    return frozenset(hashes)
+
+
+def is_mt_bench_url(url: str) -> bool:
+    name = posixpath.basename(str(url).rstrip("/")).lower().replace("-", "_")
+    return "mt_bench" in name or "mtbench" in name
+
+
+def ensure_training_prompts(prompts: Iterable[Prompt]) -> None:
+    """Raise `EvaluationDataError` if any prompt is, or contains, an MT-Bench question."""
+    hashes = mt_bench_hashes()
+    leaked = [p for p in prompts if p.source == "mt_bench" or any(_text_hash(t) in hashes for t in p.turns)]
+    if leaked:
+        where = "; ".join(f"{p.origin or p.prompt_id}: {p.turns[0][:60]!r}" for p in leaked[:3])
+        raise EvaluationDataError(
+            f"{len(leaked)} prompt(s) are MT-Bench questions ({where}). MT-Bench is the evaluation "
+            "set: training on it would inflate the benchmark's acceptance. Remove them from the "
+            "training prompts (use load_mt_bench() only for benchmark_report)."
+        )
+
+
+def load_mt_bench(path: str | Path = MT_BENCH_PATH) -> list[Prompt]:
+    """The 80 MT-Bench questions (two turns each), for evaluation only."""
+    out = []
+    with open(path, encoding="utf-8") as f:
+        for n, line in enumerate(f, 1):
+            if line.strip():
+                q = json.loads(line)
+                out.append(Prompt.make(q["turns"], source="mt_bench", origin=f"mt_bench question {q['question_id']}"))
+    return out
+
+
+# ---- user files -------------------------------------------------------------------------
+def _row_to_prompt(row: Mapping[str, Any], where: str) -> Prompt:
+    source = row.get("source") if row.get("source") in (*TRAINING_SOURCES, "mt_bench") else "file"
+    if row.get("messages") is not None:
+        messages = row["messages"]
+        if isinstance(messages, str):
+            try:
+                messages = json.loads(messages)
+            except json.JSONDecodeError as exc:
+                raise PromptFileError(f"{where}: `messages` is a string but not JSON ({exc})") from None
+        if not isinstance(messages, (list, tuple)) or not messages:
+            raise PromptFileError(f"{where}: `messages` must be a non-empty list of {{role, content}} objects")
+        system, turns = None, []
+        for k, m in enumerate(messages):
+            role = m.get("role") if isinstance(m, Mapping) else None
+            content = m.get("content") if isinstance(m, Mapping) else None
+            if role == "system" and k == 0:
+                system = content if isinstance(content, str) else None
+            elif role == "user":
+                if not isinstance(content, str) or not content.strip():
+                    raise PromptFileError(f"{where}: message {k} (user) is empty; every user turn needs text")
+                turns.append(content)
+            elif role == "assistant":
+                continue  # the target writes its own answers
+            else:
+                raise PromptFileError(
+                    f"{where}: message {k} has role {role!r}; allowed are a first `system`, `user` and "
+                    "`assistant` (ignored: the target writes its own answers)"
+                )
+        if not turns:
+            raise PromptFileError(f"{where}: `messages` has no user turn")
+        return Prompt.make(turns, system=system, source=source, origin=where)
+    if row.get("prompt") is not None:
+        text = row["prompt"]
+        if not isinstance(text, str) or not text.strip():
+            raise PromptFileError(f"{where}: `prompt` is empty; give the prompt text or drop the row")
+        return Prompt.make([text], source=source, origin=where)
+    if row.get("turns") is not None:
+        turns = row["turns"]
+        if not isinstance(turns, (list, tuple)) or not turns or not all(isinstance(t, str) and t.strip() for t in turns):
+            raise PromptFileError(f"{where}: `turns` must be a non-empty list of non-empty strings")
+        return Prompt.make(list(turns), source=source, origin=where)
+    raise PromptFileError(
+        f"{where}: the row has neither `messages` (an OpenAI chat list) nor `prompt` (a string); "
+        f"its keys are {sorted(row)}"
+    )
+
+
+def _read_rows(url: str, storage_options: Mapping[str, Any]) -> Iterable[tuple[int, Any]]:
+    lower = url.lower()
+    try:
+        if lower.endswith(_PARQUET_SUFFIXES):
+            import pyarrow.parquet as pq
+
+            with fsspec.open(url, "rb", **storage_options) as f:
+                table = pq.read_table(f)
+            return list(enumerate(table.to_pylist(), 1))
+        if lower.endswith(_JSONL_SUFFIXES):
+            rows = []
+            with fsspec.open(url, "rt", encoding="utf-8", compression="infer", **storage_options) as f:
+                for n, line in enumerate(f, 1):
+                    if not line.strip():
+                        continue
+                    try:
+                        rows.append((n, json.loads(line)))
+                    except json.JSONDecodeError as exc:
+                        raise PromptFileError(f"{url} row {n}: not valid JSON ({exc})") from None
+            return rows
+    except PromptFileError:
+        raise
+    except (OSError, ValueError, ImportError) as exc:  # missing file, bad URL, corrupt Parquet
+        raise PromptFileError(
+            f"cannot read prompt file {url}: {type(exc).__name__}: {exc}. Check that the path or URL "
+            "exists and is readable (and its storage options, for object stores)."
+        ) from None
+    raise PromptFileError(
+        f"{url}: unknown prompt file type; use JSONL ({', '.join(_JSONL_SUFFIXES)}) or Parquet "
+        f"({', '.join(_PARQUET_SUFFIXES)})"
+    )
+
+
+def load_prompt_file(
+    url: str,
+    *,
+    purpose: str = "training",
+    limit: int | None = None,
+    storage_options: Mapping[str, Any] | None = None,
+) -> list[Prompt]:
+    """Prompts from a JSONL or Parquet file at any fsspec URL, duplicates (same prompt_id) dropped.
+
+    `purpose="training"` (the default) refuses MT-Bench, by file name and by question content.
+    """
+    if purpose not in ("training", "evaluation"):
+        raise ValueError(f"purpose must be 'training' or 'evaluation', got {purpose!r}")
+    if purpose == "training" and is_mt_bench_url(url):
+        raise EvaluationDataError(
+            f"{url} is MT-Bench, the evaluation set; it cannot be a training source. Use it in "
+            "benchmark_report (load_mt_bench) and give the corpus another prompt file or Magpie prompts."
+        )
+    prompts, seen = [], set()
+    for n, row in _read_rows(url, storage_options or {}):
+        where = f"{url} row {n}"
+        if not isinstance(row, Mapping):
+            raise PromptFileError(f"{where}: expected a JSON object, got {type(row).__name__}")
+        p = _row_to_prompt(row, where)
+        if p.prompt_id not in seen:
+            seen.add(p.prompt_id)
+            prompts.append(p)
+        if limit is not None and len(prompts) >= limit:
+            break
+    if not prompts:
+        raise PromptFileError(f"{url} holds no prompts")
+    if purpose == "training":
+        ensure_training_prompts(prompts)
+    return prompts
+
+
+def write_prompts(prompts: Sequence[Prompt], url: str, storage_options: Mapping[str, Any] | None = None) -> None:
+    """Save a prompt set as JSONL (`messages`, `prompt_id`, `source`), atomically; load_prompt_file reads it."""
+    fs, path = fsspec.core.url_to_fs(url, **dict(storage_options or {}))
+    parent = posixpath.dirname(path)
+    if parent:
+        fs.makedirs(parent, exist_ok=True)
+    tmp = posixpath.join(parent, f".tmp-{uuid.uuid4().hex[:8]}-{posixpath.basename(path)}")
+    with fs.open(tmp, "wb") as f:
+        for p in prompts:
+            row = {"prompt_id": p.prompt_id, "source": p.source, "messages": p.to_messages()}
+            f.write((json.dumps(row, ensure_ascii=False) + "\n").encode("utf-8"))
+    fs.mv(tmp, path)
+
+
+# ---- Magpie synthesis -------------------------------------------------------------------
+@dataclass(frozen=True)
+class MagpieSettings:
+    """How the target writes its own prompts."""
+
+    num_prompts: int = 64
+    """Prompts to keep after dropping duplicates, empty and over-long ones."""
+    seed: int = 0
+    """Base seed; request i is sent seed derived from (seed, i), so a rerun asks the same."""
+    temperature: float = 1.0
+    """Sampling temperature of the user turn (Magpie needs diversity: keep it near 1)."""
+    top_p: float = 1.0
+    max_tokens: int = 128
+    """Longest user turn in tokens; one that does not end within it is dropped as over-long."""
+    min_chars: int = 8
+    """Shorter user turns (after stripping) are dropped as empty."""
+    max_chars: int = 2000
+    """Longer user turns are dropped as over-long."""
+    system_prompt: str | None = None
+    """System message of the prompts; None keeps the template's default."""
+    multi_turn_fraction: float = 0.0
+    """Share of prompts with `num_turns` user turns (follow-ups sampled after the target's answer)."""
+    num_turns: int = 2
+    """User turns of a multi-turn prompt."""
+    answer_max_tokens: int = 128
+    """Length of the (greedy) answer a follow-up turn is conditioned on; not stored."""
+    max_requests: int | None = None
+    """Stop after this many candidates (default 4 x num_prompts) even if short of num_prompts."""
+    skip_special_tokens_in_prompt: bool = True
+    """Send `add_special_tokens: false`: the template text already carries any BOS."""
+
+    def __post_init__(self) -> None:
+        if self.num_prompts < 1 or self.num_turns < 1 or not 0 <= self.multi_turn_fraction <= 1:
+            raise ValueError(f"invalid Magpie settings: {self}")
+
+
+@dataclass
+class MagpieStats:
+    """What the synthesis asked for and what it dropped, per reason."""
+
+    requested: int = 0
+    kept: int = 0
+    dropped_empty: int = 0
+    dropped_too_long: int = 0
+    dropped_duplicate: int = 0
+    dropped_mt_bench: int = 0
+    failed: int = 0
+    errors: list[str] = field(default_factory=list)
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def _request_seed(seed: int, index: int, turn: int) -> int:
+    return int(stable_id("magpie", seed, index, turn)[:8], 16)
+
+
+async def _candidate(
+    client: InferenceClient, template: ChatTemplate, s: MagpieSettings, index: int
+) -> tuple[str, list[str]]:
+    """(verdict, turns): verdict "ok", "empty" or "too_long"; turns sampled so far."""
+    multi = random.Random(_request_seed(s.seed, index, -1)).random() < s.multi_turn_fraction
+    history: list[dict] = [{"role": "system", "content": s.system_prompt}] if s.system_prompt is not None else []
+    turns: list[str] = []
+    for turn in range(s.num_turns if multi else 1):
+        params = {
+            "max_tokens": s.max_tokens,
+            "temperature": s.temperature,
+            "top_p": s.top_p,
+            "seed": _request_seed(s.seed, index, turn),
+            "stop": [template.end_of_turn],
+            "stop_token_ids": [template.end_of_turn_id],
+        }
+        if s.skip_special_tokens_in_prompt:
+            params["add_special_tokens"] = False
+        out = await client.complete(template.user_prefix(history), params)
+        text = out.content.strip()
+        if out.finish_reason == "length" or len(text) > s.max_chars:
+            return "too_long", turns
+        if len(text) < s.min_chars:
+            return "empty", turns
+        turns.append(text)
+        history.append({"role": "user", "content": text})
+        if turn + 1 < (s.num_turns if multi else 1):
+            answer = await client.chat(history, {"max_tokens": s.answer_max_tokens, "temperature": 0.0})
+            history.append({"role": "assistant", "content": answer.content})
+    return "ok", turns
+
+
+async def synthesize_prompts_async(
+    client: InferenceClient,
+    template: ChatTemplate,
+    settings: MagpieSettings,
+    progress: Callable[[str], None] | None = None,
+) -> tuple[list[Prompt], MagpieStats]:
+    """Magpie prompts from the target itself; kept in request order, so the result is reproducible."""
+    s = settings
+    stats = MagpieStats()
+    kept: list[Prompt] = []
+    seen: set[str] = set()
+    mt_bench = mt_bench_hashes()
+    budget = s.max_requests or 4 * s.num_prompts
+    index = 0
+    while len(kept) < s.num_prompts and index < budget:
+        # Ask for a little more than is missing: some candidates will be dropped.
+        batch = min(budget - index, max(client.settings.concurrency, int((s.num_prompts - len(kept)) * 1.25) + 1))
+        results = await asyncio.gather(
+            *(_candidate(client, template, s, i) for i in range(index, index + batch)), return_exceptions=True
+        )
+        for i, result in zip(range(index, index + batch), results):
+            stats.requested += 1
+            if isinstance(result, BaseException):
+                if not isinstance(result, Exception):
+                    raise result
+                stats.failed += 1
+                stats.errors.append(f"candidate {i}: {result}")
+                continue
+            verdict, turns = result
+            if verdict == "empty":
+                stats.dropped_empty += 1
+            elif verdict == "too_long":
+                stats.dropped_too_long += 1
+            elif any(_text_hash(t) in mt_bench for t in turns):
+                stats.dropped_mt_bench += 1
+            elif normalize_text(turns[0]) in seen:
+                stats.dropped_duplicate += 1
+            elif len(kept) < s.num_prompts:
+                seen.add(normalize_text(turns[0]))
+                kept.append(Prompt.make(turns, system=s.system_prompt, source="magpie", origin=f"magpie candidate {i}"))
+        index += batch
+        if stats.failed and stats.failed == stats.requested:
+            raise RuntimeError(f"every Magpie request failed; first error: {stats.errors[0]}")
+        if progress:
+            progress(f"magpie: {len(kept)}/{s.num_prompts} prompts kept after {stats.requested} requests")
+    stats.kept = len(kept)
+    return kept, stats
+
+
+def synthesize_prompts(
+    server: ClientSettings,
+    tokenizer: Any,
+    settings: MagpieSettings,
+    progress: Callable[[str], None] | None = None,
+) -> tuple[list[Prompt], MagpieStats]:
+    """Synchronous entry point: checks the server, then runs `synthesize_prompts_async`."""
+    template = ChatTemplate(tokenizer)
+
+    async def run() -> tuple[list[Prompt], MagpieStats]:
+        async with InferenceClient(server) as client:
+            await client.check_server()
+            return await synthesize_prompts_async(client, template, settings, progress)
+
+    return asyncio.run(run())
+
+
+def _main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True)
+    m = sub.add_parser("magpie", help="let the target write prompts")
+    m.add_argument("--server", required=True)
+    m.add_argument("--model", required=True)
+    m.add_argument("--tokenizer", required=True)
+    m.add_argument("--out", required=True)
+    m.add_argument("--num-prompts", type=int, default=64)
+    m.add_argument("--seed", type=int, default=0)
+    m.add_argument("--multi-turn-fraction", type=float, default=0.0)
+    m.add_argument("--concurrency", type=int, default=16)
+    args = parser.parse_args(argv)
+    from eagle_assets.corpus.target import load_tokenizer
+
+    prompts, stats = synthesize_prompts(
+        ClientSettings(args.server, args.model, concurrency=args.concurrency),
+        load_tokenizer(args.tokenizer),
+        MagpieSettings(num_prompts=args.num_prompts, seed=args.seed, multi_turn_fraction=args.multi_turn_fraction),
+        progress=lambda line: print(line, file=sys.stderr),
+    )
+    write_prompts(prompts, args.out)
+    print(json.dumps(stats.as_dict(), indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(_main())

@@ -1,0 +1,112 @@
+"""Prompt files, their errors, and the MT-Bench guard."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from eagle_assets.corpus.prompts import (
+    MT_BENCH_PATH,
+    EvaluationDataError,
+    Prompt,
+    PromptFileError,
+    ensure_training_prompts,
+    load_mt_bench,
+    load_prompt_file,
+    write_prompts,
+)
+from eagle_assets.formats import stable_id
+from eagle_assets_tests.corpus.conftest import write_jsonl
+
+ROWS = [
+    {"prompt": "What is 2+2?"},
+    {
+        "messages": [
+            {"role": "system", "content": "Be brief."},
+            {"role": "user", "content": "Hi"},
+            {"role": "assistant", "content": "an answer the target will rewrite"},
+            {"role": "user", "content": "Tell me more."},
+        ]
+    },
+    {"prompt": "What is 2+2?"},  # a duplicate: kept once
+]
+
+
+def test_jsonl_and_parquet_give_the_same_prompts_with_stable_ids(tmp_path):
+    from_jsonl = load_prompt_file(str(write_jsonl(tmp_path / "p.jsonl", ROWS)))
+    pq.write_table(
+        pa.Table.from_pylist([{"prompt": r.get("prompt"), "messages": json.dumps(r["messages"]) if "messages" in r else None} for r in ROWS]),
+        tmp_path / "p.parquet",
+    )
+    from_parquet = load_prompt_file(str(tmp_path / "p.parquet"))
+    assert [(p.prompt_id, p.turns, p.system) for p in from_jsonl] == [(p.prompt_id, p.turns, p.system) for p in from_parquet]
+    single, multi = from_jsonl
+    assert single.turns == ("What is 2+2?",) and single.system is None and single.source == "file"
+    assert multi.turns == ("Hi", "Tell me more.") and multi.system == "Be brief."  # assistant turn dropped
+    assert multi.prompt_id == stable_id("prompt", "Be brief.", ["Hi", "Tell me more."])
+    assert multi.origin.endswith("p.jsonl row 2")
+
+
+def test_saved_prompt_sets_load_back_identically(tmp_path):
+    prompts = [Prompt.make(["a question"], source="magpie"), Prompt.make(["x", "y"], system="s")]
+    url = str(tmp_path / "sets" / "prompts.jsonl")
+    write_prompts(prompts, url)
+    back = load_prompt_file(url)
+    assert [(p.prompt_id, p.turns, p.system, p.source) for p in back] == [
+        (p.prompt_id, p.turns, p.system, p.source) for p in prompts
+    ]
+
+
+@pytest.mark.parametrize(
+    "rows, message",
+    [
+        ([{"prompt": "ok"}, {"text": "no known key"}], r"row 2: the row has neither `messages` .* nor `prompt`.*\['text'\]"),
+        ([{"prompt": "ok"}, {"prompt": "ok2"}, {"prompt": "   "}], r"row 3: `prompt` is empty"),
+        ([{"messages": [{"role": "user", "content": ""}]}], r"row 1: message 0 \(user\) is empty"),
+        ([{"messages": [{"role": "tool", "content": "x"}]}], r"row 1: message 0 has role 'tool'"),
+        ([{"messages": [{"role": "assistant", "content": "x"}]}], r"row 1: `messages` has no user turn"),
+    ],
+)
+def test_bad_rows_name_the_file_and_row(tmp_path, rows, message):
+    path = write_jsonl(tmp_path / "bad.jsonl", rows)
+    with pytest.raises(PromptFileError, match=f"{re.escape(str(path))} {message}"):
+        load_prompt_file(str(path))
+
+
+def test_unreadable_files_name_the_file(tmp_path):
+    with pytest.raises(PromptFileError, match=r"cannot read prompt file .*missing\.jsonl: FileNotFoundError"):
+        load_prompt_file(str(tmp_path / "missing.jsonl"))
+    (tmp_path / "broken.jsonl").write_text('{"prompt": "fine"}\n{"prompt": \n')
+    with pytest.raises(PromptFileError, match=r"broken\.jsonl row 2: not valid JSON"):
+        load_prompt_file(str(tmp_path / "broken.jsonl"))
+    (tmp_path / "corrupt.parquet").write_bytes(b"not parquet at all")
+    with pytest.raises(PromptFileError, match=r"cannot read prompt file .*corrupt\.parquet"):
+        load_prompt_file(str(tmp_path / "corrupt.parquet"))
+    (tmp_path / "p.csv").write_text("prompt\nhi\n")
+    with pytest.raises(PromptFileError, match="unknown prompt file type"):
+        load_prompt_file(str(tmp_path / "p.csv"))
+
+
+def test_mt_bench_is_for_evaluation_only(tmp_path):
+    questions = load_mt_bench()
+    assert len(questions) == 80 and all(len(q.turns) == 2 and q.source == "mt_bench" for q in questions)
+    assert len(load_prompt_file(str(MT_BENCH_PATH), purpose="evaluation")) == 80
+
+    with pytest.raises(EvaluationDataError, match="mt_bench_questions.jsonl is MT-Bench, the evaluation set"):
+        load_prompt_file(str(MT_BENCH_PATH))
+    # Renamed, or one question mixed into a training file (reformatted): recognised by content.
+    shutil.copy(MT_BENCH_PATH, tmp_path / "my_prompts.jsonl")
+    with pytest.raises(EvaluationDataError, match="80 prompt"):
+        load_prompt_file(str(tmp_path / "my_prompts.jsonl"))
+    sneaky = "  " + questions[5].turns[0].upper().replace(" ", "\n ") + " "
+    path = write_jsonl(tmp_path / "train.jsonl", [{"prompt": "a fine prompt"}, {"prompt": sneaky}])
+    with pytest.raises(EvaluationDataError, match=r"1 prompt\(s\) are MT-Bench questions \(.*train\.jsonl row 2"):
+        load_prompt_file(str(path))
+    with pytest.raises(EvaluationDataError):
+        ensure_training_prompts(questions[:1])
+    ensure_training_prompts([Prompt.make(["a fine prompt"])])  # no error
