@@ -405,7 +405,7 @@ def warm_up(base_url: str, model: str, prompts: Sequence[Messages], settings: Sw
     n = settings.warmup_requests
     warm = [prompts[i % len(prompts)] for i in range(n)]
     quiet = SweepSettings(
-        output_len=min(settings.output_len, 16), concurrencies=(1,), engine=settings.engine,
+        output_len=min(settings.output_len, 8), concurrencies=(1,), engine=settings.engine,
         warmup_requests=0, request_timeout_s=settings.request_timeout_s, progress=False,
     )
     asyncio.run(_run_requests(base_url, model, warm, quiet, 1, api_key, "warm-up"))

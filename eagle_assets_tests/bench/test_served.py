@@ -1,22 +1,21 @@
 """The served sweep against the real vLLM CPU server (SmolLM2 with n-gram speculation).
 
-One server per test session (`ngram_server`, shared with test_metrics.py), ports 8150-8199.
-Tests without the engine check the sweep's input validation.
+One server per test session (`ngram_server`), on ports 8150-8199, started through the project's
+own launcher; the spec-decode counters of `metrics.py` are checked on it here too. Tests without
+the engine check the sweep's input validation.
 """
 
 from __future__ import annotations
 
-import os
-import signal
+import json
 import socket
-import subprocess
 import time
-from pathlib import Path
 
 import httpx
 import pytest
 
 from eagle_assets.bench.checks import pooled_spec_stats
+from eagle_assets.bench.metrics import ACCEPTED_PER_POS, parse_prometheus, scrape, spec_stats_between
 from eagle_assets.bench.served import (
     ServedRun,
     SweepSettings,
@@ -25,7 +24,7 @@ from eagle_assets.bench.served import (
     run_level,
     run_served,
 )
-from eagle_assets.paths import engine_venv, runs_dir
+from eagle_assets.targets import EMBEDDED_TARGET
 
 MODEL = "smollm2-135m-instruct"
 K = 3
@@ -37,14 +36,8 @@ PROMPTS = [
 ]
 
 
-def _engine_python() -> Path | None:
-    for venv in (engine_venv("vllm"), Path("/tmp/vlltest/venv")):
-        if (venv / "bin" / "python").is_file() and (venv / "lib" / "libiomp5.so").is_file():
-            return venv / "bin" / "python"
-    return None
-
-
 def _free_port(lo: int = 8150, hi: int = 8199) -> int:
+    """A free port in the range this folder's servers use (other test folders use others)."""
     for port in range(lo, hi + 1):
         with socket.socket() as s:
             try:
@@ -55,71 +48,17 @@ def _free_port(lo: int = 8150, hi: int = 8199) -> int:
     raise RuntimeError(f"no free port in {lo}-{hi}")
 
 
-class _NgramServer:
-    """The real vLLM server with n-gram speculation, started once per process."""
-
-    proc: subprocess.Popen | None = None
-    url: str | None = None
-    failure: str | None = None
-
-    @classmethod
-    def start(cls) -> str:
-        if cls.url is not None:
-            return cls.url
-        if cls.failure is not None:
-            pytest.fail(cls.failure)
-        python = _engine_python()
-        if python is None:
-            pytest.skip("no vLLM engine environment (make setup, or set EAGLE_ASSETS_VLLM_VENV)")
-        from eagle_assets.embedded_target import pull
-
-        model = pull(log=lambda *_: None)
-        port = _free_port()
-        log_path = runs_dir() / f"test-bench-ngram-{port}.log"
-        log_path.parent.mkdir(parents=True, exist_ok=True)
-        env = dict(os.environ, HF_HUB_OFFLINE="1", VLLM_CPU_KVCACHE_SPACE="2",
-                   LD_PRELOAD=str(python.parent.parent / "lib" / "libiomp5.so"))
-        cmd = [str(python), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model),
-               "--served-model-name", MODEL, "--port", str(port), "--enforce-eager",
-               "--compilation-config", '{"mode":0}', "--max-model-len", "2048",
-               "--speculative-config", NGRAM]
-        with open(log_path, "wb") as log:
-            cls.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-        url = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + 300
-        while time.monotonic() < deadline:
-            if cls.proc.poll() is not None:
-                break
-            try:
-                if httpx.get(url + "/health", timeout=2).status_code == 200:
-                    cls.url = url
-                    return url
-            except httpx.HTTPError:
-                pass
-            time.sleep(1)
-        tail = log_path.read_text(errors="replace")[-3000:]
-        cls.stop()
-        cls.failure = f"vLLM n-gram server did not come up on {url}; log {log_path}:\n{tail}"
-        pytest.fail(cls.failure)
-
-    @classmethod
-    def stop(cls) -> None:
-        if cls.proc is not None and cls.proc.poll() is None:
-            os.killpg(cls.proc.pid, signal.SIGTERM)
-            try:
-                cls.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                os.killpg(cls.proc.pid, signal.SIGKILL)
-                cls.proc.wait()
-        cls.proc = None
-        cls.url = None
-
-
 @pytest.fixture(scope="session")
-def ngram_server():
-    """Base URL of the real SmolLM2 vLLM server with n-gram speculation (K=3)."""
-    yield _NgramServer.start()
-    _NgramServer.stop()
+def ngram_server(smollm2_path, engine_python) -> str:
+    """Base URL of the real SmolLM2 vLLM server with n-gram speculation (K=3), one per session."""
+    from eagle_assets.engines.serving import launch_vllm
+    from eagle_assets.engines.vllm_launch import ngram_config
+
+    spec = ngram_config(K)
+    assert json.dumps(spec, separators=(",", ":")) == NGRAM
+    with launch_vllm(EMBEDDED_TARGET, speculative=spec, port=_free_port(), log=lambda m: None) as server:
+        assert server.model == MODEL
+        yield server.base_url
 
 
 # -- With the engine -------------------------------------------------------------------------
@@ -160,6 +99,37 @@ def test_wrong_model_name_fails_with_the_server_answer(ngram_server):
     settings = SweepSettings(output_len=4, concurrencies=(1,), warmup_requests=0, progress=False)
     with pytest.raises(RuntimeError, match=r"(?s)HTTP 404.*model name"):
         run_level(ngram_server, "no-such-model", [as_messages(PROMPTS[0])], 1, settings)
+
+
+@pytest.mark.engine
+def test_real_server_counters_move_with_ngram_drafts(ngram_server):
+    raw = httpx.get(ngram_server + "/metrics", timeout=10).text
+    samples = parse_prometheus(raw)  # the whole real exposition parses, histograms included
+    assert any(s.name == ACCEPTED_PER_POS for s in samples)
+
+    before = scrape(ngram_server, model=MODEL)
+    assert before.present and len(before.accepted_per_pos) == K
+    body = {"model": MODEL, "messages": [{"role": "user", "content": PROMPTS[0]}], "temperature": 0,
+            "max_tokens": 16, "min_tokens": 16, "ignore_eos": True}
+    resp = httpx.post(ngram_server + "/v1/chat/completions", json=body, timeout=120)
+    assert resp.status_code == 200 and resp.json()["usage"]["completion_tokens"] == 16
+    # The engine records the last step's counters just after answering: allow it a moment.
+    for _ in range(10):
+        after = scrape(ngram_server, model=MODEL)
+        if after != before:
+            break
+        time.sleep(0.2)
+    s = spec_stats_between(before, after)
+    assert s.drafts > 0
+    assert s.draft_tokens <= K * s.drafts
+    assert 0 <= s.accepted <= s.draft_tokens
+    assert 1.0 <= s.al <= K + 1
+    assert len(s.per_position_acceptance) == K
+    # vLLM counts each accepted token at its position: the per-position counts add up to accepted.
+    assert sum(s.accepted_per_pos) == s.accepted
+    # 15 tokens follow the prefill's; a drafted step emits 1 + its accepted tokens, so drafted
+    # steps cannot account for more than those (plus a last step cut at max_tokens).
+    assert s.drafts + s.accepted <= 15 + K
 
 
 # -- Without the engine ----------------------------------------------------------------------
