@@ -84,6 +84,18 @@ class AcceptanceNumbers:
         )
 
     @classmethod
+    def from_results(cls, results: Sequence[object], k: int, source: str = "offline reference") -> "AcceptanceNumbers":
+        """Pooled over several prompts' results, each with `accepted_per_step` (accepted drafts per
+        verification step): AL = 1 + all accepted / all steps, p_k = steps accepting >= k / all steps."""
+        steps = [int(a) for r in results for a in getattr(r, "accepted_per_step")]
+        if not steps:
+            return cls(math.nan, (math.nan,) * k, 0, source)
+        n = len(steps)
+        if max(steps) > k:
+            raise ValueError(f"a step accepted {max(steps)} drafts but k={k}: pass the K the decoder ran with")
+        return cls(1.0 + sum(steps) / n, tuple(sum(a >= j for a in steps) / n for j in range(1, k + 1)), n, source)
+
+    @classmethod
     def from_dict(cls, d: Mapping) -> "AcceptanceNumbers":
         return cls(
             al=_num(d["al"]),

@@ -390,7 +390,7 @@ def run_level(
         tokens_per_chunk=out_tokens / sum(r.chunks for r in results),
         spec=spec,
     )
-    al = f", AL {spec.al:.2f}" if spec else ""
+    al = f", AL {spec.al:.2f} over {spec.drafts} drafts" if spec and spec.drafts else ""
     log.info(
         "concurrency %d: %d requests, %.1f output tok/s, TTFT p50 %.3f s, ITL p50 %.4f s%s",
         concurrency, level.num_requests, level.tokens_per_s, level.ttft_s["p50"], level.itl_s["p50"], al,
@@ -485,6 +485,7 @@ def _main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", help="write the ServedRun as JSON here")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per request drowns the results
     if args.smoke:
         args.num_prompts, args.output_len, args.concurrency = 2, 16, [1, 2]
     if args.prompts:
@@ -503,7 +504,12 @@ def _main(argv: list[str] | None = None) -> int:
     settings = SweepSettings(output_len=args.output_len, concurrencies=tuple(args.concurrency), engine=args.engine)
     run = run_served(args.label, args.base_url, args.model, prompts, settings, api_key=args.api_key)
     for lv in run.levels:
-        al = f"  AL {lv.spec.al:.2f}  acc {lv.spec.draft_acceptance_rate:.1%}" if lv.spec else ""
+        if lv.spec is None:
+            al = ""
+        elif lv.spec.drafts == 0:
+            al = "  no drafts"
+        else:
+            al = f"  AL {lv.spec.al:.2f}  draft acceptance {lv.spec.draft_acceptance_rate:.1%}"
         print(f"c={lv.concurrency:<3} {lv.tokens_per_s:8.1f} tok/s  TTFT p50 {lv.ttft_s['p50'] * 1e3:7.1f} ms  "
               f"ITL p50 {lv.itl_s['p50'] * 1e3:6.1f} ms{al}")
     if args.out:

@@ -164,6 +164,13 @@ def test_numbers_come_from_spec_stats_and_reference_results():
 
     r = AcceptanceNumbers.from_result(ReferenceResult(2.5, [0.75, 0.45, 0.3], 20, [1, 2]))
     assert (r.al, r.per_position_acceptance, r.num_drafts) == (2.5, (0.75, 0.45, 0.3), 20)
+    # Pooled over prompts by steps, not by averaging per-prompt ALs: 8 steps, 10 accepted.
+    prompts = [ReferenceResult(0, [], 2, [3, 3]), ReferenceResult(0, [], 6, [0, 1, 0, 2, 1, 0])]
+    pooled = AcceptanceNumbers.from_results(prompts, k=3)
+    assert pooled.al == 1 + 10 / 8 and pooled.num_drafts == 8
+    assert pooled.per_position_acceptance == (5 / 8, 3 / 8, 2 / 8)
+    with pytest.raises(ValueError, match="k=2"):
+        AcceptanceNumbers.from_results(prompts, k=2)
 
 
 def test_parity_and_parent_checks():
