@@ -259,7 +259,7 @@ async def _one_request(
                 spec_details = sglext["spec_tokens_details"]
             usage = chunk.get("usage") or {}
             has_text = any(
-                (c.get("delta") or {}).get("content") or (c.get("delta") or {}).get("reasoning_content")
+                any((c.get("delta") or {}).get(k) for k in ("content", "reasoning_content", "reasoning"))
                 for c in chunk.get("choices") or ()
             )
             if not chunk.get("choices"):
