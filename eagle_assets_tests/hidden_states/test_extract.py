@@ -73,8 +73,10 @@ def test_mixed_length_batch_equals_one_sample_at_a_time(one_per_batch, tiny_mode
         for i in range(len(single)):
             a, b = single[i], multi[i]
             assert torch.equal(a["input_ids"], b["input_ids"])
-            for key in ("aux", "final"):
-                torch.testing.assert_close(b[key], a[key], rtol=1.6e-2, atol=1e-2)
+            # bf16 tolerance, scaled to each state: the residual stream is small (|x| ~ 0.1),
+            # the final state is normed to unit RMS.
+            torch.testing.assert_close(b["aux"], a["aux"], rtol=1.6e-2, atol=1e-3)
+            torch.testing.assert_close(b["final"], a["final"], rtol=1.6e-2, atol=1.6e-2)
     assert padded >= 2  # the comparison did exercise padding
 
 
@@ -163,7 +165,7 @@ def test_smollm2_states_give_the_targets_exact_logits(smol_path, smol_tokenizer,
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(smol_path, dtype=torch.bfloat16).eval()
-    rows = sorted(chat_rows, key=lambda r: r["num_tokens"])[:2]  # the two shortest: cheap on CPU
+    rows = sorted(chat_rows, key=lambda r: r["num_tokens"])[:1]  # the shortest: bf16 is slow on small CPUs
     corpus = write_corpus(tmp_path / "corpus", rows, num_files=1)
     aux = (2, 15, 27)
     s = ExtractSettings(aux_layer_ids=aux, num_shards=1, batch_tokens=1, progress=False)

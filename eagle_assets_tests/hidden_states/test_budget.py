@@ -1,0 +1,44 @@
+"""Disk arithmetic: the Kimi-K2.5 plan matches the seeds, the space check names what is missing."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+
+from eagle_assets.formats import hidden_state_bytes_per_token
+from eagle_assets.hidden_states.budget import check_free_space, plan, predict_bytes
+from eagle_assets.hidden_states.reader import open_shards
+from eagle_assets.hidden_states.writer import ShardLayout
+
+
+def test_kimi_plan_lands_on_the_seeds_828_gb():
+    p = plan("kimi-k2.5", samples=10_000, tokens_per_sample=1_450)
+    assert (p.num_aux, p.hidden_size, p.bytes_per_token) == (3, 7168, 57_349)
+    assert p.hidden_state_bytes == pytest.approx(828e9, rel=0.05)
+    assert p.extraction_hours(3_165) == pytest.approx(1.27, abs=0.01)  # the seeds' extraction rate
+    assert any("GB" in line for line in p.lines())
+
+
+def test_prediction_bounds_real_shards_tightly(corpus_dir, fingerprint, tmp_path):
+    from eagle_assets_tests.hidden_states.extract_child import SETTINGS, toy_decoder
+
+    from eagle_assets.hidden_states.extract import extract_all
+
+    extract_all(toy_decoder(), str(corpus_dir), tmp_path, SETTINGS, target_fingerprint=fingerprint)
+    shards = open_shards(tmp_path)
+    tokens, samples = sum(s.num_tokens for s in shards), sum(len(s) for s in shards)
+    on_disk = sum(p.stat().st_size for p in tmp_path.rglob("*") if p.is_file())
+    predicted = predict_bytes(tokens, 3, 32, samples, len(shards))
+    assert on_disk <= predicted <= on_disk * 1.5  # tiny shards: overheads dominate
+    assert predict_bytes(10**6, 3, 32) == 10**6 * hidden_state_bytes_per_token(3, 32)
+    big = ShardLayout(num_samples=100, num_tokens=145_000, num_aux=3, hidden_size=7168, aux_layer_ids=(2, 30, 58))
+    assert big.file_bytes() <= predict_bytes(145_000, 3, 7168, 100, 1) <= big.file_bytes() * 1.001
+
+
+def test_check_free_space_names_needed_free_and_destination(tmp_path):
+    free = shutil.disk_usage(tmp_path).free
+    # A destination that does not exist yet is checked on its nearest existing parent.
+    assert check_free_space(tmp_path / "not" / "yet" / "made", 1) == pytest.approx(free, abs=1e9)
+    with pytest.raises(OSError, match=rf"hidden states at {tmp_path}/out: they need {free * 2:,} bytes .* only [\d,]+ bytes"):
+        check_free_space(tmp_path / "out", free * 2)
