@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 PARALLELISMS = ("ddp", "fsdp2")
+EXPORT_ENGINES = ("vllm", "sglang")
 
 
 @dataclass(frozen=True)
@@ -45,8 +46,11 @@ class TrainConfig:
     drafter: dict | str | None = None
     """A `DrafterConfig` as a dict, a drafter preset name, or None to derive the drafter from
     the target's `config.json`, the draft vocabulary size and the shards' aux layer ids."""
-    ttt_steps: int | None = None
-    """Training-time-test unroll length K; None takes the drafter config's."""
+    ttt_steps: int = 7
+    """Training-time-test unroll length K (draft tokens per step at serving time)."""
+    mask_undraftable: bool = True
+    """Train only on positions whose target argmax is in the draft vocabulary (as SpecForge):
+    the drafter cannot propose the others. Needs the target lm_head's other rows on device."""
     warm_start: str | None = None
     """A parent drafter's HF folder to start from; its d2t/t2d must equal `vocab_mapping`'s."""
 
@@ -68,9 +72,10 @@ class TrainConfig:
 
     # --- optimisation ---
     epochs: int = 1
-    """Passes over the training split (ignored once `max_steps` is reached)."""
+    """Passes over the training split (when `max_steps` is None)."""
     max_steps: int | None = None
-    """Stop after this many optimiser steps; None = `epochs` full passes."""
+    """Exactly this many optimiser steps, the data repeating as needed (`epochs` is then
+    ignored); None = `epochs` full passes."""
     lr: float = 1e-4
     """Peak learning rate of AdamW."""
     warmup_steps: int = 100
@@ -109,8 +114,9 @@ class TrainConfig:
     """Write scalars (TensorBoard, metrics.jsonl, reporter) every this many steps."""
     tensorboard_dir: str | None = None
     """TensorBoard event folder; None = `out_dir/tensorboard`."""
-    export: bool = True
-    """Export the final drafter as an HF folder (`out_dir/drafter`) with export.py."""
+    export_engines: tuple[str, ...] = ("vllm",)
+    """Engines to export the final drafter for, each to `out_dir/drafter-<engine>` with
+    export.py: "vllm" and/or "sglang"; empty = no export."""
 
     extra: dict = field(default_factory=dict)
     """Free-form notes carried into the checkpoint and summary (lineage, run ids)."""
@@ -121,6 +127,7 @@ class TrainConfig:
             object.__setattr__(self, "shard_dirs", (str(self.shard_dirs),))
         object.__setattr__(self, "shard_dirs", tuple(str(p) for p in self.shard_dirs))
         object.__setattr__(self, "betas", tuple(float(b) for b in self.betas))
+        object.__setattr__(self, "export_engines", tuple(str(e) for e in self.export_engines))
         for name in ("vocab_mapping", "target", "out_dir"):
             object.__setattr__(self, name, str(getattr(self, name)))
         self.validate()
@@ -134,10 +141,10 @@ class TrainConfig:
             problems.append(f"parallelism={self.parallelism!r}: use one of {PARALLELISMS}")
         if self.micro_batch_tokens is None and self.micro_batch_samples is None:
             problems.append("set micro_batch_tokens or micro_batch_samples (both are None)")
-        for name in ("grad_accum", "epochs", "max_seq_len", "length_window"):
+        for name in ("grad_accum", "epochs", "max_seq_len", "length_window", "ttt_steps"):
             if getattr(self, name) < 1:
                 problems.append(f"{name}={getattr(self, name)} must be >= 1")
-        for name in ("micro_batch_tokens", "micro_batch_samples", "max_steps", "ttt_steps"):
+        for name in ("micro_batch_tokens", "micro_batch_samples", "max_steps"):
             value = getattr(self, name)
             if value is not None and value < 1:
                 problems.append(f"{name}={value} must be >= 1 or null")
@@ -156,6 +163,9 @@ class TrainConfig:
             problems.append(f"betas={self.betas} must be two numbers")
         if self.grad_clip is not None and self.grad_clip <= 0:
             problems.append(f"grad_clip={self.grad_clip} must be > 0 or null")
+        bad_engines = sorted(set(self.export_engines) - set(EXPORT_ENGINES))
+        if bad_engines:
+            problems.append(f"export_engines has {bad_engines}: use a subset of {EXPORT_ENGINES}")
         if problems:
             raise ValueError("invalid TrainConfig:\n  - " + "\n  - ".join(problems))
 
@@ -164,9 +174,8 @@ class TrainConfig:
     def checkpoint_dir(self) -> Path:
         return Path(self.out_dir) / "checkpoints"
 
-    @property
-    def export_dir(self) -> Path:
-        return Path(self.out_dir) / "drafter"
+    def export_dir(self, engine: str) -> Path:
+        return Path(self.out_dir) / f"drafter-{engine}"
 
     @property
     def tensorboard_path(self) -> Path:

@@ -1,0 +1,104 @@
+"""Data parallelism for a built drafter: DDP (replicated) or FSDP2 (`fully_shard`).
+
+The model file holds the architecture only; this module decides how it spreads over
+processes (torchtitan's split). The trainer wraps the drafter and its loss in one
+`nn.Module` (`TrainObjective`) so that every forward goes through the wrapper: DDP needs its
+own forward to run for gradient synchronisation, and FSDP2 gathers the root's parameters in
+the root's forward hook.
+
+    objective = TrainObjective(drafter, ttt_steps=7)
+    model = parallelize(objective, "fsdp2", device)
+    out = model(batch, target_head)            # TTTOutput (summed loss, token counts)
+    with grad_sync(model, enabled=False): ...  # accumulation micro-steps
+
+Without an initialised process group, `parallelize` returns the module unchanged.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from eagle_assets.drafter.ttt import ttt_loss
+
+
+class TrainObjective(nn.Module):
+    """The drafter plus its training-time-test loss, as one module to wrap."""
+
+    def __init__(self, drafter: nn.Module, ttt_steps: int):
+        super().__init__()
+        self.drafter = drafter
+        self.ttt_steps = ttt_steps
+
+    def forward(self, batch: dict[str, torch.Tensor], target_head: torch.Tensor, outside_head: torch.Tensor | None = None):
+        """batch: the `ttt_loss` layout; target_head (N, Ht); outside_head (V-N, Ht) or None."""
+        return ttt_loss(self.drafter, batch, target_head, self.ttt_steps, outside_head=outside_head)
+
+
+def is_distributed() -> bool:
+    return dist.is_available() and dist.is_initialized()
+
+
+def parallelize(
+    module: nn.Module,
+    mode: str,
+    device: torch.device,
+    mp_dtype: torch.dtype | None = None,
+    ignored_params: set[nn.Parameter] | None = None,
+) -> nn.Module:
+    """Wrap `module` (a `TrainObjective`) for data parallel training.
+
+    ddp:   `DistributedDataParallel`; buffers (d2t, t2d) are constants, so they are not
+           re-broadcast every step (gloo cannot send bool tensors anyway).
+    fsdp2: `fully_shard` on the whole objective. Parameters stay fp32 masters; `mp_dtype`
+           (optional) is the dtype parameters are gathered in; gradients reduce in fp32.
+           `ignored_params` (the frozen target embedding) stay whole on every rank: a lookup
+           table needs no gradient, and gathering it every step would cost bandwidth for nothing.
+    """
+    if not is_distributed():
+        return module
+    if mode == "ddp":
+        from torch.nn.parallel import DistributedDataParallel as DDP
+
+        ids = [device.index] if device.type == "cuda" else None
+        return DDP(module, device_ids=ids, broadcast_buffers=False, find_unused_parameters=False)
+    if mode == "fsdp2":
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+        # One FSDP unit for the whole drafter: `ttt_loss` reaches into the decoder layer's
+        # submodules and weights without calling the layer itself, so a per-layer unit would
+        # never be gathered; a one-layer drafter gains nothing from finer units anyway.
+        # Between steps parameters, gradients and optimiser state stay sharded.
+        mp = MixedPrecisionPolicy(param_dtype=mp_dtype, reduce_dtype=torch.float32) if mp_dtype else MixedPrecisionPolicy()
+        fully_shard(module, mp_policy=mp, ignored_params=ignored_params)
+        return module
+    raise ValueError(f"parallelism={mode!r}: use 'ddp' or 'fsdp2'")
+
+
+def unwrap(model: nn.Module) -> nn.Module:
+    """The `TrainObjective` under a DDP wrapper (FSDP2 shards in place and has no wrapper)."""
+    return model.module if hasattr(model, "module") and not hasattr(model, "drafter") else model
+
+
+@contextlib.contextmanager
+def grad_sync(model: nn.Module, enabled: bool):
+    """Skip the gradient all-reduce on accumulation micro-steps (DDP `no_sync`, FSDP2
+    `set_requires_gradient_sync`); the last micro-step of an optimiser step syncs."""
+    if enabled or not is_distributed():
+        yield
+        return
+    if hasattr(model, "no_sync"):
+        with model.no_sync():
+            yield
+        return
+    if hasattr(model, "set_requires_gradient_sync"):
+        model.set_requires_gradient_sync(False)
+        try:
+            yield
+        finally:
+            model.set_requires_gradient_sync(True)
+        return
+    yield

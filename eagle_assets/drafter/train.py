@@ -1,0 +1,745 @@
+"""EAGLE-3 drafter training from hidden-state shards: DDP or FSDP2, exact resume, one JSON config.
+
+    torchrun --nproc_per_node 8 -m eagle_assets.drafter.train --config run.json
+    python -m eagle_assets.drafter.train --config run.json        # one process (CPU or one GPU)
+
+What a run does (settings in `run_config.TrainConfig`):
+- reads the shards through `data.ShardDataset`, holds out a stable hash-chosen validation
+  split, and plans length-aware micro-batches whose order is fixed by (seed, epoch);
+- builds the drafter (new, from the target's config.json, or warm-started from a parent
+  drafter), copies the target's embedding into it (frozen) and takes the target lm_head's
+  draft-vocabulary rows as the teacher head;
+- wraps drafter + `ttt_loss` in one module, parallelised with DDP (default) or FSDP2; gloo on
+  CPU, nccl on GPU, bf16 autocast on GPU;
+- accumulates `grad_accum` micro-batches per process (no gradient sync on all but the last)
+  and normalises by the *global* count of trained positions, all-reduced, so N processes
+  compute exactly what one process computes on the same global batch;
+- AdamW with linear warm-up and cosine decay, gradient clipping;
+- every `checkpoint_every` steps, rank 0 writes an atomic checkpoint (model, optimiser,
+  scheduler, RNG states of every rank, data position); a restart resumes from the newest
+  complete one and follows the same trajectory as an uninterrupted run;
+- logs loss, per-step accuracy, learning rate and tokens/s to TensorBoard, `metrics.jsonl`
+  and a tqdm bar (rank 0 only); validates every `val_interval` steps (per-position
+  acceptance estimate and acceptance length); exports the drafter with `export.py`.
+
+Rank 0 alone may report to an orchestrator: `main(argv, reporter=...)` with an object that has
+`log(msg)` and `report_metrics(dict)` (and optionally `report_final(dict)`). When no reporter
+is given and `DAGSTER_PIPES_CONTEXT` is set, rank 0 opens a Dagster Pipes session and
+reports through it; the other ranks never open one. Dagster itself is never imported.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import math
+import os
+import random
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from eagle_assets.drafter import checkpoint as ckpt
+from eagle_assets.drafter.config import DrafterConfig
+from eagle_assets.drafter.data import (
+    BatchingSpec,
+    BatchPlanner,
+    Prefetcher,
+    SamplerState,
+    ShardDataset,
+    describe,
+    rank_micro_batches,
+    validation_batches,
+)
+from eagle_assets.drafter.model import Eagle3Drafter
+from eagle_assets.drafter.parallelize import TrainObjective, grad_sync, parallelize
+from eagle_assets.drafter.run_config import TrainConfig
+
+METRICS_FILE = "metrics.jsonl"
+SUMMARY_FILE = "summary.json"
+
+
+class Reporter(Protocol):
+    """Where rank 0 sends progress: Dagster Pipes in production, anything with these two methods."""
+
+    def log(self, msg: str) -> None: ...
+
+    def report_metrics(self, metrics: dict) -> None: ...
+
+
+class PipesReporter:
+    """A `Reporter` over an open Dagster Pipes context (`dagster_pipes.open_dagster_pipes()`)."""
+
+    def __init__(self, pipes):
+        self.pipes = pipes
+
+    def log(self, msg: str) -> None:
+        self.pipes.log.info(msg)
+
+    def report_metrics(self, metrics: dict) -> None:
+        self.pipes.report_custom_message(metrics)
+
+    def report_final(self, summary: dict) -> None:
+        metadata = {k: v for k, v in summary.items() if isinstance(v, (int, float, str, bool)) or v is None}
+        self.pipes.report_asset_materialization(metadata=metadata)
+
+
+# ----------------------------------------------------------------------------- process group
+
+
+@dataclass
+class DistEnv:
+    rank: int
+    world_size: int
+    local_rank: int
+    device: torch.device
+    owns_group: bool
+    """True when this module initialised the process group (and so destroys it)."""
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+def setup_distributed() -> DistEnv:
+    """Join torchrun's process group when its variables are set; one process otherwise."""
+    cuda = torch.cuda.is_available()
+    if dist.is_available() and dist.is_initialized():
+        rank, world = dist.get_rank(), dist.get_world_size()
+        local = int(os.environ.get("LOCAL_RANK", rank))
+        device = torch.device("cuda", local) if cuda else torch.device("cpu")
+        return DistEnv(rank, world, local, device, owns_group=False)
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world <= 1 or "RANK" not in os.environ:
+        device = torch.device("cuda", 0) if cuda else torch.device("cpu")
+        if cuda:
+            torch.cuda.set_device(device)
+        return DistEnv(0, 1, 0, device, owns_group=False)
+    rank, local = int(os.environ["RANK"]), int(os.environ.get("LOCAL_RANK", "0"))
+    if cuda:
+        device = torch.device("cuda", local)
+        torch.cuda.set_device(device)
+        dist.init_process_group("nccl", device_id=device)
+    else:
+        device = torch.device("cpu")
+        dist.init_process_group("gloo")
+    return DistEnv(rank, world, local, device, owns_group=True)
+
+
+def _all_reduce(t: torch.Tensor) -> torch.Tensor:
+    if dist.is_available() and dist.is_initialized():
+        dist.all_reduce(t)
+    return t
+
+
+def _barrier() -> None:
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+
+
+# ----------------------------------------------------------------------------- schedule
+
+
+class WarmupCosine:
+    """lr multiplier at step s: linear warm-up to 1 over `warmup` steps, then cosine to `floor`."""
+
+    def __init__(self, warmup: int, total: int, floor: float, cosine: bool = True):
+        self.warmup, self.total, self.floor, self.cosine = warmup, total, floor, cosine
+
+    def __call__(self, step: int) -> float:
+        if step < self.warmup:
+            return (step + 1) / self.warmup
+        if not self.cosine:
+            return 1.0
+        progress = min(1.0, (step - self.warmup) / max(1, self.total - self.warmup))
+        return self.floor + (1.0 - self.floor) * 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
+def _scheduler_state(scheduler) -> dict:
+    return {k: v for k, v in scheduler.state_dict().items() if k != "lr_lambdas"}
+
+
+# ----------------------------------------------------------------------------- model building
+
+
+def _check_inputs(cfg: TrainConfig) -> None:
+    """Clear errors for missing inputs before anything heavy is loaded."""
+    problems = []
+    if not Path(cfg.vocab_mapping).exists():
+        problems.append(
+            f"vocab_mapping {cfg.vocab_mapping} does not exist: materialise the vocab_mapping asset "
+            "(or point vocab_mapping at its vocab_mapping.safetensors)"
+        )
+    target = Path(cfg.target)
+    if not (target / "config.json").is_file():
+        problems.append(f"target {target} has no config.json: give the target's HF folder (config.json + safetensors)")
+    if cfg.warm_start and not (Path(cfg.warm_start) / "config.json").is_file():
+        problems.append(f"warm_start {cfg.warm_start} has no config.json: give the parent drafter's HF folder")
+    if problems:
+        raise FileNotFoundError("cannot start training:\n  - " + "\n  - ".join(problems))
+
+
+def resolve_drafter_config(cfg: TrainConfig, target_config: dict, aux_layer_ids, draft_vocab_size: int) -> DrafterConfig:
+    """The drafter's architecture for a new (not warm-started) drafter."""
+    if isinstance(cfg.drafter, dict):
+        return DrafterConfig.from_dict(cfg.drafter)
+    if isinstance(cfg.drafter, str):
+        from eagle_assets.targets import get_preset
+
+        p = get_preset(cfg.drafter)
+        preset_config = {
+            "hidden_size": p.hidden_size, "num_hidden_layers": p.num_layers, "vocab_size": p.vocab_size,
+            "num_attention_heads": p.num_attention_heads, "num_key_value_heads": p.num_key_value_heads,
+            "intermediate_size": p.intermediate_size, "rope_theta": p.rope_theta,
+            "max_position_embeddings": p.max_position_embeddings,
+        }
+        return DrafterConfig.from_target_config(preset_config, aux_layer_ids=aux_layer_ids, draft_vocab_size=draft_vocab_size)
+    return DrafterConfig.from_target_config(target_config, aux_layer_ids=aux_layer_ids, draft_vocab_size=draft_vocab_size)
+
+
+def _check_fit(config: DrafterConfig, ds: ShardDataset, d2t: torch.Tensor, t2d: torch.Tensor, where: str) -> None:
+    problems = []
+    if tuple(config.aux_layer_ids) != tuple(ds.aux_layer_ids):
+        problems.append(
+            f"the drafter reads aux layers {list(config.aux_layer_ids)} but the shards hold {list(ds.aux_layer_ids)}: "
+            "extract hidden states at the drafter's layer ids (or drop the ids from the drafter config)"
+        )
+    if config.target_hidden_size != ds.hidden_size:
+        problems.append(f"the drafter expects target states of width {config.target_hidden_size}, the shards hold {ds.hidden_size}")
+    if config.draft_vocab_size != d2t.shape[0] or config.vocab_size != t2d.shape[0]:
+        problems.append(
+            f"the drafter has draft/target vocab {config.draft_vocab_size}/{config.vocab_size}, the vocab mapping "
+            f"{d2t.shape[0]}/{t2d.shape[0]}"
+        )
+    if problems:
+        raise ValueError(f"{where} does not fit the data:\n  - " + "\n  - ".join(problems))
+
+
+def build_drafter(cfg: TrainConfig, ds: ShardDataset, d2t: torch.Tensor, t2d: torch.Tensor, embedding: torch.Tensor) -> Eagle3Drafter:
+    """A new drafter (seeded) or the warm-start parent, with the target embedding and vocab mapping."""
+    target_config = json.loads((Path(cfg.target) / "config.json").read_text())
+    if cfg.warm_start:
+        from eagle_assets.drafter.warm_start import warm_start
+
+        if cfg.drafter is not None:
+            raise ValueError("set either `drafter` or `warm_start`: a warm start takes the parent's architecture")
+        drafter = warm_start(cfg.warm_start, target_config, target_embedding=embedding.float())
+        if not (torch.equal(drafter.d2t.cpu(), d2t.long()) and torch.equal(drafter.t2d.cpu(), t2d.bool())):
+            raise ValueError(
+                f"vocab_mapping {cfg.vocab_mapping} differs from the parent drafter's d2t/t2d ({cfg.warm_start}): "
+                "a warm start must keep the parent's mapping (its lm_head rows follow it). Use the mapping "
+                "inherited from the parent (hidden_states.vocab.load_parent_mapping)."
+            )
+        _check_fit(drafter.config, ds, d2t, t2d, f"parent drafter {cfg.warm_start}")
+        return drafter
+    config = resolve_drafter_config(cfg, target_config, ds.aux_layer_ids, int(d2t.shape[0]))
+    _check_fit(config, ds, d2t, t2d, "the drafter config")
+    torch.manual_seed(cfg.seed)  # same initial weights on every rank (FSDP2 shards local copies)
+    drafter = Eagle3Drafter(config)
+    drafter.load_target_embedding(embedding.float())
+    drafter.set_vocab_mapping(d2t, t2d)
+    return drafter
+
+
+def build_optimizer(model: torch.nn.Module, cfg: TrainConfig, device: torch.device) -> torch.optim.Optimizer:
+    """AdamW; weight decay on matrices only (norm weights keep theirs at 1)."""
+    decay, no_decay = [], []
+    for p in model.parameters():
+        if p.requires_grad:
+            (decay if p.ndim >= 2 else no_decay).append(p)
+    groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    return torch.optim.AdamW(groups, lr=cfg.lr, betas=cfg.betas, eps=1e-8)
+
+
+# ----------------------------------------------------------------------------- the trainer
+
+
+def _full_state(model, optimizer) -> tuple[dict, dict]:
+    """Unsharded CPU state dicts of the drafter and the optimiser (a collective under FSDP2)."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, get_optimizer_state_dict
+
+    opts = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    msd = get_model_state_dict(model, options=opts)
+    osd = get_optimizer_state_dict(model, optimizer, options=opts) if optimizer is not None else None
+    drafter_state = {
+        k[len("drafter."):]: v for k, v in msd.items()
+        if k.startswith("drafter.") and not k.startswith("drafter.embed_tokens.")
+    }
+    return drafter_state, osd
+
+
+class Trainer:
+    """One training run; `run()` returns the summary on rank 0 and None elsewhere."""
+
+    def __init__(self, cfg: TrainConfig, env: DistEnv, reporter: Reporter | None = None):
+        self.cfg, self.env, self.reporter = cfg, env, reporter
+        self.out = Path(cfg.out_dir)
+        self.bar = None
+        self.writer = None
+
+    # ------------------------------------------------------------------ logging
+    def log(self, msg: str) -> None:
+        if not self.env.is_main:
+            return
+        if self.bar is not None:
+            self.bar.write(msg, file=sys.stderr)
+        else:
+            print(msg, file=sys.stderr, flush=True)
+        if self.reporter is not None:
+            self.reporter.log(msg)
+
+    def _scalars(self, step: int, metrics: dict) -> None:
+        """TensorBoard + metrics.jsonl + reporter, rank 0 only."""
+        if not self.env.is_main:
+            return
+        row = {"step": step, **metrics}
+        with open(self.out / METRICS_FILE, "a") as f:
+            f.write(json.dumps(row) + "\n")
+        if self.writer is not None:
+            for k, v in metrics.items():
+                if isinstance(v, (int, float)):
+                    self.writer.add_scalar(k, v, step)
+                elif isinstance(v, list):
+                    for i, x in enumerate(v):
+                        self.writer.add_scalar(f"{k}/{i}", x, step)
+        if self.reporter is not None:
+            self.reporter.report_metrics(row)
+
+    def _truncate_metrics(self, last_step: int) -> None:
+        """Drop metrics.jsonl rows after the resumed step (a killed run may have logged past it)."""
+        path = self.out / METRICS_FILE
+        if not self.env.is_main or not path.is_file():
+            return
+        keep = [line for line in path.read_text().splitlines() if line.strip() and json.loads(line)["step"] <= last_step]
+        tmp = path.with_suffix(".jsonl.tmp")
+        tmp.write_text("".join(line + "\n" for line in keep))
+        os.replace(tmp, path)
+
+    # ------------------------------------------------------------------ setup
+    def setup(self) -> None:
+        cfg, env = self.cfg, self.env
+        _check_inputs(cfg)
+        self.out.mkdir(parents=True, exist_ok=True)
+        random.seed(cfg.seed)
+        np.random.seed(cfg.seed)
+        torch.manual_seed(cfg.seed)
+
+        from eagle_assets.drafter.target_head import draft_head, outside_head, read_target_head
+        from eagle_assets.hidden_states.vocab import load_vocab_mapping
+
+        self.ds = ShardDataset(cfg.shard_dirs, cfg.max_seq_len)
+        self.train_ids, self.val_ids = self.ds.split(cfg.val_fraction)
+        self.log(f"data: {describe(self.ds, self.train_ids, self.val_ids)}")
+        mapping = load_vocab_mapping(cfg.vocab_mapping)
+        embedding, lm_head = read_target_head(cfg.target)
+        drafter = build_drafter(cfg, self.ds, mapping.d2t, mapping.t2d, embedding)
+        self.drafter_config = drafter.config
+
+        self.use_bf16 = cfg.bf16 and env.device.type == "cuda"
+        head_dtype = torch.bfloat16 if self.use_bf16 else torch.float32
+        self.target_head = draft_head(lm_head, mapping.d2t).to(env.device, head_dtype)  # (N, Ht)
+        self.outside_head = (
+            outside_head(lm_head, mapping.t2d).to(env.device, head_dtype) if cfg.mask_undraftable else None
+        )  # (V-N, Ht)
+        del embedding, lm_head
+
+        self.spec = BatchingSpec(
+            micro_batch_tokens=cfg.micro_batch_tokens,
+            micro_batch_samples=cfg.micro_batch_samples,
+            batches_per_step=env.world_size * cfg.grad_accum,
+            length_window=cfg.length_window,
+        )
+        self.planner = BatchPlanner(self.ds.lengths(self.train_ids), self.train_ids, self.spec, cfg.seed)
+        self.total_steps = cfg.max_steps if cfg.max_steps is not None else self.planner.total_steps(cfg.epochs, None)
+        self.epoch_limit = cfg.epochs if cfg.max_steps is None else sys.maxsize
+
+        # Resume: weights go into the plain module before it is wrapped; the rest after.
+        self.resumed = None
+        if env.is_main:
+            ckpt.remove_stale_temp(cfg.checkpoint_dir)
+        _barrier()
+        latest = ckpt.latest_checkpoint(cfg.checkpoint_dir) if cfg.resume else None
+        if latest is not None:
+            self.resumed = ckpt.load_checkpoint(latest)
+            self._check_resumable(self.resumed)
+            missing, unexpected = drafter.load_state_dict(self.resumed.model_state, strict=False)
+            if unexpected or [k for k in missing if not k.startswith("embed_tokens.")]:
+                raise ValueError(f"{latest}: checkpoint does not match the drafter (missing {missing}, unexpected {unexpected})")
+
+        drafter.to(env.device)
+        if self.use_bf16:
+            drafter.embed_tokens.to(torch.bfloat16)  # frozen lookup table: half the memory
+        self.objective = TrainObjective(drafter, cfg.ttt_steps)
+        ignored = {drafter.embed_tokens.weight}
+        self.model = parallelize(self.objective, cfg.parallelism, env.device, ignored_params=ignored)
+        self.optimizer = build_optimizer(self.model, cfg, env.device)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer, WarmupCosine(cfg.warmup_steps, self.total_steps, cfg.min_lr_ratio, cfg.cosine)
+        )
+        self.step = 0
+        self.sampler = SamplerState()
+        self.tokens_seen = 0
+        if self.resumed is not None:
+            self._restore(self.resumed)
+
+    def _check_resumable(self, c: ckpt.Checkpoint) -> None:
+        st = c.trainer_state
+        if st["batches_per_step"] != self.spec.batches_per_step:
+            raise ValueError(
+                f"{c.path} was written with {st['batches_per_step']} micro-batches per step (world_size x grad_accum), "
+                f"this run has {self.spec.batches_per_step}: set grad_accum so that world_size x grad_accum = "
+                f"{st['batches_per_step']}, or start afresh with resume=false"
+            )
+        saved = st["config"]
+        for key in ("seed", "micro_batch_tokens", "micro_batch_samples", "max_seq_len", "length_window", "val_fraction", "ttt_steps"):
+            if saved.get(key) != getattr(self.cfg, key):
+                raise ValueError(
+                    f"{c.path} was written with {key}={saved.get(key)!r}, this run has {getattr(self.cfg, key)!r}: "
+                    "the data order would differ. Restore the setting, or start afresh with resume=false"
+                )
+
+    def _restore(self, c: ckpt.Checkpoint) -> None:
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+
+        st = c.trainer_state
+        set_optimizer_state_dict(
+            self.model, self.optimizer, c.optimizer_state, options=StateDictOptions(full_state_dict=True)
+        )
+        self.scheduler.load_state_dict({**st["scheduler"], "lr_lambdas": [None] * len(self.optimizer.param_groups)})
+        self.step = int(st["step"])
+        self.sampler = SamplerState.from_dict(st["sampler"])
+        self.tokens_seen = int(st["tokens_seen"])
+        rng = st["rng"]
+        if self.env.rank < len(rng):
+            ckpt.restore_rng_state(rng[self.env.rank])
+        self.log(f"resumed from {c.path} at step {self.step} (epoch {self.sampler.epoch}, step {self.sampler.step} of it)")
+
+    # ------------------------------------------------------------------ checkpoints
+    def save(self) -> Path | None:
+        drafter_state, optim_state = _full_state(self.model, self.optimizer)
+        rng = ckpt.gather_json(ckpt.capture_rng_state())
+        path = None
+        if self.env.is_main:
+            state = {
+                "sampler": self.sampler.to_dict(),
+                "tokens_seen": self.tokens_seen,
+                "scheduler": _scheduler_state(self.scheduler),
+                "rng": rng,
+                "batches_per_step": self.spec.batches_per_step,
+                "world_size": self.env.world_size,
+                "config": self.cfg.to_dict(),
+                "drafter_config": self.drafter_config.to_dict(),
+            }
+            path = ckpt.save_checkpoint(self.cfg.checkpoint_dir, self.step, drafter_state, optim_state, state, self.cfg.keep_last)
+            self.log(f"checkpoint: {path}")
+        _barrier()
+        return path
+
+    # ------------------------------------------------------------------ one step
+    def _batches(self):
+        """(data position after the step, this rank's collated micro-batches, global tokens) per step."""
+        dtype = torch.bfloat16 if self.use_bf16 else torch.float32
+        for here, step_batches in self.planner.iterate(SamplerState(self.sampler.epoch, self.sampler.step), self.epoch_limit):
+            mine = rank_micro_batches(step_batches, self.env.rank, self.env.world_size)
+            tokens = sum(sum(self.ds.lengths(b)) for b in step_batches)
+            collated = [self.ds.collate(b, dtype) for b in mine]
+            if self.env.device.type == "cuda":
+                collated = [{k: v.pin_memory() for k, v in b.items()} for b in collated]
+            yield SamplerState(here.epoch, here.step + 1), collated, tokens
+
+    def _to_device(self, batch: dict) -> dict:
+        return {k: v.to(self.env.device, non_blocking=True) for k, v in batch.items()}
+
+    def _autocast(self):
+        if self.use_bf16:
+            return torch.autocast("cuda", dtype=torch.bfloat16)
+        return contextlib.nullcontext()
+
+    def train_step(self, micro_batches: list[dict]) -> torch.Tensor:
+        """Forward/backward over this rank's micro-batches, then one optimiser step.
+
+        Returns the all-reduced totals (on device, not synchronised): [loss_sum, tokens,
+        step_loss_sum (K), step_tokens (K), step_correct (K), grad_norm].
+        """
+        K = self.cfg.ttt_steps
+        totals = torch.zeros(2 + 3 * K, dtype=torch.float32, device=self.env.device)
+        for i, batch in enumerate(micro_batches):
+            batch = self._to_device(batch)
+            with grad_sync(self.model, enabled=i == len(micro_batches) - 1):
+                with self._autocast():
+                    out = self.model(batch, self.target_head, self.outside_head)
+                # The summed loss: scaled to the global mean below, once every count is known.
+                out.loss_sum.backward()
+            totals += torch.cat([
+                out.loss_sum.detach().reshape(1), out.num_tokens.reshape(1),
+                out.step_loss_sum, out.step_tokens, out.step_correct,
+            ]).float()
+        _all_reduce(totals)
+        # DDP and FSDP2 average gradients over ranks; the loss is a global per-position mean.
+        scale = self.env.world_size / totals[1].clamp(min=1.0)
+        params = [p for p in self.model.parameters() if p.grad is not None]
+        for p in params:
+            g = p.grad.to_local() if hasattr(p.grad, "to_local") else p.grad  # FSDP2: this rank's shard
+            g.mul_(scale.to(g.dtype))
+        if self.cfg.grad_clip is not None:
+            norm = torch.nn.utils.clip_grad_norm_(params, self.cfg.grad_clip)
+        else:
+            norm = torch.nn.utils.get_total_norm([p.grad for p in params])
+        if hasattr(norm, "full_tensor"):
+            norm = norm.full_tensor()
+        self.last_lr = self.optimizer.param_groups[0]["lr"]  # the rate this step used
+        self.optimizer.step()
+        self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return torch.cat([totals, norm.detach().float().reshape(1).to(totals.device)])
+
+    # ------------------------------------------------------------------ validation
+    @torch.no_grad()
+    def validate(self) -> dict:
+        """Held-out loss, per-step accuracy, per-position acceptance estimate and AL."""
+        K = self.cfg.ttt_steps
+        per_rank = validation_batches(
+            self.ds.lengths(self.val_ids), self.val_ids, self.spec, self.env.world_size, self.cfg.val_max_batches
+        )
+        if not self.val_ids:
+            return {}
+        mine = per_rank[self.env.rank]
+        dtype = torch.bfloat16 if self.use_bf16 else torch.float32
+        totals = torch.zeros(2 + 3 * K, dtype=torch.float32, device=self.env.device)
+        self.model.eval()
+        for positions, counts in mine:
+            batch = self._to_device(self.ds.collate(positions, dtype))
+            with self._autocast():
+                out = self.model(batch, self.target_head, self.outside_head)
+            row = torch.cat([
+                out.loss_sum.reshape(1), out.num_tokens.reshape(1), out.step_loss_sum, out.step_tokens, out.step_correct,
+            ]).float()
+            totals += row * (1.0 if counts else 0.0)
+        self.model.train()
+        _all_reduce(totals)
+        return validation_metrics(totals.cpu(), K)
+
+    # ------------------------------------------------------------------ the loop
+    def run(self) -> dict | None:
+        cfg, env = self.cfg, self.env
+        self.setup()
+        start_step = self.step
+        if env.is_main:
+            from tqdm import tqdm
+
+            self._truncate_metrics(start_step)
+            self.writer = _tensorboard(cfg.tensorboard_path, purge_step=start_step + 1 if start_step else None)
+            self.bar = tqdm(total=self.total_steps, initial=start_step, desc="train", unit="step", dynamic_ncols=True)
+        self.log(
+            f"training {self.total_steps} steps ({cfg.parallelism}, {env.world_size} process(es) x "
+            f"{cfg.grad_accum} accumulation, device {env.device}, bf16={self.use_bf16}, ttt_steps={cfg.ttt_steps})"
+        )
+        last_val: dict = {}
+        window_tokens, window_start, t0 = 0, time.perf_counter(), time.perf_counter()
+        stream = Prefetcher(self._batches(), depth=2)
+        try:
+            for next_pos, micro, tokens in stream:
+                if self.step >= self.total_steps:
+                    break
+                totals = self.train_step(micro)
+                self.step += 1
+                self.sampler = next_pos
+                self.tokens_seen += tokens
+                window_tokens += tokens
+                if self.bar is not None:
+                    self.bar.update(1)
+                last = self.step == self.total_steps
+                if cfg.log_every and (self.step % cfg.log_every == 0 or last):
+                    now = time.perf_counter()
+                    metrics = train_metrics(totals.cpu(), cfg.ttt_steps)
+                    metrics.update(
+                        lr=self.last_lr,
+                        tokens_per_s=window_tokens / max(now - window_start, 1e-9),
+                        epoch=self.sampler.epoch,
+                        tokens_seen=self.tokens_seen,
+                    )
+                    if not math.isfinite(metrics["loss"]):
+                        raise FloatingPointError(
+                            f"loss is {metrics['loss']} at step {self.step}; lower lr or grad_clip and resume from "
+                            f"the last checkpoint in {cfg.checkpoint_dir}"
+                        )
+                    self._scalars(self.step, metrics)
+                    if self.bar is not None:
+                        self.bar.set_postfix(loss=f"{metrics['loss']:.4f}", acc0=f"{metrics['acc'][0]:.3f}",
+                                             tok_s=f"{metrics['tokens_per_s']:.0f}")
+                    window_tokens, window_start = 0, now
+                if cfg.val_interval and self.step % cfg.val_interval == 0 and not last:
+                    last_val = self._validate_and_log()
+                if cfg.checkpoint_every and (self.step % cfg.checkpoint_every == 0 or last):
+                    self.save()
+        finally:
+            stream.close()
+        last_val = self._validate_and_log() or last_val
+        exports = self.export()
+        summary = None
+        if env.is_main:
+            summary = self._summary(last_val, exports, time.perf_counter() - t0, start_step)
+            _write_json(self.out / SUMMARY_FILE, summary)
+            if self.reporter is not None and hasattr(self.reporter, "report_final"):
+                self.reporter.report_final(summary)
+            self.bar.close()
+            if self.writer is not None:
+                self.writer.close()
+        _barrier()
+        return summary
+
+    def _validate_and_log(self) -> dict:
+        metrics = self.validate()
+        if metrics:
+            self._scalars(self.step, metrics)
+            accept = ", ".join(f"{p:.3f}" for p in metrics["val_accept"])
+            self.log(f"validation at step {self.step}: loss {metrics['val_loss']:.4f}, AL {metrics['val_al']:.3f}, p_k [{accept}]")
+        return metrics
+
+    def export(self) -> dict[str, str]:
+        if not self.cfg.export_engines:
+            return {}
+        drafter_state, _ = _full_state(self.model, None)
+        out = {}
+        if self.env.is_main:
+            from eagle_assets.drafter.export import export_sglang, export_vllm
+
+            writers = {"vllm": export_vllm, "sglang": export_sglang}
+            for engine in self.cfg.export_engines:
+                path = writers[engine](drafter_state, self.drafter_config, self.cfg.export_dir(engine))
+                out[engine] = str(path)
+                self.log(f"exported the {engine} drafter to {path}")
+        _barrier()
+        return out
+
+    def _summary(self, val: dict, exports: dict, seconds: float, start_step: int) -> dict:
+        last = ckpt.latest_checkpoint(self.cfg.checkpoint_dir)
+        rows = _read_metrics(self.out / METRICS_FILE)
+        train_rows = [r for r in rows if "loss" in r]
+        return {
+            "steps": self.step,
+            "resumed_from_step": start_step or None,
+            "tokens_seen": self.tokens_seen,
+            "world_size": self.env.world_size,
+            "parallelism": self.cfg.parallelism,
+            "final_loss": train_rows[-1]["loss"] if train_rows else None,
+            "val_loss": val.get("val_loss"),
+            "val_al": val.get("val_al"),
+            "val_accept": val.get("val_accept"),
+            "checkpoint": str(last) if last else None,
+            "exports": exports,
+            "seconds": seconds,
+            "drafter_config": self.drafter_config.to_dict(),
+            "aux_layer_ids": list(self.drafter_config.aux_layer_ids),
+        }
+
+
+# ----------------------------------------------------------------------------- metrics
+
+
+def train_metrics(totals: torch.Tensor, K: int) -> dict:
+    """Scalars from the all-reduced totals of one step (see `Trainer.train_step`)."""
+    loss_sum, tokens = float(totals[0]), float(totals[1])
+    step_loss, step_tokens, step_correct = totals[2 : 2 + K], totals[2 + K : 2 + 2 * K], totals[2 + 2 * K : 2 + 3 * K]
+    return {
+        "loss": loss_sum / max(tokens, 1.0),
+        "tokens": tokens,
+        "step_loss": (step_loss / step_tokens.clamp(min=1)).tolist(),
+        "acc": (step_correct / step_tokens.clamp(min=1)).tolist(),
+        "grad_norm": float(totals[2 + 3 * K]),
+    }
+
+
+def acceptance_length(accept: list[float]) -> float:
+    """Expected tokens per verification step from per-position acceptance p_k: 1 + sum_k p_k."""
+    return 1.0 + float(sum(accept))
+
+
+def validation_metrics(totals: torch.Tensor, K: int) -> dict:
+    """Held-out metrics. Step k's accuracy (teacher-forced, greedy) estimates the chance that draft
+    token k is accepted given tokens 1..k-1 were; their running product is the per-position
+    acceptance p_k, and AL = 1 + sum_k p_k (DESIGN.md, "Metrics")."""
+    loss_sum, tokens = float(totals[0]), float(totals[1])
+    step_loss, step_tokens, step_correct = totals[2 : 2 + K], totals[2 + K : 2 + 2 * K], totals[2 + 2 * K : 2 + 3 * K]
+    acc = step_correct / step_tokens.clamp(min=1)
+    accept = torch.cumprod(acc, dim=0).tolist()
+    return {
+        "val_loss": loss_sum / max(tokens, 1.0),
+        "val_tokens": tokens,
+        "val_step_loss": (step_loss / step_tokens.clamp(min=1)).tolist(),
+        "val_acc": acc.tolist(),
+        "val_accept": accept,
+        "val_al": acceptance_length(accept),
+    }
+
+
+def _read_metrics(path: Path) -> list[dict]:
+    if not path.is_file():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def _write_json(path: Path, obj) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(obj, indent=2))
+    os.replace(tmp, path)
+
+
+def _tensorboard(log_dir: Path, purge_step: int | None):
+    try:
+        from torch.utils.tensorboard import SummaryWriter
+    except ImportError:  # tensorboard missing: keep training, metrics.jsonl still has everything
+        print("tensorboard is not installed: scalars go to metrics.jsonl only", file=sys.stderr)
+        return None
+    return SummaryWriter(log_dir=str(log_dir), purge_step=purge_step)
+
+
+# ----------------------------------------------------------------------------- entry points
+
+
+def _open_reporter(reporter: Reporter | None, rank: int, stack: contextlib.ExitStack) -> Reporter | None:
+    """The caller's reporter, or Dagster Pipes when launched by it; rank 0 only, always."""
+    if rank != 0:
+        return None
+    if reporter is not None:
+        return reporter
+    if os.environ.get("DAGSTER_PIPES_CONTEXT"):
+        from dagster_pipes import open_dagster_pipes
+
+        return PipesReporter(stack.enter_context(open_dagster_pipes()))
+    return None
+
+
+def train(cfg: TrainConfig, reporter: Reporter | None = None) -> dict | None:
+    """Run one training (joining torchrun's process group if there is one)."""
+    env = setup_distributed()
+    try:
+        with contextlib.ExitStack() as stack:
+            rep = _open_reporter(reporter, env.rank, stack)
+            return Trainer(cfg, env, rep).run()
+    finally:
+        if env.owns_group and dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m eagle_assets.drafter.train", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--config", required=True, help="run.json written by TrainConfig.save()")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None, reporter: Reporter | None = None) -> dict | None:
+    """Command-line entry: `--config run.json`; returns the summary on rank 0."""
+    args = parse_args(argv)
+    return train(TrainConfig.load(args.config), reporter=reporter)
+
+
+if __name__ == "__main__":
+    main()
