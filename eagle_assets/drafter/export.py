@@ -31,7 +31,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from eagle_assets.drafter.config import DrafterConfig
-from eagle_assets.drafter.model import Eagle3Drafter, check_vocab_mapping
+from eagle_assets.drafter.model import Eagle3Drafter, check_vocab_mapping, exported_shapes
 
 WEIGHTS_FILE = "model.safetensors"
 CONFIG_FILE = "config.json"
@@ -140,9 +140,7 @@ def _export_tensors(state: dict[str, torch.Tensor], config: DrafterConfig, dtype
             f"drafter state does not match an EAGLE-3 drafter: missing {missing}, unexpected {unknown}"
         )
     check_vocab_mapping(state["d2t"], state["t2d"], config.draft_vocab_size, config.vocab_size)
-    with torch.device("meta"):  # shapes only: no memory, no initialisation cost
-        ref = Eagle3Drafter(config)
-    expected = {k: tuple(v.shape) for k, v in ref.trainable_state_dict().items()}
+    expected = exported_shapes(config)
     wrong = [f"{k} {tuple(state[k].shape)} (config says {expected[k]})" for k in expected if tuple(state[k].shape) != expected[k]]
     if wrong:
         raise ValueError("drafter weights do not match its config: " + "; ".join(wrong))

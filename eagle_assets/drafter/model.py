@@ -342,6 +342,28 @@ class Eagle3Drafter(nn.Module):
         return {k: v for k, v in self.state_dict().items() if not k.startswith("embed_tokens.")}
 
 
+def exported_shapes(config: DrafterConfig) -> dict[str, tuple[int, ...]]:
+    """Shape of every tensor `trainable_state_dict` holds, from the config alone (no allocation)."""
+    H, I, Q, KV = config.hidden_size, config.intermediate_size, config.q_size, config.kv_size
+    return {
+        "fc.weight": (H, config.fc_in_features),
+        "layers.0.input_layernorm.weight": (H,),
+        "layers.0.hidden_norm.weight": (H,),
+        "layers.0.self_attn.q_proj.weight": (Q, 2 * H),
+        "layers.0.self_attn.k_proj.weight": (KV, 2 * H),
+        "layers.0.self_attn.v_proj.weight": (KV, 2 * H),
+        "layers.0.self_attn.o_proj.weight": (H, Q),
+        "layers.0.post_attention_layernorm.weight": (H,),
+        "layers.0.mlp.gate_proj.weight": (I, H),
+        "layers.0.mlp.up_proj.weight": (I, H),
+        "layers.0.mlp.down_proj.weight": (H, I),
+        "norm.weight": (H,),
+        "lm_head.weight": (config.draft_vocab_size, H),
+        "d2t": (config.draft_vocab_size,),
+        "t2d": (config.vocab_size,),
+    }
+
+
 def check_vocab_mapping(d2t: torch.Tensor, t2d: torch.Tensor, draft_vocab_size: int, vocab_size: int) -> None:
     """Raise a clear error when (d2t, t2d) is not a valid draft vocabulary for these sizes."""
     if d2t.ndim != 1 or d2t.shape[0] != draft_vocab_size:

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from eagle_assets.drafter.config import DrafterConfig, tiny_config
-from eagle_assets.drafter.model import Eagle3Drafter, rope_inv_freq
+from eagle_assets.drafter.model import Eagle3Drafter, exported_shapes, rope_inv_freq
 
 VLLM_NAMES = {
     "fc.weight",
@@ -137,6 +137,7 @@ def test_parameter_names_are_vllm_checkpoint_names():
     cfg = tiny_config()
     model = Eagle3Drafter(cfg)
     assert set(model.trainable_state_dict()) == VLLM_NAMES
+    assert {k: tuple(v.shape) for k, v in model.trainable_state_dict().items()} == exported_shapes(cfg)
     shapes = {k: tuple(v.shape) for k, v in model.state_dict().items()}
     assert shapes["fc.weight"] == (64, 3 * 64)
     assert shapes["layers.0.self_attn.q_proj.weight"] == (4 * 16, 2 * 64)  # 2H input
