@@ -1,10 +1,12 @@
-"""Binds the resources in one place; environment values come in through `dg.EnvVar` here only."""
+"""Binds the resources in one place; environment values come in here only."""
 
 from __future__ import annotations
 
 import os
 
 from eagle_assets.resources.inference_server import InferenceServerResource
+from eagle_assets.resources.storage import StorageResource
+from eagle_assets.resources.trainer import TrainerResource
 from eagle_assets.targets import EMBEDDED_TARGET
 
 
@@ -13,6 +15,9 @@ def default_resources() -> dict:
         "inference_server": InferenceServerResource(
             target=os.environ.get("EAGLE_ASSETS_TARGET", EMBEDDED_TARGET),
             url=os.environ.get("EAGLE_ASSETS_SERVER_URL") or None,
+            # The name of the variable, never its value: the key is read when a request is made.
             api_key_env="EAGLE_ASSETS_SERVER_API_KEY",
         ),
+        "storage": StorageResource(root=os.environ.get("EAGLE_ASSETS_DATA", "")),
+        "trainer": TrainerResource(nproc_per_node=int(os.environ.get("EAGLE_ASSETS_NPROC_PER_NODE", "1"))),
     }

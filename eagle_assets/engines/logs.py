@@ -27,6 +27,17 @@ def strip_prefix(line: str) -> str:
     return _PROCESS_PREFIX.sub("", line.rstrip("\n"))
 
 
+def _fatal_traceback_starts(clean: list[str]) -> list[int]:
+    """Indices of tracebacks that can kill the process. Python prints "Exception ignored in: ..."
+    before a traceback it swallowed (a finaliser failing at exit, say): those are harmless."""
+    return [
+        i
+        for i, line in enumerate(clean)
+        if line.startswith("Traceback (most recent call last)")
+        and not (i > 0 and clean[i - 1].startswith("Exception ignored"))
+    ]
+
+
 @dataclass
 class RootCause:
     """What went wrong, in the lines a person should read first."""
@@ -62,7 +73,7 @@ def root_cause(lines: list[str]) -> RootCause:
         m = _ERROR_LINE.match(line)
         if m and m.group("msg").strip():
             cause.error_lines.append(m.group("msg").strip())
-    starts = [i for i, line in enumerate(clean) if line.startswith("Traceback (most recent call last)")]
+    starts = _fatal_traceback_starts(clean)
     if not starts:
         return cause
     block = clean[starts[-1] + 1 :]
@@ -92,7 +103,7 @@ def root_cause(lines: list[str]) -> RootCause:
 def traceback_complete(lines: list[str]) -> bool:
     """True once the last traceback in `lines` has reached its exception line."""
     clean = [strip_prefix(line) for line in lines]
-    starts = [i for i, line in enumerate(clean) if line.startswith("Traceback (most recent call last)")]
+    starts = _fatal_traceback_starts(clean)
     if not starts:
         return False
     return any(not line.startswith(" ") and _EXCEPTION.match(line) for line in clean[starts[-1] + 1 :])
@@ -121,9 +132,11 @@ class LogWatcher:
         start = len(self.lines)
         self.lines.extend(complete)
         if self.trouble_seen_at is None:
-            for i, line in enumerate(complete, start):
-                s = strip_prefix(line)
-                if s.startswith("Traceback (most recent call last)") or _ERROR_LINE.match(s):
+            for i in range(start, len(self.lines)):
+                s = strip_prefix(self.lines[i])
+                previous = strip_prefix(self.lines[i - 1]) if i else ""
+                swallowed = previous.startswith("Exception ignored")
+                if (s.startswith("Traceback (most recent call last)") and not swallowed) or _ERROR_LINE.match(s):
                     self.trouble_seen_at = i
                     break
         return complete

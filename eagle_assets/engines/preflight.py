@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from eagle_assets.paths import engine_venv
-from eagle_assets.targets import default_aux_layer_ids
+from eagle_assets.targets import default_aux_layer_ids, preset_from_hf_config
 
 ENGINE_SCRIPTS = Path(__file__).resolve().parent
 EAGLE3_ARCHITECTURES = {"LlamaForCausalLMEagle3", "Eagle3LlamaForCausalLM", "LlamaForCausalLMEagle3Speculator"}
@@ -64,10 +64,6 @@ class PreflightError(RuntimeError):
         self.report = report
 
 
-def _text_config(cfg: dict) -> dict:
-    return cfg.get("text_config") or cfg
-
-
 def read_safetensors_header(path: Path) -> dict[str, dict]:
     """Tensor names, dtypes and shapes from a safetensors file, without reading the data."""
     with open(path, "rb") as f:
@@ -86,8 +82,8 @@ def _drafter_tensors(folder: Path) -> dict[str, dict]:
 
 def check_drafter(target_cfg: dict, drafter: Path, report: PreflightReport) -> None:
     """Our own drafter-vs-target checks (DESIGN.md contracts; EAGLE3_SEMANTICS.md §7)."""
-    text = _text_config(target_cfg)
-    layers, hidden, vocab = text["num_hidden_layers"], text["hidden_size"], text["vocab_size"]
+    shape = preset_from_hf_config("target", target_cfg)  # reads llama- and gpt2-style key names
+    layers, hidden, vocab = shape.num_layers, shape.hidden_size, shape.vocab_size
     cfg_path = drafter / "config.json"
     if not cfg_path.is_file():
         report.add("error", "drafter_missing", f"no drafter config at {cfg_path}: pass the folder holding config.json and model.safetensors")
@@ -177,7 +173,7 @@ def check_drafter(target_cfg: dict, drafter: Path, report: PreflightReport) -> N
 
 def run_engine_preflight(model: Path, drafter: Path | None, k: int, engine_args: dict, venv: Path | None = None, timeout_s: float = 180) -> dict:
     """Runs `vllm_preflight.py` in the engine venv; returns its JSON answer."""
-    from eagle_assets.engines.vllm import engine_environment, engine_python
+    from eagle_assets.engines.vllm_launch import engine_environment, engine_python
 
     venv = venv or engine_venv("vllm")
     py = engine_python(venv)
@@ -227,7 +223,7 @@ def preflight(
             report.add(f["level"], f["code"], f["message"])
         report.engine = answer.get("engine", {})
     elif engine == "sglang":
-        from eagle_assets.engines.sglang import run_sglang_preflight
+        from eagle_assets.engines.sglang_launch import run_sglang_preflight
 
         answer = run_sglang_preflight(Path(target), Path(drafter) if drafter else None, num_speculative_tokens)
         for f in answer.get("findings", []):

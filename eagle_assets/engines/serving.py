@@ -24,7 +24,7 @@ from eagle_assets.embedded_target import resolve_target
 from eagle_assets.engines.envs import host_device
 from eagle_assets.engines.preflight import PreflightError, engine_args_for, preflight
 from eagle_assets.engines.process import ServerFailed, ServerProcess, free_port
-from eagle_assets.engines.vllm import VllmLaunch, engine_environment, engine_python, speculative_config
+from eagle_assets.engines.vllm_launch import VllmLaunch, engine_environment, engine_python, speculative_config
 from eagle_assets.paths import engine_venv, runs_dir
 from eagle_assets.targets import TargetPreset
 

@@ -6,6 +6,8 @@ build its command line and environment here and talk to it over HTTP. On CPU hos
 mode 0 start in ~30 s instead of ~100 s; Intel OpenMP preloaded; offline hub).
 """
 
+# Named vllm_launch, not vllm: the engine-side scripts in this folder run with it on sys.path,
+# where a module called vllm would shadow the real package.
 from __future__ import annotations
 
 import json

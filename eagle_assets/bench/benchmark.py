@@ -1,0 +1,114 @@
+"""One whole benchmark of a drafter: offline reference, served sweeps, parity, report.
+
+    report, paths = run_benchmark(settings, target_path, drafter_dir, serve, out_dir)
+
+`serve(speculative)` is a context-manager factory giving a server for a speculative config
+(None = no speculation); the Dagster asset passes its InferenceServer resource, tests pass
+`engines.serving.launch_vllm`. The same prompts go to the offline reference decoder and to
+three served configurations in one run: baseline, our EAGLE-3 drafter, and vLLM's n-gram
+speculation (what a user would pick without training).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, ContextManager, Sequence
+
+import torch
+
+from eagle_assets.bench.parity import AcceptanceNumbers, ParityTolerance, judge_parity
+from eagle_assets.bench.reference_decoder import speculative_generate
+from eagle_assets.bench.report import BenchmarkReport, build_report, write_report
+from eagle_assets.bench.served import SweepSettings, mt_bench_prompts, run_served
+from eagle_assets.drafter.export import load_drafter
+from eagle_assets.engines.vllm_launch import ngram_config, speculative_config
+
+
+@dataclass(frozen=True)
+class BenchmarkSettings:
+    """What the benchmark measures and how hard."""
+
+    num_prompts: int = 8
+    """MT-Bench first turns (evaluation only)."""
+    output_len: int = 64
+    """Tokens per answer, exact (ignore_eos), served and offline alike."""
+    concurrencies: tuple[int, ...] = (1, 4, 8)
+    k: int = 3
+    """Draft tokens per step for EAGLE-3 and n-gram alike."""
+    ngram: bool = True
+    """Also serve vLLM's n-gram speculation on the same prompts."""
+    offline_prompts: int | None = None
+    """Prompts for the offline reference (default: all of them)."""
+    tolerance: ParityTolerance = field(default_factory=ParityTolerance)
+    min_speedup: float = 1.0
+
+
+def offline_acceptance(target_path: Path, drafter_dir: Path, prompts: Sequence[Sequence[dict]], settings: BenchmarkSettings,
+                       log: Callable[[str], None] = print) -> AcceptanceNumbers:  # fmt: skip
+    """The reference decoder's AL and p_k on `prompts`, pooled over them (drafts weighted)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(target_path)
+    target = AutoModelForCausalLM.from_pretrained(target_path, dtype=torch.float32).eval()
+    drafter, _ = load_drafter(drafter_dir, dtype=torch.float32)
+    drafter.eval()
+    with torch.no_grad():
+        drafter.embed_tokens.weight.copy_(target.get_input_embeddings().weight)
+    accepted: list[int] = []
+    chosen = list(prompts)[: settings.offline_prompts or len(prompts)]
+    for i, messages in enumerate(chosen, 1):
+        ids = tokenizer.apply_chat_template(list(messages), add_generation_prompt=True, return_tensors="pt", return_dict=True)["input_ids"]
+        with torch.no_grad():
+            # No EOS: the served sweep ignores EOS too, so both see the same token stream.
+            result = speculative_generate(target, drafter, ids, settings.output_len, settings.k, eos_token_id=None)
+        accepted += result.accepted_per_step
+        log(f"offline reference: prompt {i}/{len(chosen)}: AL {result.al:.2f}")
+    n = max(len(accepted), 1)
+    per_pos = tuple(sum(a >= j for a in accepted) / n for j in range(1, settings.k + 1))
+    return AcceptanceNumbers(al=1 + sum(accepted) / n, per_position_acceptance=per_pos, num_drafts=len(accepted), source="offline reference")
+
+
+def run_benchmark(
+    settings: BenchmarkSettings,
+    target_name: str,
+    target_path: Path,
+    drafter_dir: Path,
+    serve: Callable[[dict | None], ContextManager],
+    out_dir: Path,
+    trained_aux_layer_ids: Sequence[int] | None = None,
+    target_num_layers: int | None = None,
+    parent_al: float | None = None,
+    log: Callable[[str], None] = print,
+) -> tuple[BenchmarkReport, object]:
+    prompts = mt_bench_prompts(settings.num_prompts)
+    sweep = SweepSettings(output_len=settings.output_len, concurrencies=tuple(settings.concurrencies), progress=False)
+    offline = offline_acceptance(target_path, drafter_dir, prompts, settings, log)
+    log(f"offline reference: AL {offline.al:.3f}, p_k {[round(p, 3) for p in offline.per_position_acceptance]}")
+    configs: list[tuple[str, dict | None]] = [("baseline", None), ("eagle3", speculative_config(drafter_dir, settings.k))]
+    if settings.ngram:
+        configs.append(("ngram", ngram_config(settings.k)))
+    runs = []
+    for label, spec in configs:
+        with serve(spec) as server:
+            log(f"served sweep: {label} at concurrency {list(settings.concurrencies)}")
+            runs.append(run_served(label, server.base_url, server.model, prompts, sweep, api_key=server.api_key, config={"speculative": spec}))
+    report = build_report(
+        target=target_name,
+        drafter=str(drafter_dir),
+        runs=runs,
+        offline=offline,
+        parent_al=parent_al,
+        tolerance=settings.tolerance,
+        drafter_path=drafter_dir,
+        trained_aux_layer_ids=trained_aux_layer_ids,
+        target_num_layers=target_num_layers,
+        min_speedup=settings.min_speedup,
+    )
+    paths = write_report(report, out_dir)
+    return report, paths
+
+
+def load_report_json(out_dir: Path) -> dict:
+    return json.loads((Path(out_dir) / "report.json").read_text())

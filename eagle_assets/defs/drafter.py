@@ -1,0 +1,132 @@
+"""`drafter_checkpoint`: EAGLE-3 training through the trainer resource, exported per engine."""
+
+# No `from __future__ import annotations`: Dagster resolves Config types from real annotations.
+
+import json
+import urllib.request
+from pathlib import Path
+from typing import Optional
+
+import dagster as dg
+
+from eagle_assets.defs.common import GROUP, check_result, hash_tree, metadata, stage_version, target_of
+from eagle_assets.defs.hidden_states import hidden_state_shards, vocab_mapping
+from eagle_assets.drafter.export import check_sglang_names, read_drafter_tensors
+from eagle_assets.drafter.run_config import TrainConfig
+from eagle_assets.resources.inference_server import InferenceServerResource
+from eagle_assets.resources.storage import StorageResource
+from eagle_assets.resources.trainer import TrainerResource
+
+SMOKE_PROMPTS = ["What is the capital of France?", "Give me two tips for learning a language."]
+
+
+class DrafterConfig(dg.Config):
+    ttt_steps: Optional[int] = None
+    """Training-time-test unroll K; default: the target preset's."""
+    epochs: int = 2
+    max_steps: Optional[int] = None
+    lr: float = 1e-3
+    warmup_steps: int = 20
+    micro_batch_tokens: int = 2048
+    grad_accum: int = 1
+    val_fraction: float = 0.1
+    val_interval: int = 100
+    checkpoint_every: int = 100
+    parallelism: str = "ddp"
+    """"ddp" or "fsdp2"."""
+    warm_start: Optional[str] = None
+    """A parent drafter folder (`midlayer.*` or `layers.0.*` names) to fine-tune from."""
+    seed: int = 0
+
+
+@dg.asset(
+    group_name=GROUP,
+    deps=[vocab_mapping, hidden_state_shards],
+    code_version=stage_version("drafter", "defs/drafter.py", DrafterConfig),
+    check_specs=[
+        dg.AssetCheckSpec("serves_in_vllm", asset="drafter_checkpoint", blocking=True,
+                          description="The vLLM export loads in the real vLLM server and its greedy output equals the run without speculation."),  # fmt: skip
+        dg.AssetCheckSpec("sglang_names", asset="drafter_checkpoint", blocking=True,
+                          description="Every weight name of the SGLang export is one SGLang's loader recognises (it drops unknown names silently)."),  # fmt: skip
+        dg.AssetCheckSpec("not_worse_than_parent", asset="drafter_checkpoint", blocking=True,
+                          description="On a warm start, validation acceptance is at least the parent's on the same held-out samples."),  # fmt: skip
+    ],
+)
+def drafter_checkpoint(
+    context: dg.AssetExecutionContext,
+    config: DrafterConfig,
+    inference_server: InferenceServerResource,
+    storage: StorageResource,
+    trainer: TrainerResource,
+):
+    """An EAGLE-3 drafter trained on the target's hidden states with the engines' exact draft
+    function (training-time test over K steps, loss against the target's distribution on the
+    draft vocabulary), launched with torchrun through Dagster Pipes, exported for vLLM and
+    SGLang and smoke-loaded in the real vLLM server."""
+    preset, path = target_of(inference_server)
+    out = storage.drafter(preset.name)
+    train_config = TrainConfig(
+        shard_dirs=(str(storage.hidden_states(preset.name)),),
+        vocab_mapping=str(storage.vocab_mapping(preset.name)),
+        target=str(path),
+        out_dir=str(out),
+        ttt_steps=config.ttt_steps or preset.ttt_steps,
+        warm_start=config.warm_start,
+        epochs=config.epochs,
+        max_steps=config.max_steps,
+        lr=config.lr,
+        warmup_steps=config.warmup_steps,
+        micro_batch_tokens=config.micro_batch_tokens,
+        grad_accum=config.grad_accum,
+        val_fraction=config.val_fraction,
+        val_interval=config.val_interval,
+        checkpoint_every=config.checkpoint_every,
+        parallelism=config.parallelism,
+        seed=config.seed,
+        tensorboard_dir=str(out / "tensorboard"),
+        export_engines=("vllm", "sglang"),
+    )
+    summary = trainer.train(context, train_config)
+    vllm_dir = Path(summary["exports"]["vllm"])
+    sglang_dir = Path(summary["exports"]["sglang"])
+    yield dg.MaterializeResult(
+        metadata=metadata(
+            {
+                "steps": summary["steps"],
+                "final_loss": summary.get("final_loss"),
+                "val_loss": summary.get("val_loss"),
+                "val_al": summary.get("val_al"),
+                "val_accept_per_position": summary.get("val_accept"),
+                "aux_layer_ids": summary.get("aux_layer_ids"),
+                "vllm_export": str(vllm_dir),
+                "sglang_export": str(sglang_dir),
+                "seconds": summary.get("seconds"),
+                "warm_start": config.warm_start,
+            }
+        ),
+        data_version=dg.DataVersion(hash_tree(vllm_dir)),
+    )
+
+    # The vLLM export must serve, and speculation must not change greedy output.
+    with inference_server.serve(log=context.log.info) as plain:
+        expected = [_chat(plain.base_url, plain.model, p) for p in SMOKE_PROMPTS]
+    with inference_server.serve(drafter=vllm_dir, k=train_config.ttt_steps, log=context.log.info) as spec:
+        got = [_chat(spec.base_url, spec.model, p) for p in SMOKE_PROMPTS]
+    yield check_result(got == expected, {"prompts": SMOKE_PROMPTS, "plain": expected, "speculative": got}, check_name="serves_in_vllm")
+
+    dropped = check_sglang_names(list(read_drafter_tensors(sglang_dir)))
+    yield check_result(not dropped, {"unrecognised_names": dropped}, check_name="sglang_names")
+
+    parent_al = summary.get("parent_val_al")
+    if config.warm_start:
+        passed = parent_al is not None and summary.get("val_al") is not None and summary["val_al"] >= parent_al
+        yield check_result(passed, {"val_al": summary.get("val_al"), "parent_val_al": parent_al}, check_name="not_worse_than_parent")
+    else:
+        yield check_result(True, {"note": "trained from scratch: no parent to compare with"}, check_name="not_worse_than_parent")
+
+
+def _chat(base_url: str, model: str, prompt: str, max_tokens: int = 32) -> str:
+    body = {"model": model, "messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens, "temperature": 0}
+    req = urllib.request.Request(f"{base_url}/v1/chat/completions", json.dumps(body).encode(), {"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=600) as resp:
+        return json.loads(resp.read())["choices"][0]["message"]["content"]

@@ -1,0 +1,144 @@
+"""`vocab_mapping` and `hidden_state_shards`: the draft vocabulary and the target's features."""
+
+# No `from __future__ import annotations`: Dagster resolves Config types from real annotations.
+
+import os
+from typing import Optional
+
+import dagster as dg
+
+from eagle_assets.corpus.store import CorpusStore
+from eagle_assets.corpus.target import target_fingerprint
+from eagle_assets.defs.common import GROUP, check_result, hash_files, metadata, stage_version, target_of
+from eagle_assets.defs.corpus import synthetic_corpus
+from eagle_assets.formats import SHARD_MANIFEST_FILE, SHARD_STATES_FILE, shard_name
+from eagle_assets.hidden_states.corpus_io import corpus_token_counts
+from eagle_assets.hidden_states.extract import ExtractSettings, extract_shard, load_target
+from eagle_assets.hidden_states.reader import ShardReader
+from eagle_assets.hidden_states.vocab import (
+    build_vocab_mapping,
+    count_assistant_tokens,
+    load_parent_mapping,
+    save_vocab_mapping,
+)
+from eagle_assets.resources.inference_server import InferenceServerResource
+from eagle_assets.resources.storage import StorageResource
+
+NUM_SHARDS = int(os.environ.get("EAGLE_ASSETS_NUM_SHARDS", "4"))
+"""Hidden-state partitions. Samples go to shards by a stable hash of their id, so one shard
+can be rebuilt alone; changing the count re-assigns samples (rebuild all shards then)."""
+shard_partitions = dg.StaticPartitionsDefinition([f"{i:05d}" for i in range(NUM_SHARDS)])
+
+
+class VocabConfig(dg.Config):
+    draft_vocab_size: Optional[int] = None
+    """Top-N target tokens by frequency over assistant tokens; default: the target preset's."""
+    parent_drafter: Optional[str] = None
+    """Warm start: the parent drafter's folder; its d2t/t2d are taken as they are, never rebuilt."""
+
+
+@dg.asset(
+    group_name=GROUP,
+    deps=[synthetic_corpus],
+    code_version=stage_version("hidden_states/vocab.py", "defs/hidden_states.py", VocabConfig),
+    check_specs=[dg.AssetCheckSpec("consistent", asset="vocab_mapping", blocking=True, description="d2t and t2d describe the same draft vocabulary within the target's.")],
+)
+def vocab_mapping(context: dg.AssetExecutionContext, config: VocabConfig, inference_server: InferenceServerResource, storage: StorageResource):
+    """The draft vocabulary: the N most frequent target tokens in the corpus's assistant turns,
+    as `d2t` (target_id = draft_id + d2t[draft_id]) and `t2d`. On a warm start it is the
+    parent drafter's own mapping, kept as it is so that the parent's lm_head stays aligned."""
+    preset, _ = target_of(inference_server)
+    corpus = str(storage.corpus(preset.name))
+    counts = count_assistant_tokens(corpus, preset.vocab_size)
+    if config.parent_drafter:
+        mapping = load_parent_mapping(config.parent_drafter, vocab_size=preset.vocab_size)
+        context.log.info(f"vocab mapping inherited from the parent drafter {config.parent_drafter}")
+    else:
+        mapping = build_vocab_mapping(counts, preset.vocab_size, config.draft_vocab_size or preset.draft_vocab_size)
+    out = save_vocab_mapping(mapping, storage.vocab_mapping(preset.name))
+    covered = float(counts[mapping.t2d].sum()) / max(1, int(counts.sum()))
+    yield dg.MaterializeResult(
+        metadata=metadata({**mapping.metadata(), "corpus_coverage": covered, "path": str(out)}),
+        data_version=dg.DataVersion(hash_files([out])),
+    )
+    target_ids = mapping.target_ids
+    consistent = (
+        int(mapping.t2d.sum()) == mapping.draft_vocab_size
+        and bool(mapping.t2d[target_ids].all())
+        and int(target_ids.max()) < preset.vocab_size
+        and len(mapping.t2d) == preset.vocab_size
+    )
+    yield check_result(consistent, {"draft_vocab_size": mapping.draft_vocab_size, "vocab_size": len(mapping.t2d)}, check_name="consistent")
+
+
+class HiddenStatesConfig(dg.Config):
+    aux_layer_ids: Optional[list[int]] = None
+    """Aux ids (HF hidden_states numbering); default: the preset's (2, L//2, L-3)."""
+    batch_tokens: int = 8192
+    """Padded tokens per forward pass."""
+    device: str = "auto"
+    """"auto" (cuda when present), "cpu", "cuda", or "balanced" for a target sharded across GPUs."""
+
+
+def _device(choice: str) -> str:
+    import torch
+
+    if choice == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return "auto" if choice == "balanced" else choice
+
+
+@dg.asset(
+    group_name=GROUP,
+    deps=[synthetic_corpus],
+    partitions_def=shard_partitions,
+    code_version=stage_version("hidden_states", "formats.py", "defs/hidden_states.py", HiddenStatesConfig),
+    check_specs=[dg.AssetCheckSpec("matches_corpus", asset="hidden_state_shards", blocking=True, description="The shard holds exactly its corpus samples, token for token.")],
+)
+def hidden_state_shards(context: dg.AssetExecutionContext, config: HiddenStatesConfig, inference_server: InferenceServerResource, storage: StorageResource):
+    """The target's auxiliary hidden states and its normed final state for every corpus token,
+    one partition per shard (bf16 safetensors + JSON manifest), written atomically. Only the
+    configured layers are captured; free disk space is checked before anything is written."""
+    preset, path = target_of(inference_server)
+    index = int(context.partition_key)
+    settings = ExtractSettings(
+        aux_layer_ids=tuple(config.aux_layer_ids or preset.default_aux_layer_ids),
+        num_shards=NUM_SHARDS,
+        batch_tokens=config.batch_tokens,
+    )
+    model, tokenizer = load_target(path, device=_device(config.device))
+    corpus = str(storage.corpus(preset.name))
+    fingerprint = target_fingerprint(path)
+    result = extract_shard(
+        model, corpus, storage.hidden_states(preset.name), index, settings,
+        tokenizer=tokenizer, target_fingerprint=fingerprint,
+    )  # fmt: skip
+    manifest = result.manifest
+    shard_dir = storage.hidden_states(preset.name) / shard_name(index)
+    yield dg.MaterializeResult(
+        metadata=metadata(
+            {
+                "samples": len(manifest.sample_ids),
+                "tokens": sum(manifest.token_counts),
+                "aux_layer_ids": manifest.aux_layer_ids,
+                "layer_id_convention": manifest.layer_id_convention,
+                "bytes": (shard_dir / SHARD_STATES_FILE).stat().st_size,
+                "bytes_per_token": manifest.bytes_per_token,
+                "path": str(shard_dir),
+            }
+        ),
+        data_version=dg.DataVersion(hash_files([shard_dir / SHARD_MANIFEST_FILE, shard_dir / SHARD_STATES_FILE])),
+    )
+    expected = corpus_token_counts(corpus, NUM_SHARDS).get(index, {})
+    reader = ShardReader(shard_dir)
+    got = dict(zip(reader.sample_ids, reader.manifest.token_counts))
+    passed = got == expected
+    yield check_result(
+        passed,
+        {"samples": len(got), "expected_samples": len(expected), "missing": sorted(set(expected) - set(got))[:10]},
+        check_name="matches_corpus",
+    )
+
+
+def corpus_rows(storage: StorageResource, target: str) -> int:
+    return CorpusStore(str(storage.corpus(target)), mode="r").num_rows

@@ -1,0 +1,46 @@
+"""Where the assets keep their outputs: one root (local path or fsspec URL), one layout.
+
+    <root>/<target>/prompts/              prompt set (Parquet)
+    <root>/<target>/corpus/               synthetic corpus shards + manifest
+    <root>/<target>/vocab_mapping.safetensors
+    <root>/<target>/hidden_states/        shard-00000/ ... (one per partition)
+    <root>/<target>/drafter/              training checkpoints, vllm/ and sglang/ exports
+    <root>/<target>/report/               benchmark report (Markdown, JSON, PNG)
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import dagster as dg
+
+from eagle_assets.paths import data_dir
+
+
+class StorageResource(dg.ConfigurableResource):
+    """The root under which every asset of a target writes."""
+
+    root: str = ""
+    """Local folder or fsspec URL; empty means ./data in the project (EAGLE_ASSETS_DATA)."""
+
+    def base(self, target: str) -> Path:
+        root = Path(self.root) if self.root else data_dir()
+        return root / target.replace("/", "_")
+
+    def prompts(self, target: str) -> Path:
+        return self.base(target) / "prompts"
+
+    def corpus(self, target: str) -> Path:
+        return self.base(target) / "corpus"
+
+    def vocab_mapping(self, target: str) -> Path:
+        return self.base(target) / "vocab_mapping.safetensors"
+
+    def hidden_states(self, target: str) -> Path:
+        return self.base(target) / "hidden_states"
+
+    def drafter(self, target: str) -> Path:
+        return self.base(target) / "drafter"
+
+    def report(self, target: str) -> Path:
+        return self.base(target) / "report"

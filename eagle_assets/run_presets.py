@@ -1,0 +1,32 @@
+"""Named run presets: the per-asset settings of a whole run, as Dagster run config.
+
+    eagle-assets run                          # smollm2-default: the embedded target in < 20 min on 2 cores
+    eagle-assets run --preset smollm2-quality # thousands of samples: the best drafter SmolLM2 allows
+
+A preset only sets what differs from each asset's Config defaults.
+"""
+
+from __future__ import annotations
+
+RUN_PRESETS: dict[str, dict[str, dict]] = {
+    "smollm2-default": {
+        "prompts": {"num_prompts": 48, "multi_turn_fraction": 0.25},
+        "synthetic_corpus": {"max_tokens": 256, "concurrency": 8},
+        "drafter_checkpoint": {"epochs": 4, "lr": 1e-3, "micro_batch_tokens": 2048},
+        "benchmark_report": {"num_prompts": 8, "output_len": 64, "concurrencies": [1, 4, 8]},
+    },
+    "smollm2-quality": {
+        "prompts": {"num_prompts": 3000, "multi_turn_fraction": 0.2},
+        "synthetic_corpus": {"max_tokens": 512, "concurrency": 16},
+        "drafter_checkpoint": {"epochs": 8, "lr": 8e-4, "micro_batch_tokens": 8192, "warmup_steps": 50, "val_interval": 200, "checkpoint_every": 200},
+        "benchmark_report": {"num_prompts": 80, "output_len": 128, "concurrencies": [1, 4, 8], "k": 3},
+    },
+}
+
+
+def run_config(preset: str, asset_keys: list[str] | None = None) -> dict:
+    """Dagster run config ({"ops": {asset: {"config": {...}}}}) for the assets of one run."""
+    if preset not in RUN_PRESETS:
+        raise KeyError(f"unknown run preset {preset!r}; known: {', '.join(RUN_PRESETS)}")
+    ops = {k: {"config": v} for k, v in RUN_PRESETS[preset].items() if asset_keys is None or k in asset_keys}
+    return {"ops": ops}

@@ -1,0 +1,71 @@
+"""`eagle-assets preflight`: our checks plus vLLM's own validation, without loading weights."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from eagle_assets_tests.drafters import write_random_drafter
+
+pytestmark = pytest.mark.engine
+CLI = str(Path(__file__).resolve().parents[2] / ".venv" / "bin" / "eagle-assets")
+
+
+def run_preflight(*args: str) -> tuple[int, dict, float]:
+    started = time.monotonic()
+    proc = subprocess.run([CLI, "preflight", "--json", *args], capture_output=True, text=True, timeout=300)
+    took = time.monotonic() - started
+    return proc.returncode, json.loads(proc.stdout), took
+
+
+def messages(answer: dict, level: str) -> list[str]:
+    return [f["message"] for f in answer["findings"] if f["level"] == level]
+
+
+def test_well_formed_drafter_is_ok(smollm2_config, engine_python, tmp_path):
+    drafter = write_random_drafter(tmp_path / "drafter", smollm2_config)
+    code, answer, _ = run_preflight("--target", "smollm2-135m-instruct", "--drafter", str(drafter))
+    assert code == 0, answer
+    assert answer["ok"] and not messages(answer, "error") and not messages(answer, "warning")
+    assert answer["engine"]["supports_eagle3"] is True
+    assert answer["engine"]["engine_aux_layer_ids"] == [2, 15, 27]
+
+
+def test_hidden_size_mismatch_names_both_sizes(smollm2_config, engine_python, tmp_path):
+    drafter = write_random_drafter(tmp_path / "drafter", smollm2_config, target_hidden_size=4096)
+    code, answer, _ = run_preflight("--target", "smollm2-135m-instruct", "--drafter", str(drafter))
+    assert code == 1
+    errors = messages(answer, "error")
+    assert any("4096" in m and "576" in m for m in errors), errors
+
+
+def test_missing_aux_ids_warns_with_the_engine_defaults(smollm2_config, engine_python, tmp_path):
+    drafter = write_random_drafter(tmp_path / "drafter", smollm2_config, aux_layer_ids=None)
+    code, answer, _ = run_preflight("--target", "smollm2-135m-instruct", "--drafter", str(drafter))
+    assert code == 0
+    warnings = messages(answer, "warning")
+    assert any("(2, L//2, L-3)" in m and "(2, 15, 27)" in m for m in warnings), warnings
+
+
+def test_architecture_without_eagle3_is_refused_before_any_weights(smollm2_path, smollm2_config, engine_python, tmp_path):
+    # A tiny GPT-2: config and tokenizer only. There are no weights to load, so an answer at all
+    # proves none were needed.
+    target = tmp_path / "tiny-gpt2"
+    target.mkdir()
+    cfg = {"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2", "n_layer": 2, "n_embd": 64, "n_head": 2,
+           "n_positions": 512, "vocab_size": 49152, "bos_token_id": 1, "eos_token_id": 2}  # fmt: skip
+    (target / "config.json").write_text(json.dumps(cfg))
+    for f in ("tokenizer.json", "tokenizer_config.json"):
+        (target / f).write_bytes((smollm2_path / f).read_bytes())
+    drafter = write_random_drafter(tmp_path / "drafter", {**smollm2_config, "hidden_size": 64, "num_attention_heads": 2,
+                                                          "num_key_value_heads": 2, "head_dim": 32}, aux_layer_ids=(0, 1, 2))  # fmt: skip
+    code, answer, took = run_preflight("--target", str(target), "--drafter", str(drafter))
+    assert code == 1
+    refusal = [f for f in answer["findings"] if f["code"] == "no_eagle3"]
+    assert refusal and "GPT2LMHeadModel" in refusal[0]["message"]
+    assert not list(target.glob("*.safetensors"))
+    assert took < 120, f"preflight took {took:.0f} s"

@@ -1,0 +1,149 @@
+"""The real vLLM CPU server: served, watched, validated, and always torn down."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from eagle_assets.engines.process import PortBusy, ServerFailed, ServerProcess, descendants, free_port, port_in_use, shm_entries, stop_recorded
+from eagle_assets.engines.serving import launch_vllm
+from eagle_assets.targets import EMBEDDED_TARGET
+from eagle_assets_tests.drafters import write_random_drafter
+
+pytestmark = pytest.mark.engine
+ROOT = Path(__file__).resolve().parents[2]
+CLI = str(ROOT / ".venv" / "bin" / "eagle-assets")
+PROMPTS = [
+    "What is the capital of France?",
+    "Write a haiku about the sea.",
+    "List three prime numbers and explain why they are prime.",
+]
+
+
+def chat(base_url: str, model: str, prompt: str, max_tokens: int = 32) -> dict:
+    body = {"model": model, "messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens, "temperature": 0}
+    req = urllib.request.Request(f"{base_url}/v1/chat/completions", json.dumps(body).encode(), {"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=300) as resp:
+        return json.loads(resp.read())
+
+
+def vllm_processes() -> list[int]:
+    """Live processes running vLLM's API server or engine core under this project's engine venv."""
+    found = []
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                cmd = (d / "cmdline").read_bytes().decode(errors="replace")
+            except OSError:
+                continue
+            if "vllm.entrypoints.openai.api_server" in cmd and str(ROOT) in cmd:
+                found.append(int(d.name))
+    return found
+
+
+def test_eagle3_greedy_output_equals_plain_greedy(vllm_server, smollm2_config, tmp_path):
+    drafter = write_random_drafter(tmp_path / "drafter", smollm2_config)
+    plain = [chat(vllm_server.base_url, vllm_server.model, p) for p in PROMPTS]
+    with launch_vllm(EMBEDDED_TARGET, drafter=drafter, k=3, log=lambda m: None) as spec_server:
+        speculative = [chat(spec_server.base_url, spec_server.model, p) for p in PROMPTS]
+        metrics = urllib.request.urlopen(f"{spec_server.base_url}/metrics").read().decode()
+    for a, b in zip(plain, speculative):
+        assert a["choices"][0]["message"]["content"] == b["choices"][0]["message"]["content"]
+        assert a["usage"]["completion_tokens"] == b["usage"]["completion_tokens"]
+    drafts = [line for line in metrics.splitlines() if line.startswith("vllm:spec_decode_num_drafts_total")]
+    assert drafts and float(drafts[0].rsplit(" ", 1)[1]) > 0, "the drafter was never consulted"
+
+
+def test_cli_serve_answers_and_ctrl_c_leaves_nothing_running(smollm2_path, engine_python):
+    port = free_port()
+    shm_before = shm_entries()
+    proc = subprocess.Popen([CLI, "serve", "--port", str(port)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lines = []
+    try:
+        for line in proc.stdout:
+            lines.append(line)
+            if "Ctrl-C stops it" in line:
+                break
+        assert proc.poll() is None, "".join(lines)
+        tree = descendants(proc.pid)
+        answer = chat(f"http://127.0.0.1:{port}", EMBEDDED_TARGET, "What is the capital of France?")
+        assert "Paris" in answer["choices"][0]["message"]["content"]
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=60) == 130
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    time.sleep(0.5)
+    assert not [p for p in tree if Path(f"/proc/{p}").exists()], "server processes survived Ctrl-C"
+    assert not port_in_use(port)
+    assert not (shm_entries() - shm_before), "shared memory left behind"
+
+
+def test_broken_drafter_path_fails_fast_with_root_cause_and_no_orphans(smollm2_path, engine_python, tmp_path):
+    before = set(vllm_processes())
+    seen: dict[str, float] = {}
+    stop = threading.Event()
+
+    def watch_logs():
+        # When did the root cause first appear in the server's log?
+        folder = ROOT / ".runs" / "servers"
+        while not stop.is_set():
+            for log in folder.glob("vllm-*.log"):
+                if log.stat().st_mtime > started and "Invalid repository ID" in log.read_text(errors="replace"):
+                    seen.setdefault("at", time.monotonic())
+            time.sleep(0.05)
+
+    started = time.time()
+    watcher = threading.Thread(target=watch_logs, daemon=True)
+    watcher.start()
+    with pytest.raises(ServerFailed) as info:
+        with launch_vllm(EMBEDDED_TARGET, drafter=tmp_path / "no-such-drafter", run_preflight=False, log=lambda m: None):
+            pass
+    raised_at = time.monotonic()
+    stop.set()
+    watcher.join()
+    message = str(info.value)
+    assert "Invalid repository ID or local directory" in message and "no-such-drafter" in message
+    assert "uvloop" not in message.splitlines()[1]
+    assert "at" in seen and raised_at - seen["at"] < 5.0, f"raised {raised_at - seen.get('at', 0):.1f} s after the log showed it"
+    time.sleep(0.5)
+    assert set(vllm_processes()) <= before, "a vLLM process of ours survived the failed launch"
+
+
+def test_cli_refuses_a_missing_drafter_before_launch(smollm2_path, engine_python, tmp_path):
+    proc = subprocess.run([CLI, "serve", "--drafter", str(tmp_path / "nope"), "--port", str(free_port())], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 1
+    assert "no drafter config" in proc.stderr and "nope" in proc.stderr
+
+
+def test_busy_port_names_the_holder_and_a_stale_server_of_ours(tmp_path):
+    port = free_port()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", port))
+        s.listen()
+        with pytest.raises(PortBusy, match=rf"port {port} is already in use by pid {os.getpid()}"):
+            ServerProcess([sys.executable, "-c", "pass"], dict(os.environ), tmp_path / "x.log", port).start()
+    # A server of ours whose parent died: its record remains, and the message says so.
+    records = tmp_path / "records"
+    stale = ServerProcess([sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1"], dict(os.environ),
+                          tmp_path / "stale.log", port, name="test server", record_dir=records)  # fmt: skip
+    stale.start()
+    try:
+        stale.wait_ready([f"http://127.0.0.1:{port}/"], 30)
+        with pytest.raises(PortBusy, match="stale test server of ours") as info:
+            ServerProcess([sys.executable, "-c", "pass"], dict(os.environ), tmp_path / "y.log", port, name="test server", record_dir=records).start()
+        assert f"eagle-assets serve --stop --port {port}" in str(info.value)
+        assert "stopped" in stop_recorded(records, port)
+        assert not port_in_use(port)
+    finally:
+        stale.stop()
