@@ -133,6 +133,53 @@ def serve(
         _fail(str(exc))
 
 
+@app.command()
+def run(preset: str = typer.Option("smollm2-default", help="Run preset (see eagle_assets/run_presets.py): smollm2-default or smollm2-quality.")) -> None:
+    """Materialise the whole asset graph as Dagster runs, then print the benchmark summary."""
+    from eagle_assets.defs.runner import materialize_graph
+    from eagle_assets.paths import data_dir
+    from eagle_assets.run_presets import RUN_PRESETS
+
+    if preset not in RUN_PRESETS:
+        _fail(f"unknown run preset {preset!r}; known: {', '.join(RUN_PRESETS)}")
+    try:
+        materialize_graph(preset)
+    except Exception as exc:  # a failed Dagster run: its error is the message
+        _fail(f"the run failed: {exc}")
+    reports = sorted(data_dir().glob("*/report/report.md"), key=lambda p: p.stat().st_mtime)
+    if reports:
+        summary = reports[-1].with_name("summary.txt")
+        if summary.is_file():
+            typer.echo(summary.read_text())
+        typer.echo(f"report: {reports[-1]}")
+
+
+@app.command()
+def ui(port: int = typer.Option(3000), host: str = typer.Option("127.0.0.1")) -> None:
+    """Start the Dagster web UI and daemon for this project (Ctrl-C stops both)."""
+    import os
+    import subprocess
+
+    from eagle_assets.defs.runner import ensure_dagster_home
+    from eagle_assets.paths import PROJECT_ROOT
+
+    ensure_dagster_home()
+    cmd = [sys.executable, "-m", "dagster", "dev", "-w", str(PROJECT_ROOT / "workspace.yaml"), "-h", host, "-p", str(port)]
+    typer.echo(f"Dagster UI at http://{host}:{port}/asset-groups (Ctrl-C stops it)")
+    # Its own process group: `dagster dev` ignores signals sent from a job-control shell, and
+    # one killpg then stops the webserver, the daemon and the code server together.
+    proc = subprocess.Popen(cmd, cwd=PROJECT_ROOT, start_new_session=True, env=dict(os.environ))
+    try:
+        proc.wait()
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+
+
 def _raise_interrupt(signum, frame):
     # SIGTERM takes the same path as Ctrl-C, so every `finally` tears servers down.
     raise KeyboardInterrupt

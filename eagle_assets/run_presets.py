@@ -15,6 +15,13 @@ RUN_PRESETS: dict[str, dict[str, dict]] = {
         "drafter_checkpoint": {"epochs": 4, "lr": 1e-3, "micro_batch_tokens": 2048},
         "benchmark_report": {"num_prompts": 8, "output_len": 64, "concurrencies": [1, 4, 8]},
     },
+    # For tests: the whole graph in a few minutes; the drafter learns little.
+    "smollm2-tiny": {
+        "prompts": {"num_prompts": 10, "multi_turn_fraction": 0.2, "max_prompt_tokens": 48},
+        "synthetic_corpus": {"max_tokens": 48, "concurrency": 8},
+        "drafter_checkpoint": {"epochs": 2, "lr": 2e-3, "micro_batch_tokens": 1024, "val_fraction": 0.2, "warmup_steps": 2},
+        "benchmark_report": {"num_prompts": 2, "output_len": 16, "concurrencies": [1], "ngram": False},
+    },
     "smollm2-quality": {
         "prompts": {"num_prompts": 3000, "multi_turn_fraction": 0.2},
         "synthetic_corpus": {"max_tokens": 512, "concurrency": 16},

@@ -68,6 +68,7 @@ def benchmark_report(context: dg.AssetExecutionContext, config: BenchmarkConfig,
         parent_al=config.parent_al, log=context.log.info,
     )  # fmt: skip
     text = summary_text(report)
+    (paths.markdown.parent / "summary.txt").write_text(text + "\n")
     context.log.info("\n" + text)
     plots = {f"plot_{name}": dg.MetadataValue.path(str(p)) for name, p in paths.plots.items()}
     yield dg.MaterializeResult(
