@@ -40,6 +40,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -72,9 +73,8 @@ class ExtractSettings:
     batch_tokens: int = 16384
     """Padded tokens per forward pass (batch size x longest sample); one sample longer than this runs alone."""
     queue_depth: int = 3
-    """Batches whose states may wait for the disk while the next forward runs (host buffers held)."""
-    sync_every_bytes: int = 1 << 30
-    """The writer flushes to disk every this many bytes, so that commit does not stall on a full page cache."""
+    """Batches whose states may wait for the disk while the next forward runs. The host holds
+    queue_depth + 1 buffers of batch_tokens x (n_aux + 1) x H bf16 (pinned on GPU targets)."""
     progress: bool = True
     """Show a tqdm bar per shard (log lines are written either way)."""
 
@@ -287,6 +287,8 @@ class Extractor:
             )
         self._pool: BufferPool | None = None
         self._pool_rows = 0
+        # One thread: shards commit in the order they were extracted.
+        self._committer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="shard-commit")
 
     @property
     def bytes_per_token(self) -> int:
@@ -334,7 +336,6 @@ class Extractor:
             },
         )
 
-    @torch.inference_mode()
     def run(
         self,
         samples: ShardSamples,
@@ -342,80 +343,108 @@ class Extractor:
         shard_index: int,
         target_fingerprint: str,
         on_batch: Callable[[int, int, int], None] | None = None,
-    ) -> ShardResult:
-        """Extract `samples` into shard `shard_index` of `out_dir` (replacing it atomically)."""
-        s = self.settings
+        wait: bool = True,
+    ) -> ShardResult | Future:
+        """Extract `samples` into shard `shard_index` of `out_dir` (replacing it atomically).
+
+        With `wait=False` it returns once the last forward pass is queued, with a Future of the
+        result: the tail of the writes, the checks, the fsync and the rename then run in the
+        background while the caller starts the next shard, so the GPU never waits on a commit.
+        """
+        started = time.perf_counter()
         counts = samples.token_counts
         layout = self.layout(counts)
         check_free_space(out_dir, layout.file_bytes())
         offsets = np.zeros(len(counts) + 1, dtype=np.int64)
         np.cumsum(counts, out=offsets[1:])
-        batches = plan_batches(counts, s.batch_tokens)
-        pool = self._buffers(max((int(offsets[b] - offsets[a]) for a, b in batches), default=1))
+        batches = plan_batches(counts, self.settings.batch_tokens)
         flat_ids = np.concatenate(samples.input_ids) if counts else np.zeros(0, np.int32)
         flat_mask = np.concatenate(samples.loss_mask) if counts else np.zeros(0, np.uint8)
-
-        H, out_dev = self.parts.hidden_size, self.parts.output_device
-        in_dev = self.parts.input_device
-        started = time.perf_counter()
         log.info(
             "shard %d: %d samples, %d tokens in %d batches -> %s (%.2f GB)",
             shard_index, len(counts), layout.num_tokens, len(batches), out_dir / shard_name(shard_index),
             layout.file_bytes() / 1e9,
         )  # fmt: skip
-        capture = _Capture(self.parts, self.aux_ids)
-        bar = _progress(s.progress, layout.num_tokens, f"shard {shard_index}")
+        writer = ShardWriter(out_dir, shard_index, layout, offsets, flat_ids, flat_mask)
         try:
-            with ShardWriter(out_dir, shard_index, layout, offsets, flat_ids, flat_mask, s.sync_every_bytes) as writer:
-                finite: list[torch.Tensor] = []
-                for bi, (a, b) in enumerate(batches):
-                    lens = counts[a:b]
-                    S, rows, row0 = lens[0], int(offsets[b] - offsets[a]), int(offsets[a])
-                    ids = torch.zeros(len(lens), S, dtype=torch.long)  # (B, S), right padded
-                    for j, x in enumerate(samples.input_ids[a:b]):
-                        ids[j, : len(x)] = torch.from_numpy(x.astype(np.int64))
-                    # Real tokens of sample j sit at flat positions j*S + 0..len_j-1.
-                    index = torch.from_numpy(np.concatenate([j * S + np.arange(n) for j, n in enumerate(lens)]))
-                    # With no padding, no mask: the model takes its plain causal path.
-                    mask = None
-                    if lens[-1] != S:
-                        mask = (torch.arange(S)[None, :] < torch.tensor(lens)[:, None]).long()  # (B, S)
-                    bufs = pool.acquire()  # blocks while the writer is `queue_depth` batches behind
-                    if out_dev.type == "cpu":
-                        aux, final = bufs.aux[:rows], bufs.final[:rows]
-                    else:
-                        aux = torch.empty(rows, len(self.aux_ids) * H, dtype=torch.bfloat16, device=out_dev)
-                        final = torch.empty(rows, H, dtype=torch.bfloat16, device=out_dev)
-                    capture.begin(index, aux, final)
-                    self.parts.base(
-                        input_ids=ids.to(in_dev, non_blocking=True),
-                        attention_mask=None if mask is None else mask.to(in_dev, non_blocking=True),
-                        use_cache=False,
-                    )
-                    capture.end()
-                    # Checked on the device; read once at the end so the loop never waits on it.
-                    finite.append(torch.isfinite(aux).all() & torch.isfinite(final).all())
-                    ready = None
-                    if out_dev.type == "cuda":
-                        with torch.cuda.device(out_dev):
-                            bufs.aux[:rows].copy_(aux, non_blocking=True)
-                            bufs.final[:rows].copy_(final, non_blocking=True)
-                            ready = torch.cuda.Event()
-                            ready.record()
-                    writer.put(row0, rows, bufs, pool, ready)
-                    bar.update(rows)
-                    if on_batch is not None:
-                        on_batch(shard_index, bi, len(batches))
+            finite = self._forward_all(samples, batches, offsets, writer, shard_index, on_batch)
+        except BaseException:
+            writer.abort()
+            raise
+        manifest = self.manifest_for(shard_index, samples, target_fingerprint)
+
+        def finish() -> ShardResult:
+            try:
                 self._check_finite(finite, batches, samples, shard_index)
-                manifest = self.manifest_for(shard_index, samples, target_fingerprint)
                 shard_dir = writer.commit(manifest)
+            except BaseException:
+                writer.abort()
+                raise
+            seconds = time.perf_counter() - started
+            rate = layout.num_tokens / seconds if seconds > 0 else 0.0
+            log.info("shard %d: committed in %.1f s (%.0f tokens/s)", shard_index, seconds, rate)
+            return ShardResult(shard_dir, manifest, True, seconds, rate, "built")
+
+        future = self._committer.submit(finish)
+        return future.result() if wait else future
+
+    @torch.inference_mode()
+    def _forward_all(self, samples, batches, offsets, writer: ShardWriter, shard_index, on_batch) -> list[torch.Tensor]:
+        """Run every batch through the base model, handing the captured rows to `writer`.
+
+        Returns one device-side "all finite" flag per batch (read later, off this thread).
+        """
+        counts = samples.token_counts
+        H, n_aux = self.parts.hidden_size, len(self.aux_ids)
+        in_dev, out_dev = self.parts.input_device, self.parts.output_device
+        pool = self._buffers(max([self.settings.batch_tokens, *counts]))
+
+        def host(t: torch.Tensor) -> torch.Tensor:
+            # Pinned inputs make the host-to-device copy truly asynchronous; from pageable
+            # memory it would wait for the GPU to drain, exposing every kernel launch.
+            return t.pin_memory() if in_dev.type == "cuda" else t
+
+        capture = _Capture(self.parts, self.aux_ids)
+        bar = _progress(self.settings.progress, int(offsets[-1]), f"shard {shard_index}")
+        finite: list[torch.Tensor] = []
+        try:
+            for bi, (a, b) in enumerate(batches):
+                lens = counts[a:b]
+                S, rows, row0 = lens[0], int(offsets[b] - offsets[a]), int(offsets[a])
+                ids = torch.zeros(len(lens), S, dtype=torch.long)  # (B, S), right padded
+                for j, x in enumerate(samples.input_ids[a:b]):
+                    ids[j, : len(x)] = torch.from_numpy(x.astype(np.int64))
+                # Real tokens of sample j sit at flat positions j*S + 0..len_j-1.
+                index = torch.from_numpy(np.concatenate([j * S + np.arange(n) for j, n in enumerate(lens)]))
+                # With no padding, no mask: the model takes its plain causal path.
+                mask = None
+                if lens[-1] != S:
+                    mask = host((torch.arange(S)[None, :] < torch.tensor(lens)[:, None]).long()).to(in_dev, non_blocking=True)
+                bufs = pool.acquire()  # blocks while the writer is `queue_depth` batches behind
+                if out_dev.type == "cpu":
+                    aux, final = bufs.aux[:rows], bufs.final[:rows]  # captured straight into the host buffer
+                else:
+                    aux = torch.empty(rows, n_aux * H, dtype=torch.bfloat16, device=out_dev)  # (Tb, n_aux*H)
+                    final = torch.empty(rows, H, dtype=torch.bfloat16, device=out_dev)  # (Tb, H)
+                capture.begin(host(index), aux, final)
+                self.parts.base(input_ids=host(ids).to(in_dev, non_blocking=True), attention_mask=mask, use_cache=False)
+                capture.end()
+                finite.append(torch.isfinite(aux).all() & torch.isfinite(final).all())
+                ready = None
+                if out_dev.type == "cuda":
+                    with torch.cuda.device(out_dev):
+                        bufs.aux[:rows].copy_(aux, non_blocking=True)
+                        bufs.final[:rows].copy_(final, non_blocking=True)
+                        ready = torch.cuda.Event()
+                        ready.record()
+                writer.put(row0, rows, bufs, pool, ready)
+                bar.update(rows)
+                if on_batch is not None:
+                    on_batch(shard_index, bi, len(batches))
         finally:
             capture.remove()
             bar.close()
-        seconds = time.perf_counter() - started
-        rate = layout.num_tokens / seconds if seconds > 0 else 0.0
-        log.info("shard %d: done in %.1f s (%.0f tokens/s)", shard_index, seconds, rate)
-        return ShardResult(shard_dir, manifest, True, seconds, rate, "built")
+        return finite
 
     @staticmethod
     def _check_finite(finite, batches, samples: ShardSamples, shard_index: int) -> None:
@@ -430,6 +459,16 @@ class Extractor:
             f"{samples.sample_ids[a:b]}; the target's forward pass overflows on them. Load the target "
             "in a wider dtype (float32) or drop these samples; nothing was written."
         )
+
+    def close(self) -> None:
+        """Wait for the shards still committing in the background."""
+        self._committer.shutdown(wait=True)
+
+    def __enter__(self) -> "Extractor":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
 
 def _progress(enabled: bool, total: int, desc: str):
@@ -460,19 +499,16 @@ def extract_shard(
     tokenizer=None,
     target_fingerprint: str | None = None,
     on_batch: Callable[[int, int, int], None] | None = None,
-    extractor: Extractor | None = None,
 ) -> ShardResult:
     """(Re)build shard `shard_index` of `out_dir` from the corpus; other shards are not touched.
 
     `on_batch(shard_index, batch_index, num_batches)` is called after each batch is handed
     to the writer (for progress reporting).
     """
-    extractor = extractor or Extractor(model, settings)
-    fingerprint = resolve_target_fingerprint(tokenizer, target_fingerprint)
-    samples = load_shard_samples(
-        corpus_dir, shard_index, settings.num_shards, extractor.parts.vocab_size, fingerprint
-    )
-    return extractor.run(samples, Path(out_dir), shard_index, fingerprint, on_batch)
+    with Extractor(model, settings) as extractor:
+        fingerprint = resolve_target_fingerprint(tokenizer, target_fingerprint)
+        samples = load_shard_samples(corpus_dir, shard_index, settings.num_shards, extractor.parts.vocab_size, fingerprint)
+        return extractor.run(samples, Path(out_dir), shard_index, fingerprint, on_batch)
 
 
 def shard_status(
@@ -511,7 +547,7 @@ def extract_all(
 
     Resumable: after a crash, rerunning rebuilds only the shards without a manifest (their
     leftover temporary folders are removed). Free disk space for all shards to build is
-    checked first.
+    checked first. Each shard commits in the background while the next one computes.
     """
     out_dir = Path(out_dir)
     extractor = Extractor(model, settings)
@@ -533,10 +569,15 @@ def extract_all(
     needed = sum(extractor.layout(list(expected[i].values())).file_bytes() for i, _ in todo)
     check_free_space(out_dir, needed)
     log.info("%d of %d shards to extract (%.2f GB), %d complete", len(todo), len(indices), needed / 1e9, len(results))
-    for i, status in todo:
-        r = extract_shard(
-            model, corpus_dir, out_dir, i, settings,
-            target_fingerprint=fingerprint, on_batch=on_batch, extractor=extractor,
-        )  # fmt: skip
-        results.append(ShardResult(r.shard_dir, r.manifest, True, r.seconds, r.tokens_per_s, status))
+    pending: list[tuple[str, Future]] = []
+    with extractor:
+        for i, status in todo:
+            for _, done in pending:  # a failed commit stops the run before more work is done
+                if done.done() and done.exception() is not None:
+                    raise done.exception()
+            samples = load_shard_samples(corpus_dir, i, settings.num_shards, extractor.parts.vocab_size, fingerprint)
+            pending.append((status, extractor.run(samples, out_dir, i, fingerprint, on_batch, wait=False)))
+        for status, future in pending:
+            r = future.result()
+            results.append(ShardResult(r.shard_dir, r.manifest, True, r.seconds, r.tokens_per_s, status))
     return sorted(results, key=lambda r: r.manifest.shard)

@@ -4,8 +4,10 @@ Token counts are known before the forward passes start, so the whole `states.saf
 layout (header, tensor offsets, file size) is fixed up front (`ShardLayout`). The file is
 created at its final size, the small tensors (`offsets`, `input_ids`, `loss_mask`) are written
 at once, and each batch's `aux` and `final` rows are streamed into their place by a writer
-thread (`ShardWriter.put`) while the next forward pass runs. A bounded pool of (pinned) host
-buffers (`BufferPool`) limits how far the forward passes may run ahead of the disk.
+thread (`ShardWriter.put`) while the next forward pass runs, and the kernel is asked to start
+writing them to disk at once (`start_writeback`), so that the disk streams all along and the
+fsync at commit has little left to do. A bounded pool of (pinned) host buffers (`BufferPool`)
+limits how far the forward passes may run ahead of the disk.
 
 Atomicity: everything is written into a hidden temporary folder next to the shard
 (`.shard-00007.tmp-<pid>`), validated, fsynced, and then renamed into place with its
@@ -19,13 +21,14 @@ manifest; a killed process leaves only a hidden temporary folder, removed by the
         w.put(row0, rows, bufs, pool, ready_event)
         w.commit(manifest)               # validates, fsyncs, renames into place
 
-The tensors, their order in the file (largest alignment first, so that every tensor starts at
+The tensors, their order in the file (largest element first, so that every tensor starts at
 a multiple of its element size) and their shapes:
-    offsets (n+1,) int64 | aux (T, n_aux*H) bf16 | final (T, H) bf16 | input_ids (T,) int32 | loss_mask (T,) uint8
+    offsets (n+1,) int64 | input_ids (T,) int32 | aux (T, n_aux*H) bf16 | final (T, H) bf16 | loss_mask (T,) uint8
 """
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 import queue
@@ -41,7 +44,7 @@ from safetensors import safe_open
 
 from eagle_assets.formats import SHARD_MANIFEST_FILE, SHARD_STATES_FILE, ShardManifest, shard_name
 
-TENSOR_ORDER = ("offsets", "aux", "final", "input_ids", "loss_mask")
+TENSOR_ORDER = ("offsets", "input_ids", "aux", "final", "loss_mask")
 _DTYPES = {"offsets": ("I64", 8), "aux": ("BF16", 2), "final": ("BF16", 2), "input_ids": ("I32", 4), "loss_mask": ("U8", 1)}
 
 
@@ -62,7 +65,8 @@ class ShardLayout:
 
     def shapes(self) -> dict[str, list[int]]:
         T, n, H = self.num_tokens, self.num_samples, self.hidden_size
-        return {"offsets": [n + 1], "aux": [T, self.num_aux * H], "final": [T, H], "input_ids": [T], "loss_mask": [T]}
+        shapes = {"offsets": [n + 1], "input_ids": [T], "aux": [T, self.num_aux * H], "final": [T, H], "loss_mask": [T]}
+        return {name: shapes[name] for name in TENSOR_ORDER}
 
     def header(self) -> bytes:
         """The 8-byte length plus the JSON header, padded with spaces to a multiple of 8."""
@@ -147,6 +151,31 @@ def remove_stale(out_dir: Path, index: int) -> list[Path]:
     return removed
 
 
+def _libc_sync_file_range():
+    try:
+        fn = ctypes.CDLL(None, use_errno=True).sync_file_range
+    except (OSError, AttributeError):  # not Linux
+        return None
+    fn.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
+    return fn
+
+
+_SYNC_FILE_RANGE = _libc_sync_file_range()
+_SYNC_FILE_RANGE_WRITE = 2
+
+
+def start_writeback(fd: int, offset: int, nbytes: int) -> None:
+    """Have the kernel start writing `offset:offset+nbytes` to disk now, without waiting for it.
+
+    Streaming the page cache to disk as rows arrive keeps the disk busy all along and leaves
+    little for the final fsync; otherwise dirty pages pile up until the fsync at commit, which
+    then stalls. Linux only (a no-op elsewhere, where the final fsync does all the work); a
+    hint, so its errors are ignored: the fsync at commit is what guarantees durability.
+    """
+    if _SYNC_FILE_RANGE is not None and nbytes > 0:
+        _SYNC_FILE_RANGE(fd, offset, nbytes, _SYNC_FILE_RANGE_WRITE)
+
+
 def _pwrite_all(fd: int, data, offset: int) -> None:
     view = memoryview(data).cast("B")
     while len(view):
@@ -170,15 +199,12 @@ class ShardWriter:
         offsets: np.ndarray,
         input_ids: np.ndarray,
         loss_mask: np.ndarray,
-        sync_every_bytes: int = 1 << 30,
     ):
         self.out_dir = Path(out_dir)
         self.index = index
         self.layout = layout
         self.final_dir = self.out_dir / shard_name(index)
         self.tmp_dir = self.out_dir / f"{temp_prefix(index)}tmp-{os.getpid()}"
-        self._sync_every = sync_every_bytes
-        self._unsynced = 0
         self._ranges: list[tuple[int, int]] = []
         self._error: BaseException | None = None
         self._closed = False
@@ -231,15 +257,10 @@ class ShardWriter:
                 if self._error is None:
                     if ready is not None:
                         ready.synchronize()
-                    _pwrite_all(self._fd, _as_bytes(bufs.aux[:rows]), aux_at + row0 * aux_row)
-                    _pwrite_all(self._fd, _as_bytes(bufs.final[:rows]), final_at + row0 * final_row)
+                    for at, row, buf in ((aux_at, aux_row, bufs.aux), (final_at, final_row, bufs.final)):
+                        _pwrite_all(self._fd, _as_bytes(buf[:rows]), at + row0 * row)
+                        start_writeback(self._fd, at + row0 * row, rows * row)
                     self._ranges.append((row0, row0 + rows))
-                    self._unsynced += rows * (aux_row + final_row)
-                    if self._unsynced >= self._sync_every:
-                        # Flushing as we go keeps the page cache from piling up dirty pages
-                        # that would all have to be written at commit, stalling the GPU.
-                        os.fdatasync(self._fd)
-                        self._unsynced = 0
             except BaseException as e:  # handed to the main thread at its next put/commit
                 self._error = e
             finally:

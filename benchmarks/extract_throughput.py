@@ -1,0 +1,265 @@
+"""Hidden-state extraction throughput against its limit, side by side, in one run.
+
+    python benchmarks/extract_throughput.py              # one GPU: Llama-3.1-8B and SmolLM2 shapes
+    python benchmarks/extract_throughput.py --smoke      # tiny sizes on CPU: checks that it runs
+    python benchmarks/extract_throughput.py --scratch /nvme/tmp --json out.json
+
+For each model shape (random bf16 weights built from a LlamaConfig on the device; nothing is
+downloaded) it writes a synthetic corpus to local disk and measures:
+
+    ours      `extract_all` over that corpus, shards written to local disk (fsynced, renamed)
+    forward   the bare base-model forward over the same batches (same padding, no hooks, no I/O)
+    disk      sustained write bandwidth of the scratch disk (a few GB written, then fsync)
+              divided by the shard bytes per token
+    limit     min(forward, disk)
+    ratio     ours / limit (goal >= 0.9: the writes hide behind the forward passes)
+
+Needs torch, transformers, safetensors, pyarrow, fsspec, numpy and tqdm; imports only the
+project's pure modules (no dagster, no engine). The full run takes about 3-4 minutes on one
+H200 and writes at most ~12 GB at a time to the scratch folder, deleted as it goes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from eagle_assets.formats import hidden_state_bytes_per_token, stable_id  # noqa: E402
+from eagle_assets.hidden_states.corpus_io import load_shard_samples  # noqa: E402
+from eagle_assets.hidden_states.extract import ExtractSettings, extract_all, plan_batches, target_parts  # noqa: E402
+
+
+@dataclass(frozen=True)
+class Shape:
+    """One model shape to measure and how much work to give it."""
+
+    name: str
+    hidden_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    intermediate_size: int
+    vocab_size: int
+    tokens: int
+    """Corpus tokens to extract (and to run through the bare forward)."""
+    min_len: int
+    max_len: int
+    """Sample lengths are uniform in [min_len, max_len]."""
+    batch_tokens: int
+
+
+GPU_SHAPES = (
+    Shape("llama-3.1-8b shape", 4096, 32, 32, 8, 14336, 128256, tokens=300_000, min_len=256, max_len=2048, batch_tokens=16384),
+    Shape("smollm2-135m shape", 576, 30, 9, 3, 1536, 49152, tokens=2_000_000, min_len=256, max_len=2048, batch_tokens=65536),
+)
+SMOKE_SHAPES = (
+    Shape("llama-3.1-8b (smoke)", 64, 8, 4, 2, 128, 1000, tokens=3_000, min_len=20, max_len=200, batch_tokens=1024),
+    Shape("smollm2-135m (smoke)", 48, 7, 3, 1, 96, 1000, tokens=3_000, min_len=20, max_len=200, batch_tokens=1024),
+)
+
+
+def build_model(shape: Shape, device: torch.device):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(
+        hidden_size=shape.hidden_size,
+        num_hidden_layers=shape.num_layers,
+        num_attention_heads=shape.num_heads,
+        num_key_value_heads=shape.num_kv_heads,
+        intermediate_size=shape.intermediate_size,
+        vocab_size=shape.vocab_size,
+        max_position_embeddings=max(4096, shape.max_len),
+        initializer_range=0.02,
+    )
+    torch.manual_seed(0)
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(torch.bfloat16)  # build in bf16 directly: no fp32 copy of 8B weights
+    try:
+        with device:
+            model = LlamaForCausalLM(config)
+    finally:
+        torch.set_default_dtype(previous)
+    return model.eval()
+
+
+def write_corpus(folder: Path, shape: Shape, seed: int = 0) -> int:
+    """A synthetic corpus of random ids in the corpus schema; returns its token count."""
+    rng = np.random.default_rng(seed)
+    rows, total = [], 0
+    while total < shape.tokens:
+        n = int(rng.integers(shape.min_len, shape.max_len + 1))
+        ids = rng.integers(0, shape.vocab_size, n, dtype=np.int32)
+        mask = np.zeros(n, np.uint8)
+        mask[n // 3 :] = 1  # the "assistant" part
+        rows.append({"sample_id": stable_id("bench", len(rows)), "input_ids": ids, "loss_mask": mask, "num_tokens": n, "target": "synthetic"})
+        total += n
+    table = pa.table(
+        {
+            "sample_id": [r["sample_id"] for r in rows],
+            "input_ids": pa.array([r["input_ids"] for r in rows], type=pa.list_(pa.int32())),
+            "loss_mask": pa.array([r["loss_mask"] for r in rows], type=pa.list_(pa.uint8())),
+            "num_tokens": pa.array([r["num_tokens"] for r in rows], type=pa.int32()),
+            "target": [r["target"] for r in rows],
+        }
+    )
+    folder.mkdir(parents=True, exist_ok=True)
+    pq.write_table(table, folder / "part-00000.parquet")
+    (folder / "manifest.json").write_text(json.dumps({"shards": ["part-00000.parquet"]}))
+    return total
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+@torch.inference_mode()
+def bare_forward(model, corpus: Path, settings: ExtractSettings, device: torch.device) -> float:
+    """Tokens/s of the base model alone over the same batches extraction runs (no hooks, no I/O)."""
+    base = target_parts(model).base
+    batches_per_shard = []
+    for i in range(settings.num_shards):
+        s = load_shard_samples(str(corpus), i, settings.num_shards)
+        batches_per_shard.append((s, plan_batches(s.token_counts, settings.batch_tokens)))
+    # Inputs are built before the clock starts: the loop below is the GPU's share only.
+    inputs, tokens = [], 0
+    for s, batches in batches_per_shard:
+        for a, b in batches:
+            lens = s.token_counts[a:b]
+            ids = torch.zeros(len(lens), lens[0], dtype=torch.long)
+            for j, x in enumerate(s.input_ids[a:b]):
+                ids[j, : len(x)] = torch.from_numpy(x.astype(np.int64))
+            mask = None if lens[-1] == lens[0] else (torch.arange(lens[0])[None] < torch.tensor(lens)[:, None]).long()
+            inputs.append((ids, mask))
+            tokens += sum(lens)
+    base(input_ids=inputs[0][0].to(device), attention_mask=None if inputs[0][1] is None else inputs[0][1].to(device), use_cache=False)
+    sync(device)
+    start = time.perf_counter()
+    for ids, mask in inputs:
+        base(input_ids=ids.to(device, non_blocking=True), attention_mask=None if mask is None else mask.to(device), use_cache=False)
+    sync(device)
+    return tokens / (time.perf_counter() - start)
+
+
+def disk_write_bandwidth(folder: Path, total_bytes: int, block: int = 64 << 20) -> float:
+    """Bytes/s of sequential writes to `folder`, fsync included (the page cache does not count)."""
+    path = folder / "disk-bandwidth.bin"
+    buf = np.random.default_rng(0).integers(0, 256, min(block, total_bytes), dtype=np.uint8).tobytes()
+    start = time.perf_counter()
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        written = 0
+        while written < total_bytes:
+            written += os.write(fd, buf)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    seconds = time.perf_counter() - start
+    path.unlink()
+    return written / seconds
+
+
+@dataclass
+class Row:
+    shape: str
+    tokens: int
+    bytes_per_token: int
+    ours_tok_s: float
+    forward_tok_s: float
+    disk_bytes_s: float
+    disk_tok_s: float
+    limit_tok_s: float
+    ratio: float
+
+
+def measure(shape: Shape, device: torch.device, scratch: Path, disk_bytes_s: float, num_shards: int) -> Row:
+    t0 = time.perf_counter()
+    model = build_model(shape, device)
+    corpus, out = scratch / "corpus", scratch / "shards"
+    tokens = write_corpus(corpus, shape)
+    print(f"[{shape.name}] model + corpus ({tokens:,} tokens) ready in {time.perf_counter() - t0:.1f} s", flush=True)
+    L = shape.num_layers
+    settings = ExtractSettings(aux_layer_ids=(2, L // 2, L - 3), num_shards=num_shards, batch_tokens=shape.batch_tokens, progress=False)
+
+    forward = bare_forward(model, corpus, settings, device)
+    print(f"[{shape.name}] bare forward {forward:,.0f} tok/s", flush=True)
+
+    # Warm-up extraction of one shard (kernels, pinned buffers), then the timed run from scratch.
+    extract_all(model, str(corpus), out, settings, target_fingerprint="synthetic", shards=[0])
+    shutil.rmtree(out)
+    sync(device)
+    start = time.perf_counter()
+    results = extract_all(model, str(corpus), out, settings, target_fingerprint="synthetic")
+    sync(device)
+    ours = tokens / (time.perf_counter() - start)
+    assert sum(r.manifest.extra["num_tokens"] for r in results) == tokens
+    print(f"[{shape.name}] extraction {ours:,.0f} tok/s", flush=True)
+
+    bpt = hidden_state_bytes_per_token(3, shape.hidden_size)
+    disk_tok_s = disk_bytes_s / bpt
+    limit = min(forward, disk_tok_s)
+    shutil.rmtree(out)
+    shutil.rmtree(corpus)
+    del model
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    return Row(shape.name, tokens, bpt, ours, forward, disk_bytes_s, disk_tok_s, limit, ours / limit)
+
+
+def print_table(rows: list[Row], device: str) -> None:
+    print(f"\nhidden-state extraction on {device} (3 aux + final, bf16)")
+    head = f"{'shape':<22} {'B/token':>8} {'ours tok/s':>12} {'forward tok/s':>14} {'disk GB/s':>10} {'disk tok/s':>12} {'limit tok/s':>12} {'ours/limit':>10}"
+    print(head)
+    print("-" * len(head))
+    for r in rows:
+        print(
+            f"{r.shape:<22} {r.bytes_per_token:>8,} {r.ours_tok_s:>12,.0f} {r.forward_tok_s:>14,.0f} "
+            f"{r.disk_bytes_s / 1e9:>10.2f} {r.disk_tok_s:>12,.0f} {r.limit_tok_s:>12,.0f} {r.ratio:>10.2f}"
+        )
+    print("goal: ours/limit >= 0.90 (limit = min(forward, disk bandwidth / bytes per token))")
+
+
+def main(argv: list[str] | None = None) -> list[Row]:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--smoke", action="store_true", help="tiny shapes on CPU: checks the script runs")
+    ap.add_argument("--scratch", type=Path, default=None, help="local-disk folder for corpus and shards (default: a temp folder)")
+    ap.add_argument("--disk-gb", type=float, default=None, help="GB written to measure the disk (default 6, smoke 0.05)")
+    ap.add_argument("--num-shards", type=int, default=4)
+    ap.add_argument("--json", type=Path, default=None, help="also write the rows as JSON here")
+    args = ap.parse_args(argv)
+
+    device = torch.device("cpu" if args.smoke or not torch.cuda.is_available() else "cuda")
+    if not args.smoke and device.type != "cuda":
+        ap.error("no CUDA device: the full benchmark needs one GPU; use --smoke on CPU")
+    shapes = SMOKE_SHAPES if args.smoke else GPU_SHAPES
+    disk_gb = args.disk_gb if args.disk_gb is not None else (0.05 if args.smoke else 6.0)
+    scratch_root = Path(tempfile.mkdtemp(prefix="extract-bench-", dir=args.scratch))
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
+    try:
+        disk = disk_write_bandwidth(scratch_root, int(disk_gb * 1e9))
+        print(f"disk: {disk / 1e9:.2f} GB/s sustained write (fsync) at {scratch_root}", flush=True)
+        rows = [measure(s, device, scratch_root, disk, args.num_shards) for s in shapes]
+    finally:
+        shutil.rmtree(scratch_root, ignore_errors=True)
+    print_table(rows, name)
+    if args.json:
+        args.json.write_text(json.dumps([asdict(r) for r in rows], indent=2))
+    return rows
+
+
+if __name__ == "__main__":
+    main()
