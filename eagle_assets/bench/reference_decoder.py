@@ -48,6 +48,8 @@ class Result:
     """Acceptance length: 1 + accepted / drafts."""
     per_position_acceptance: list[float] = field(default_factory=list)
     """p_k for k = 1..K: fraction of drafts whose k-th token was accepted."""
+    drafts: list[list[int]] = field(default_factory=list)
+    """The k target ids proposed at each verification step (for tracing a drafter's choices)."""
 
     def __post_init__(self) -> None:
         self.num_drafts = len(self.accepted_per_step)
@@ -135,12 +137,14 @@ def speculative_generate(
         bonus = int(logits[0, -1].argmax())
         tokens = [bonus]
         accepted: list[int] = []
+        proposed: list[list[int]] = []
         # Pending drafter slots: positions 0..n-1, token of slot s = x_{s+1}.
         slot_aux = aux
         slot_tokens = torch.cat([ids[:, 1:], torch.tensor([[bonus]], device=device)], dim=1)
         slot_start = 0
         while len(tokens) < max_new_tokens and bonus not in eos:
             drafts = _propose(drafter, dcache, slot_aux.to(dparam.dtype), slot_tokens, slot_start, k)
+            proposed.append(drafts)
             verify = torch.tensor([[bonus] + drafts], device=device)  # (1, k+1) at positions n..n+k
             ctx = runner.length
             logits, aux = runner.forward(verify)
@@ -165,7 +169,7 @@ def speculative_generate(
         if t in eos:
             tokens = tokens[: i + 1]
             break
-    return Result(tokens=tokens, accepted_per_step=accepted, k=k)
+    return Result(tokens=tokens, accepted_per_step=accepted, k=k, drafts=proposed)
 
 
 def _propose(
