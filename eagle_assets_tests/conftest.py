@@ -39,3 +39,31 @@ def vllm_server(smollm2_path, engine_python):
 
     with launch_vllm(EMBEDDED_TARGET, log=lambda m: None) as server:
         yield server
+
+
+@pytest.fixture(scope="session")
+def materialized_graph(tmp_path_factory, smollm2_path, engine_python):
+    """The whole asset graph materialised once, with the "smollm2-tiny" preset, as real Dagster
+    runs in a private DAGSTER_HOME and data folder. Yields (instance, data_dir, dagster_home)."""
+    import os
+
+    import dagster as dg
+
+    root = tmp_path_factory.mktemp("graph")
+    home, data = root / "dagster_home", root / "data"
+    home.mkdir()
+    saved = {k: os.environ.get(k) for k in ("DAGSTER_HOME", "EAGLE_ASSETS_DATA")}
+    os.environ["DAGSTER_HOME"], os.environ["EAGLE_ASSETS_DATA"] = str(home), str(data)
+    try:
+        from eagle_assets.defs.runner import ensure_dagster_home, materialize_graph
+
+        ensure_dagster_home()
+        with dg.DagsterInstance.get() as instance:
+            materialize_graph("smollm2-tiny", log=lambda m: None, instance=instance)
+            yield instance, data, home
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v

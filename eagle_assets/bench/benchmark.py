@@ -80,13 +80,17 @@ def run_benchmark(
     trained_aux_layer_ids: Sequence[int] | None = None,
     target_num_layers: int | None = None,
     parent_al: float | None = None,
+    served_drafter_dir: Path | None = None,
     log: Callable[[str], None] = print,
 ) -> tuple[BenchmarkReport, object]:
+    """Offline reference on `drafter_dir` (the drafter as trained), served sweeps with the
+    export at `served_drafter_dir` (default: the same folder), report written to `out_dir`."""
+    served_drafter_dir = served_drafter_dir or drafter_dir
     prompts = mt_bench_prompts(settings.num_prompts)
     sweep = SweepSettings(output_len=settings.output_len, concurrencies=tuple(settings.concurrencies), progress=False)
     offline = offline_acceptance(target_path, drafter_dir, prompts, settings, log)
     log(f"offline reference: AL {offline.al:.3f}, p_k {[round(p, 3) for p in offline.per_position_acceptance]}")
-    configs: list[tuple[str, dict | None]] = [("baseline", None), ("eagle3", speculative_config(drafter_dir, settings.k))]
+    configs: list[tuple[str, dict | None]] = [("baseline", None), ("eagle3", speculative_config(served_drafter_dir, settings.k))]
     if settings.ngram:
         configs.append(("ngram", ngram_config(settings.k)))
     runs = []
@@ -96,12 +100,12 @@ def run_benchmark(
             runs.append(run_served(label, server.base_url, server.model, prompts, sweep, api_key=server.api_key, config={"speculative": spec}))
     report = build_report(
         target=target_name,
-        drafter=str(drafter_dir),
+        drafter=str(served_drafter_dir),
         runs=runs,
         offline=offline,
         parent_al=parent_al,
         tolerance=settings.tolerance,
-        drafter_path=drafter_dir,
+        drafter_path=served_drafter_dir,
         trained_aux_layer_ids=trained_aux_layer_ids,
         target_num_layers=target_num_layers,
         min_speedup=settings.min_speedup,

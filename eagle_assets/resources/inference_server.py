@@ -33,7 +33,7 @@ class InferenceServerResource(dg.ConfigurableResource):
     """Port for a launched server; 0 picks a free one."""
     device: Optional[str] = None
     """cpu or cuda; default: this host's."""
-    kv_cache_gib: int = 2
+    kv_cache_gib: int = 1
     max_num_seqs: Optional[int] = None
     startup_timeout_s: float = 600
 

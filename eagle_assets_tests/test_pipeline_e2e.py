@@ -1,0 +1,102 @@
+"""The whole graph on the embedded target, end to end, through real Dagster runs and real vLLM.
+
+One session fixture (`materialized_graph`, conftest.py) runs prompts -> corpus -> vocab ->
+hidden states -> drafter -> benchmark once with the "smollm2-tiny" preset; these tests read
+what it produced and serve its drafter again where a comparison needs it.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import dagster as dg
+import pytest
+
+from eagle_assets.bench.benchmark import BenchmarkSettings, run_benchmark
+from eagle_assets.bench.parity import ParityTolerance
+from eagle_assets.bench.served import SweepSettings, mt_bench_prompts, run_served
+from eagle_assets.drafter.export import export_vllm, load_drafter
+from eagle_assets.drafter.model import Eagle3Drafter
+from eagle_assets.engines.serving import launch_vllm
+from eagle_assets.engines.vllm_launch import speculative_config
+from eagle_assets.targets import EMBEDDED_TARGET
+
+pytestmark = [pytest.mark.engine, pytest.mark.slow]
+ASSETS = ["prompts", "synthetic_corpus", "vocab_mapping", "hidden_state_shards", "drafter_checkpoint", "benchmark_report"]
+
+
+def _base(data: Path) -> Path:
+    return data / EMBEDDED_TARGET
+
+
+def test_every_asset_materialised_with_blocking_checks_passed(materialized_graph):
+    instance, _, _ = materialized_graph
+    for name in ASSETS:
+        assert instance.get_latest_materialization_event(dg.AssetKey(name)) is not None, name
+    for name, check in [("synthetic_corpus", "token_round_trip"), ("synthetic_corpus", "error_rate"),
+                        ("vocab_mapping", "consistent"), ("drafter_checkpoint", "serves_in_vllm"),
+                        ("drafter_checkpoint", "sglang_names")]:  # fmt: skip
+        record = instance.event_log_storage.get_latest_asset_check_execution_by_key([dg.AssetCheckKey(dg.AssetKey(name), check)])
+        execution = record[dg.AssetCheckKey(dg.AssetKey(name), check)]
+        assert execution.status.value == "SUCCEEDED", (name, check, execution)
+        assert execution.event.dagster_event.event_specific_data.passed, (name, check)
+
+
+def test_report_served_figures_come_from_the_engine_counters(materialized_graph):
+    _, data, _ = materialized_graph
+    report = json.loads((_base(data) / "report" / "report.json").read_text())
+    eagle = next(r for r in report["runs"] if r["label"] == "eagle3")
+    stats = [lvl["spec"] for lvl in eagle["levels"]]
+    k = len(report["offline"]["per_position_acceptance"])
+    assert all(s and s["drafts"] > 0 for s in stats), "the engine counted no drafts"
+    served_al = report["served"]["al"]
+    assert 1.0 <= served_al <= k + 1
+    # AL from the raw counters, as DESIGN.md defines it.
+    drafts = sum(s["drafts"] for s in stats)
+    accepted = sum(s["accepted"] for s in stats)
+    assert served_al == pytest.approx(1 + accepted / drafts)
+    assert report["parity"]["parity_ok"], report["parity"]["sentence"]
+    assert (_base(data) / "report" / "report.md").read_text().count("acceptance length") >= 1
+
+
+def test_trained_drafter_accepts_more_than_an_untrained_one(materialized_graph, tmp_path):
+    _, data, _ = materialized_graph
+    trained_dir = _base(data) / "drafter" / "drafter-vllm"
+    trained, config = load_drafter(trained_dir)
+    untrained = Eagle3Drafter(config)  # same shape, fresh initialisation, same d2t/t2d
+    untrained.d2t.copy_(trained.d2t)
+    untrained.t2d.copy_(trained.t2d)
+    untrained_dir = export_vllm(untrained, config, tmp_path / "untrained")
+    prompts = mt_bench_prompts(4)[2:4]  # held out: not what the report measured, never trained on
+    sweep = SweepSettings(output_len=24, concurrencies=(1,), progress=False)
+    al = {}
+    for name, folder in (("trained", trained_dir), ("untrained", untrained_dir)):
+        with launch_vllm(EMBEDDED_TARGET, drafter=folder, k=3, log=lambda m: None) as server:
+            run = run_served(name, server.base_url, server.model, prompts, sweep)
+        al[name] = run.levels[0].spec.al
+    assert al["trained"] > al["untrained"], al
+
+
+def test_shifted_layer_ids_are_blamed_on_the_engine_wiring(materialized_graph, smollm2_path, tmp_path):
+    _, data, _ = materialized_graph
+    trained_dir = _base(data) / "drafter" / "drafter-vllm"
+    wrong = tmp_path / "wrong-export"
+    shutil.copytree(trained_dir, wrong)
+    cfg = json.loads((wrong / "config.json").read_text())
+    ids = cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"]
+    cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"] = [i + 1 for i in ids]  # SpecForge-style off-by-one
+    (wrong / "config.json").write_text(json.dumps(cfg, indent=2))
+    settings = BenchmarkSettings(num_prompts=2, output_len=24, concurrencies=(1,), k=3, ngram=False,
+                                 tolerance=ParityTolerance(min_healthy_al=1.1))  # fmt: skip
+
+    def serve(spec):
+        return launch_vllm(EMBEDDED_TARGET, speculative=spec, log=lambda m: None)
+
+    report, _ = run_benchmark(
+        settings, EMBEDDED_TARGET, smollm2_path, trained_dir, serve, tmp_path / "report", trained_aux_layer_ids=ids, target_num_layers=30,
+        served_drafter_dir=wrong, log=lambda m: None,
+    )  # fmt: skip
+    assert report.parity.verdict == "engine_wiring", report.parity.sentence
+    assert "layer" in " ".join(report.parity.causes).lower()
