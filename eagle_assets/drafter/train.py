@@ -248,14 +248,78 @@ def build_drafter(cfg: TrainConfig, ds: ShardDataset, d2t: torch.Tensor, t2d: to
     return drafter
 
 
-def build_optimizer(model: torch.nn.Module, cfg: TrainConfig, device: torch.device) -> torch.optim.Optimizer:
-    """AdamW; weight decay on matrices only (norm weights keep theirs at 1)."""
+def build_optimizer(
+    model: torch.nn.Module, lr: float, betas: tuple[float, float], weight_decay: float, fused: bool = False
+) -> torch.optim.Optimizer:
+    """AdamW over the trainable parameters; weight decay on matrices only (norm weights keep theirs).
+
+    `fused` (CUDA, replicated parameters) runs the update as one kernel per parameter group.
+    """
     decay, no_decay = [], []
     for p in model.parameters():
         if p.requires_grad:
             (decay if p.ndim >= 2 else no_decay).append(p)
-    groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-    return torch.optim.AdamW(groups, lr=cfg.lr, betas=cfg.betas, eps=1e-8)
+    groups = [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    return torch.optim.AdamW(groups, lr=lr, betas=betas, eps=1e-8, fused=fused or None)
+
+
+def autocast_context(use_bf16: bool):
+    return torch.autocast("cuda", dtype=torch.bfloat16) if use_bf16 else contextlib.nullcontext()
+
+
+def optimizer_step(
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scheduler,
+    micro_batches: list[dict],
+    target_head: torch.Tensor,
+    outside_head: torch.Tensor | None,
+    *,
+    ttt_steps: int,
+    world_size: int,
+    grad_clip: float | None,
+    use_bf16: bool,
+    device: torch.device,
+) -> torch.Tensor:
+    """One optimiser step of the (wrapped) `TrainObjective` over this rank's micro-batches.
+
+    Each micro-batch's *summed* loss is back-propagated (gradient sync only on the last one);
+    once every rank's count of trained positions is known (one all-reduce), the gradients are
+    scaled to the global per-position mean. So N ranks x M micro-batches compute the same
+    update as one process over the same N*M micro-batches. Returns the all-reduced totals on
+    device, unsynchronised: [loss_sum, tokens, step_loss_sum (K), step_tokens (K),
+    step_correct (K), grad_norm].
+    """
+    K = ttt_steps
+    totals = torch.zeros(2 + 3 * K, dtype=torch.float32, device=device)
+    for i, batch in enumerate(micro_batches):
+        batch = {k: v.to(device, non_blocking=True) for k, v in batch.items()}
+        with grad_sync(model, enabled=i == len(micro_batches) - 1):
+            with autocast_context(use_bf16):
+                out = model(batch, target_head, outside_head)
+            out.loss_sum.backward()
+        totals += torch.cat([
+            out.loss_sum.detach().reshape(1), out.num_tokens.reshape(1),
+            out.step_loss_sum, out.step_tokens, out.step_correct,
+        ]).float()
+    _all_reduce(totals)
+    # DDP and FSDP2 average gradients over ranks; the loss is a global per-position mean.
+    scale = world_size / totals[1].clamp(min=1.0)
+    params = [p for p in model.parameters() if p.grad is not None]
+    for p in params:
+        g = p.grad.to_local() if hasattr(p.grad, "to_local") else p.grad  # FSDP2: this rank's shard
+        g.mul_(scale.to(g.dtype))
+    if grad_clip is not None:
+        norm = torch.nn.utils.clip_grad_norm_(params, grad_clip)
+    else:
+        norm = torch.nn.utils.get_total_norm([p.grad for p in params])
+    if hasattr(norm, "full_tensor"):
+        norm = norm.full_tensor()
+    optimizer.step()
+    if scheduler is not None:
+        scheduler.step()
+    optimizer.zero_grad(set_to_none=True)
+    return torch.cat([totals, norm.detach().float().reshape(1).to(totals.device)])
 
 
 # ----------------------------------------------------------------------------- the trainer
@@ -379,7 +443,8 @@ class Trainer:
         self.objective = TrainObjective(drafter, cfg.ttt_steps)
         ignored = {drafter.embed_tokens.weight}
         self.model = parallelize(self.objective, cfg.parallelism, env.device, ignored_params=ignored)
-        self.optimizer = build_optimizer(self.model, cfg, env.device)
+        fused = env.device.type == "cuda" and cfg.parallelism == "ddp"  # FSDP2 shards: foreach update
+        self.optimizer = build_optimizer(self.model, cfg.lr, cfg.betas, cfg.weight_decay, fused=fused)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, WarmupCosine(cfg.warmup_steps, self.total_steps, cfg.min_lr_ratio, cfg.cosine)
         )
@@ -457,48 +522,13 @@ class Trainer:
     def _to_device(self, batch: dict) -> dict:
         return {k: v.to(self.env.device, non_blocking=True) for k, v in batch.items()}
 
-    def _autocast(self):
-        if self.use_bf16:
-            return torch.autocast("cuda", dtype=torch.bfloat16)
-        return contextlib.nullcontext()
-
     def train_step(self, micro_batches: list[dict]) -> torch.Tensor:
-        """Forward/backward over this rank's micro-batches, then one optimiser step.
-
-        Returns the all-reduced totals (on device, not synchronised): [loss_sum, tokens,
-        step_loss_sum (K), step_tokens (K), step_correct (K), grad_norm].
-        """
-        K = self.cfg.ttt_steps
-        totals = torch.zeros(2 + 3 * K, dtype=torch.float32, device=self.env.device)
-        for i, batch in enumerate(micro_batches):
-            batch = self._to_device(batch)
-            with grad_sync(self.model, enabled=i == len(micro_batches) - 1):
-                with self._autocast():
-                    out = self.model(batch, self.target_head, self.outside_head)
-                # The summed loss: scaled to the global mean below, once every count is known.
-                out.loss_sum.backward()
-            totals += torch.cat([
-                out.loss_sum.detach().reshape(1), out.num_tokens.reshape(1),
-                out.step_loss_sum, out.step_tokens, out.step_correct,
-            ]).float()
-        _all_reduce(totals)
-        # DDP and FSDP2 average gradients over ranks; the loss is a global per-position mean.
-        scale = self.env.world_size / totals[1].clamp(min=1.0)
-        params = [p for p in self.model.parameters() if p.grad is not None]
-        for p in params:
-            g = p.grad.to_local() if hasattr(p.grad, "to_local") else p.grad  # FSDP2: this rank's shard
-            g.mul_(scale.to(g.dtype))
-        if self.cfg.grad_clip is not None:
-            norm = torch.nn.utils.clip_grad_norm_(params, self.cfg.grad_clip)
-        else:
-            norm = torch.nn.utils.get_total_norm([p.grad for p in params])
-        if hasattr(norm, "full_tensor"):
-            norm = norm.full_tensor()
-        self.last_lr = self.optimizer.param_groups[0]["lr"]  # the rate this step used
-        self.optimizer.step()
-        self.scheduler.step()
-        self.optimizer.zero_grad(set_to_none=True)
-        return torch.cat([totals, norm.detach().float().reshape(1).to(totals.device)])
+        self.last_lr = self.optimizer.param_groups[0]["lr"]  # the rate this step uses
+        return optimizer_step(
+            self.model, self.optimizer, self.scheduler, micro_batches, self.target_head, self.outside_head,
+            ttt_steps=self.cfg.ttt_steps, world_size=self.env.world_size, grad_clip=self.cfg.grad_clip,
+            use_bf16=self.use_bf16, device=self.env.device,
+        )
 
     # ------------------------------------------------------------------ validation
     @torch.no_grad()
@@ -516,7 +546,7 @@ class Trainer:
         self.model.eval()
         for positions, counts in mine:
             batch = self._to_device(self.ds.collate(positions, dtype))
-            with self._autocast():
+            with autocast_context(self.use_bf16):
                 out = self.model(batch, self.target_head, self.outside_head)
             row = torch.cat([
                 out.loss_sum.reshape(1), out.num_tokens.reshape(1), out.step_loss_sum, out.step_tokens, out.step_correct,

@@ -315,3 +315,30 @@ def test_clear_errors_for_missing_inputs(tmp_path, one_thread):
                "aux_layer_ids": [1]}
     with pytest.raises(ValueError, match=r"aux layers \[1\] but the shards hold \[0, 1, 2\]"):
         train(cfg.replace(drafter=drafter))
+
+
+def test_rank0_reports_through_dagster_pipes(tmp_path, one_thread, monkeypatch):
+    """Launched by Dagster Pipes (its env vars set), rank 0 opens a session and streams progress."""
+    from dagster_pipes import encode_param
+
+    from eagle_assets.drafter.train import train
+
+    context = {"asset_keys": ["drafter_checkpoint"], "code_version_by_asset_key": None,
+               "provenance_by_asset_key": None, "partition_key": None, "partition_key_range": None,
+               "partition_time_window": None, "run_id": "run-1", "job_name": "train", "retry_number": 0, "extras": {}}
+    (tmp_path / "context.json").write_text(json.dumps(context))
+    messages = tmp_path / "messages.jsonl"
+    monkeypatch.setenv("DAGSTER_PIPES_CONTEXT", encode_param({"path": str(tmp_path / "context.json")}))
+    monkeypatch.setenv("DAGSTER_PIPES_MESSAGES", encode_param({"path": str(messages)}))
+    cfg = write_tiny_run(tmp_path, num_samples=6, num_shards=1, max_steps=3, val_fraction=0.3)
+    train(cfg)
+    sent = [json.loads(line) for line in messages.read_text().splitlines()]
+    methods = [m["method"] for m in sent]
+    assert methods[0] == "opened" and methods[-1] == "closed"
+    steps = [m["params"]["payload"]["step"] for m in sent if m["method"] == "report_custom_message"
+             and "loss" in m["params"]["payload"]]
+    assert steps == [1, 2, 3]
+    assert any(m["method"] == "log" and "training 3 steps" in m["params"]["message"] for m in sent)
+    (done,) = [m for m in sent if m["method"] == "report_asset_materialization"]
+    meta = done["params"]["metadata"]
+    assert meta["steps"]["raw_value"] == 3 and meta["val_al"]["raw_value"] >= 1.0
