@@ -41,6 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from eagle_assets.formats import hidden_state_bytes_per_token, stable_id  # noqa: E402
 from eagle_assets.hidden_states.corpus_io import load_shard_samples  # noqa: E402
 from eagle_assets.hidden_states.extract import ExtractSettings, extract_all, plan_batches, target_parts  # noqa: E402
+from eagle_assets.hidden_states.writer import start_writeback  # noqa: E402
 
 
 @dataclass(frozen=True)
@@ -73,7 +74,7 @@ SMOKE_SHAPES = (
 
 
 def build_model(shape: Shape, device: torch.device):
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers import AutoModelForCausalLM, LlamaConfig
 
     config = LlamaConfig(
         hidden_size=shape.hidden_size,
@@ -86,13 +87,8 @@ def build_model(shape: Shape, device: torch.device):
         initializer_range=0.02,
     )
     torch.manual_seed(0)
-    previous = torch.get_default_dtype()
-    torch.set_default_dtype(torch.bfloat16)  # build in bf16 directly: no fp32 copy of 8B weights
-    try:
-        with device:
-            model = LlamaForCausalLM(config)
-    finally:
-        torch.set_default_dtype(previous)
+    with device:  # random weights made on the device, in bf16 directly: no fp32 copy of 8B weights
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
     return model.eval()
 
 
@@ -144,19 +140,26 @@ def bare_forward(model, corpus: Path, settings: ExtractSettings, device: torch.d
             for j, x in enumerate(s.input_ids[a:b]):
                 ids[j, : len(x)] = torch.from_numpy(x.astype(np.int64))
             mask = None if lens[-1] == lens[0] else (torch.arange(lens[0])[None] < torch.tensor(lens)[:, None]).long()
+            if device.type == "cuda":  # pinned, as the extraction does: the copies stay asynchronous
+                ids, mask = ids.pin_memory(), None if mask is None else mask.pin_memory()
             inputs.append((ids, mask))
             tokens += sum(lens)
     base(input_ids=inputs[0][0].to(device), attention_mask=None if inputs[0][1] is None else inputs[0][1].to(device), use_cache=False)
     sync(device)
     start = time.perf_counter()
     for ids, mask in inputs:
-        base(input_ids=ids.to(device, non_blocking=True), attention_mask=None if mask is None else mask.to(device), use_cache=False)
+        mask = None if mask is None else mask.to(device, non_blocking=True)
+        base(input_ids=ids.to(device, non_blocking=True), attention_mask=mask, use_cache=False)
     sync(device)
     return tokens / (time.perf_counter() - start)
 
 
 def disk_write_bandwidth(folder: Path, total_bytes: int, block: int = 64 << 20) -> float:
-    """Bytes/s of sequential writes to `folder`, fsync included (the page cache does not count)."""
+    """Bytes/s of sequential writes to `folder`, fsync included (the page cache does not count).
+
+    Each block's writeback is started as soon as it is written, as the shard writer does, so
+    this is the disk's streaming rate rather than a copy into memory followed by one flush.
+    """
     path = folder / "disk-bandwidth.bin"
     buf = np.random.default_rng(0).integers(0, 256, min(block, total_bytes), dtype=np.uint8).tobytes()
     start = time.perf_counter()
@@ -164,7 +167,9 @@ def disk_write_bandwidth(folder: Path, total_bytes: int, block: int = 64 << 20) 
     try:
         written = 0
         while written < total_bytes:
-            written += os.write(fd, buf)
+            n = os.write(fd, buf)
+            start_writeback(fd, written, n)
+            written += n
         os.fsync(fd)
     finally:
         os.close(fd)

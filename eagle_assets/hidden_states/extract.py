@@ -32,7 +32,8 @@ host, without tensor parallelism:
 `device_map="auto"` places consecutive layers on consecutive GPUs; the hooks gather each
 state on the GPU that produced it and collect the rows on the GPU of the final norm. Leave a
 few GiB per GPU for activations (`max_memory_per_gpu` below the card's size) and size
-`batch_tokens` so that one batch's activations fit.
+`batch_tokens` so that one batch's activations fit. Its INT4 (compressed-tensors) checkpoint
+needs the `compressed-tensors` package in the extraction environment; 8 x H200 hold it.
 """
 
 from __future__ import annotations
@@ -108,13 +109,11 @@ def load_target(
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     kwargs: dict = dict(dtype=dtype, trust_remote_code=trust_remote_code)
-    if device == "auto":
-        kwargs["device_map"] = "auto"
-        if max_memory_per_gpu is not None:
-            kwargs["max_memory"] = {i: max_memory_per_gpu for i in range(torch.cuda.device_count())}
+    if device != "cpu":
+        kwargs["device_map"] = device  # weights go straight to the GPU(s), never all through host memory
+    if device == "auto" and max_memory_per_gpu is not None:
+        kwargs["max_memory"] = {i: max_memory_per_gpu for i in range(torch.cuda.device_count())}
     model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
-    if device != "auto":
-        model = model.to(device)
     tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
     return model.eval(), tokenizer
 
@@ -137,7 +136,7 @@ class TargetParts:
 
     @property
     def input_device(self) -> torch.device:
-        return next(self.base.parameters()).device
+        return self.base.embed_tokens.weight.device
 
     @property
     def output_device(self) -> torch.device:
