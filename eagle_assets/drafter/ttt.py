@@ -388,6 +388,7 @@ def ttt_loss(
     cos_all, sin_all = model.rotary(positions[None])  # (1, T-1+K, D) each
 
     h = model.project_hidden_states(aux)  # (B, T, H): g
+    dtype = _compute_dtype(h)  # bf16 under autocast: the loss matmuls run in it
     k0 = v0 = None
     ks, vs, h_posts = [], [], []
     for i in range(steps):
@@ -404,10 +405,9 @@ def ttt_loss(
             vs.append(v)
         out = ttt_attention(q, k0, v0, ks, vs, attn.scale, backend=attention)  # (B, nh, T, D)
         h = layer.finish(out.transpose(1, 2).reshape(B, T, nh * D), h)  # (B, T, H) h_pre, fed back
-        h_posts.append(model.norm(h))
+        h_posts.append(model.norm(h).to(dtype))
 
-    dtype = _compute_dtype(h_posts[0])
-    h_all = torch.stack(h_posts).to(dtype).reshape(steps * B * T, H)  # (K*B*T, H), rows (i, b, t)
+    h_all = torch.stack(h_posts).reshape(steps * B * T, H)  # (K*B*T, H), rows (i, b, t)
     del h_posts
     t_idx = torch.arange(T, device=device)
     tgt_index = torch.stack([
@@ -448,3 +448,162 @@ def _check_batch(cfg, aux, final, input_ids, loss_mask, target_head, steps) -> N
             f"target_head has shape {tuple(target_head.shape)}, expected (draft_vocab_size, target_hidden_size) = "
             f"({cfg.draft_vocab_size}, {cfg.target_hidden_size}); select the rows with target_head.draft_head(lm_head, d2t)"
         )
+
+
+# ---------------------------------------------------------------------------------------------
+# The same loss written plainly (dense masks, full logits): the cross-check and the baseline
+# ---------------------------------------------------------------------------------------------
+
+
+def ttt_loss_dense(
+    model: Eagle3Drafter,
+    batch: dict,
+    target_head: torch.Tensor,
+    steps: int,
+    *,
+    outside_head: torch.Tensor | None = None,
+    step_weights: list[float] | None = None,
+) -> TTTOutput:
+    """`ttt_loss` as SpecForge's SDPA path computes it: all steps' keys side by side under an
+    explicit (T, T*(i+1)) mask, and every step's full draft-vocabulary logits kept for the
+    backward. O(T^2 K) mask memory: for cross-checks and as the benchmark baseline only."""
+    cfg, layer = model.config, model.layer
+    aux, final, input_ids, loss_mask = batch["aux"], batch["final"], batch["input_ids"], batch["loss_mask"]
+    B, T = input_ids.shape
+    device = input_ids.device
+    _check_batch(cfg, aux, final, input_ids, loss_mask, target_head, steps)
+    lengths = batch.get("lengths")
+    lengths = torch.full((B,), T, device=device) if lengths is None else lengths.to(device)
+    weights = step_weights or [DEFAULT_STEP_DECAY**i for i in range(steps)]
+    stats = target_stats(final, target_head, outside_head)
+    masks = step_masks(loss_mask, lengths, stats.in_draft, steps)  # (K, B, T)
+    target_logp = torch.log_softmax(stats.logits.float(), -1).view(B, T, -1)  # (B, T, N)
+    ids = torch.cat([input_ids[:, 1:], input_ids.new_zeros(B, steps)], dim=1)  # (B, T-1+K)
+    groups = cfg.num_attention_heads // cfg.num_key_value_heads
+    t = torch.arange(T, device=device)
+    h = model.project_hidden_states(aux)
+    ks, vs = [], []
+    loss_sum = torch.zeros((), device=device)
+    step_loss, step_correct = torch.zeros(steps, device=device), torch.zeros(steps, device=device)
+    for i in range(steps):
+        cos, sin = model.rotary((t + i)[None].expand(B, T))
+        q, k, v = layer.attention_inputs(model.embed_input_ids(ids[:, i : i + T]), h, cos, sin)
+        ks.append(k)
+        vs.append(v)
+        keys = torch.cat(ks, dim=2).repeat_interleave(groups, 1)  # (B, nh, T*(i+1), D)
+        values = torch.cat(vs, dim=2).repeat_interleave(groups, 1)
+        blocks = [t[:, None] >= t[None, :]] + [t[:, None] == t[None, :]] * i
+        mask = torch.cat(blocks, dim=1)  # (T, T*(i+1))
+        out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=layer.self_attn.scale)
+        h = layer.finish(out.transpose(1, 2).reshape(B, T, -1), h)
+        logp = torch.log_softmax(model.compute_logits(model.norm(h)).float(), -1)  # (B, T, N)
+        tgt = target_logp[:, (t + 1 + i).clamp(max=T - 1)]  # (B, T, N)
+        ce = -(tgt.exp() * logp).sum(-1)  # (B, T)
+        m = masks[i]
+        loss_sum = loss_sum + weights[i] * (ce * m).sum()
+        step_loss[i] = (ce.detach() * m).sum()
+        step_correct[i] = ((logp.argmax(-1) == tgt.argmax(-1)).float() * m).sum()
+    step_tokens = masks.sum(dim=(1, 2))
+    return TTTOutput(loss_sum, step_tokens[0], step_loss, step_tokens, step_correct)
+
+
+# ---------------------------------------------------------------------------------------------
+# Benchmark: python -m eagle_assets.drafter.ttt [--smoke]
+# ---------------------------------------------------------------------------------------------
+
+
+def _bench(argv: list[str] | None = None) -> None:
+    """Time ttt_loss (forward + backward) against the dense baseline and check they agree.
+
+    GPU, the SpecForge comparison shape (Llama-3.1-8B drafter):
+        python -m eagle_assets.drafter.ttt --seq 4096 --steps 7
+    CPU, tiny (seconds):
+        python -m eagle_assets.drafter.ttt --smoke
+    """
+    import argparse
+    import time
+
+    from eagle_assets.drafter.config import DrafterConfig
+
+    ap = argparse.ArgumentParser(description=_bench.__doc__.split("\n\n")[0])
+    ap.add_argument("--smoke", action="store_true", help="tiny sizes on CPU (a few seconds)")
+    ap.add_argument("--hidden", type=int, default=4096)
+    ap.add_argument("--intermediate", type=int, default=14336)
+    ap.add_argument("--heads", type=int, default=32)
+    ap.add_argument("--kv-heads", type=int, default=8)
+    ap.add_argument("--vocab", type=int, default=128256)
+    ap.add_argument("--draft-vocab", type=int, default=32000)
+    ap.add_argument("--seq", type=int, default=4096)
+    ap.add_argument("--batch", type=int, default=1)
+    ap.add_argument("--steps", type=int, default=7)
+    ap.add_argument("--iters", type=int, default=5)
+    ap.add_argument("--mask-undraftable", action="store_true", help="pass the outside-draft lm_head rows")
+    ap.add_argument("--skip-dense", action="store_true", help="do not run the dense baseline (it needs O(T^2 K) memory)")
+    args = ap.parse_args(argv)
+    if args.smoke:
+        args.hidden, args.intermediate, args.heads, args.kv_heads = 64, 128, 4, 2
+        args.vocab, args.draft_vocab, args.seq, args.steps, args.iters = 512, 128, 96, 3, 2
+    device = torch.device("cuda" if torch.cuda.is_available() and not args.smoke else "cpu")
+    cfg = DrafterConfig(
+        hidden_size=args.hidden, intermediate_size=args.intermediate, num_attention_heads=args.heads,
+        num_key_value_heads=args.kv_heads, head_dim=args.hidden // args.heads, rms_norm_eps=1e-5,
+        rope_theta=500000.0, rope_scaling=None, max_position_embeddings=max(8192, args.seq + args.steps),
+        vocab_size=args.vocab, draft_vocab_size=args.draft_vocab, target_hidden_size=args.hidden,
+        aux_layer_ids=(2, 16, 29),
+    )
+    torch.manual_seed(0)
+    model = Eagle3Drafter(cfg).to(device)
+    with torch.no_grad():
+        model.embed_tokens.weight.normal_(std=0.02)
+    amp = torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda")
+    dt = torch.bfloat16 if device.type == "cuda" else torch.float32
+    B, T = args.batch, args.seq
+    batch = dict(
+        aux=torch.randn(B, T, cfg.fc_in_features, device=device, dtype=dt),
+        final=torch.randn(B, T, cfg.target_hidden_size, device=device, dtype=dt),
+        input_ids=torch.randint(0, cfg.vocab_size, (B, T), device=device),
+        loss_mask=torch.ones(B, T, device=device),
+        lengths=torch.full((B,), T, device=device),
+    )
+    lm_head = torch.randn(cfg.vocab_size, cfg.target_hidden_size, device=device, dtype=dt) * 0.02
+    head, outside = lm_head[: cfg.draft_vocab_size], (lm_head[cfg.draft_vocab_size :] if args.mask_undraftable else None)
+
+    def run(fn):
+        model.zero_grad(set_to_none=True)
+        with amp:
+            out = fn(model, batch, head, args.steps, outside_head=outside)
+        (out.loss_sum / out.num_tokens.clamp(min=1)).backward()
+        return out
+
+    def timed(fn, name):
+        run(fn)  # warm-up (kernels, allocator)
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+        start = time.perf_counter()
+        for _ in range(args.iters):
+            out = run(fn)
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        sec = (time.perf_counter() - start) / args.iters
+        peak = torch.cuda.max_memory_allocated() / 2**30 if device.type == "cuda" else float("nan")
+        grad = model.fc.weight.grad.float().clone()
+        print(f"{name:>6}: {sec * 1e3:9.1f} ms/iter  {B * T / sec:10.0f} tokens/s  peak {peak:6.2f} GiB  "
+              f"loss {out.loss.item():.5f}  acc {[round(a, 3) for a in out.step_accuracy.tolist()]}")
+        return sec, out, grad
+
+    print(f"device {device}, hidden {cfg.hidden_size}, T {T}, batch {B}, steps {args.steps}, "
+          f"draft vocab {cfg.draft_vocab_size}, vocab {cfg.vocab_size}")
+    fast_s, fast, fast_grad = timed(ttt_loss, "fused")
+    if args.skip_dense:
+        return
+    dense_s, dense, dense_grad = timed(ttt_loss_dense, "dense")
+    rel = ((fast_grad - dense_grad).norm() / dense_grad.norm().clamp(min=1e-12)).item()
+    diff = (fast.loss - dense.loss).abs().item()
+    print(f"speedup {dense_s / fast_s:.2f}x; |loss diff| {diff:.2e}; fc grad relative diff {rel:.2e}")
+    if diff > 2e-2 * max(1.0, abs(dense.loss.item())) or rel > 5e-2:
+        raise SystemExit("fused and dense TTT losses disagree: do not trust the fused path on this device")
+
+
+if __name__ == "__main__":
+    _bench()

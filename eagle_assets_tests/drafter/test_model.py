@@ -226,3 +226,15 @@ def test_config_from_existing_drafter():
             DrafterConfig.from_hf_drafter_config({**vllm_style, **bad})
     with pytest.warns(UserWarning, match="norm_output"):
         DrafterConfig.from_hf_drafter_config({**vllm_style, "norm_output": True})
+
+
+def test_memory_lean_norm_and_mlp_gradients():
+    """The hand-written backwards of RMSNorm (with and without the fused add) and silu*up, in float64."""
+    from eagle_assets.drafter.model import _RMSNormFunction, _SiluMulFunction
+
+    g = torch.Generator().manual_seed(0)
+    x, r = (torch.randn(3, 6, dtype=torch.float64, generator=g, requires_grad=True) for _ in range(2))
+    w = torch.randn(6, dtype=torch.float64, generator=g, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda x, w: _RMSNormFunction.apply(x, None, w, 1e-6)[0], (x, w))
+    assert torch.autograd.gradcheck(lambda x, r, w: _RMSNormFunction.apply(x, r, w, 1e-6), (x, r, w))
+    assert torch.autograd.gradcheck(_SiluMulFunction.apply, (x, r))

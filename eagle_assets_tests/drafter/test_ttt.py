@@ -256,3 +256,19 @@ def test_read_target_head_tied_and_sharded(tmp_path, smollm2_path):
     (tmp_path / "config.json").write_text(json.dumps({"vocab_size": 49}))
     with pytest.raises(ValueError, match="vocab_size=49"):
         read_target_head(tmp_path)
+
+
+def test_dense_formulation_and_benchmark_smoke(capsys):
+    """The dense baseline equals the fused path, and the GPU benchmark script runs in its CPU smoke size."""
+    from eagle_assets.drafter.ttt import _bench, ttt_loss_dense
+
+    cfg = tiny_config(vocab_size=80, draft_vocab_size=40)
+    model = random_drafter(cfg)
+    batch = make_batch(cfg)
+    head, outside = torch.randn(40, 64), torch.randn(40, 64)
+    fused = ttt_loss(model, batch, head, 3, outside_head=outside)
+    dense = ttt_loss_dense(model, batch, head, 3, outside_head=outside)
+    torch.testing.assert_close(fused.loss_sum, dense.loss_sum, rtol=1e-5, atol=1e-5)
+    assert fused.step_correct.tolist() == dense.step_correct.tolist()
+    _bench(["--smoke"])
+    assert "speedup" in capsys.readouterr().out
