@@ -199,7 +199,7 @@ def ttt_attention(
 ) -> torch.Tensor:
     """Step-i attention: query t sees step-0 keys at <= t and k_j[t] for each earlier step j >= 1.
 
-    q (B, nh, T, D); k0, v0 and each of ks, vs (B, nkv, T, D) -> (B, nh, T, D).
+    q (B, nh, T, D); k0, v0 (B, nkv or nh, T, D); each of ks, vs (B, nkv, T, D) -> (B, nh, T, D).
     backend: "flash" (merged flash, exact gradient), "math" (explicit scores), "auto".
     """
     if backend == "auto":
@@ -273,8 +273,9 @@ class _FusedSoftCE(torch.autograd.Function):
         # row_step (M,) long; step_weight (K,) fp32.
         K = step_weight.shape[0]
         w = weight.to(h.dtype)
-        grad_h = torch.empty_like(h)
-        grad_w = torch.zeros(w.shape, dtype=torch.float32, device=h.device)
+        want_grad = ctx.needs_input_grad[0] or ctx.needs_input_grad[1]  # False in validation: loss only
+        grad_h = torch.empty_like(h) if want_grad else None
+        grad_w = torch.zeros(w.shape, dtype=torch.float32, device=h.device) if want_grad else None
         loss_sum = torch.zeros((), dtype=torch.float32, device=h.device)
         step_loss = torch.zeros(K, dtype=torch.float32, device=h.device)
         step_correct = torch.zeros(K, dtype=torch.float32, device=h.device)
@@ -292,9 +293,10 @@ class _FusedSoftCE(torch.autograd.Function):
             loss_sum += (rw * ce).sum()
             step_loss.index_add_(0, step, mask * ce)
             step_correct.index_add_(0, step, mask * (logits.argmax(-1) == tgt_argmax[idx]).float())
-            grad_logits = ((logq.exp_() - p) * rw[:, None]).to(h.dtype)  # (C, N) d loss / d logits
-            grad_h[rows] = grad_logits @ w
-            grad_w += (grad_logits.T @ hc).float()
+            if want_grad:
+                grad_logits = ((logq.exp_() - p) * rw[:, None]).to(h.dtype)  # (C, N) d loss / d logits
+                grad_h[rows] = grad_logits @ w
+                grad_w += (grad_logits.T @ hc).float()
         ctx.save_for_backward(grad_h, grad_w)
         ctx.weight_dtype = weight.dtype
         ctx.mark_non_differentiable(step_loss, step_correct)
@@ -399,7 +401,7 @@ def ttt_loss(
         k = apply_rotary(k.reshape(B, T, nkv, D).transpose(1, 2), cos, sin)  # (B, nkv, T, D)
         v = v.reshape(B, T, nkv, D).transpose(1, 2)  # (B, nkv, T, D)
         if i == 0:
-            k0, v0 = k, v
+            k0, v0 = _expand_kv(k, nh), _expand_kv(v, nh)  # (B, nh, T, D): expanded once, shared by all steps
         else:
             ks.append(k)
             vs.append(v)

@@ -272,3 +272,16 @@ def test_dense_formulation_and_benchmark_smoke(capsys):
     assert fused.step_correct.tolist() == dense.step_correct.tolist()
     _bench(["--smoke"])
     assert "speedup" in capsys.readouterr().out
+
+
+def test_no_grad_evaluation_gives_the_same_numbers():
+    cfg = tiny_config()
+    model = random_drafter(cfg)
+    batch = make_batch(cfg)
+    head = torch.randn(cfg.draft_vocab_size, cfg.target_hidden_size)
+    train = ttt_loss(model, batch, head, 3)
+    with torch.no_grad():
+        evaluation = ttt_loss(model, batch, head, 3)
+    assert not evaluation.loss_sum.requires_grad
+    torch.testing.assert_close(evaluation.loss_sum, train.loss_sum.detach())
+    assert evaluation.step_correct.tolist() == train.step_correct.tolist()
