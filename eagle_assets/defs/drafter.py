@@ -108,10 +108,11 @@ def drafter_checkpoint(
     )
 
     # The vLLM export must serve, and speculation must not change greedy output.
-    with inference_server.serve(log=context.log.info) as plain:
-        expected = [_chat(plain.base_url, plain.model, p) for p in SMOKE_PROMPTS]
+    # Speculative first: the plain server started second stays warm for the benchmark's baseline.
     with inference_server.serve(drafter=vllm_dir, k=train_config.ttt_steps, log=context.log.info) as spec:
         got = [_chat(spec.base_url, spec.model, p) for p in SMOKE_PROMPTS]
+    with inference_server.serve(log=context.log.info) as plain:
+        expected = [_chat(plain.base_url, plain.model, p) for p in SMOKE_PROMPTS]
     yield check_result(got == expected, {"prompts": SMOKE_PROMPTS, "plain": expected, "speculative": got}, check_name="serves_in_vllm")
 
     dropped = check_sglang_names(list(read_drafter_tensors(sglang_dir)))

@@ -8,11 +8,13 @@ from the target preset in its own environment and torn down when the stage ends.
 
 from __future__ import annotations
 
-from contextlib import contextmanager
+import json
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Callable, Iterator, Optional
 
 import dagster as dg
+from pydantic import PrivateAttr
 
 from eagle_assets.engines.serving import InferenceServer, api_key_from_env, connect, launch_vllm
 from eagle_assets.targets import EMBEDDED_TARGET
@@ -36,6 +38,21 @@ class InferenceServerResource(dg.ConfigurableResource):
     kv_cache_gib: int = 1
     max_num_seqs: Optional[int] = None
     startup_timeout_s: float = 600
+    keep_warm: bool = True
+    """Keep the last launched server for the next asset of the same run that asks for the same
+    configuration (one server at a time: a different configuration stops it first)."""
+
+    _warm_key: Optional[str] = PrivateAttr(default=None)
+    _warm_server: Optional[InferenceServer] = PrivateAttr(default=None)
+    _warm_stack: Optional[ExitStack] = PrivateAttr(default=None)
+
+    def teardown_after_execution(self, context) -> None:
+        self.stop_warm()
+
+    def stop_warm(self) -> None:
+        if self._warm_stack is not None:
+            self._warm_stack.close()
+        self._warm_stack = self._warm_server = self._warm_key = None
 
     @contextmanager
     def serve(
@@ -54,16 +71,38 @@ class InferenceServerResource(dg.ConfigurableResource):
                 )
             yield connect(self.url, self.model, api_key_from_env(self.api_key_env))
             return
-        with launch_vllm(
-            self.target,
-            drafter=drafter,
-            k=k,
-            speculative=speculative,
-            port=self.port or None,
-            device=self.device,
-            kv_cache_gib=self.kv_cache_gib,
-            max_num_seqs=self.max_num_seqs,
-            startup_timeout_s=self.startup_timeout_s,
-            log=log,
-        ) as server:
+        key = json.dumps([str(drafter) if drafter else None, k if drafter else None, speculative], sort_keys=True)
+        if self.keep_warm and key == self._warm_key and self._warm_server is not None:
+            log(f"reusing the running server at {self._warm_server.base_url}")
+            yield self._warm_server
+            return
+        self.stop_warm()  # one server at a time: two would share the CPU and the measurements
+        stack = ExitStack()
+        try:
+            server = stack.enter_context(
+                launch_vllm(
+                    self.target,
+                    drafter=drafter,
+                    k=k,
+                    speculative=speculative,
+                    port=self.port or None,
+                    device=self.device,
+                    kv_cache_gib=self.kv_cache_gib,
+                    max_num_seqs=self.max_num_seqs,
+                    startup_timeout_s=self.startup_timeout_s,
+                    log=log,
+                )
+            )
+        except BaseException:
+            stack.close()
+            raise
+        if not self.keep_warm:
+            with stack:
+                yield server
+            return
+        self._warm_key, self._warm_server, self._warm_stack = key, server, stack
+        try:
             yield server
+        except BaseException:
+            self.stop_warm()  # a failure inside may have left the server in any state
+            raise
