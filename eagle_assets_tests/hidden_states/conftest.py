@@ -113,17 +113,10 @@ def write_corpus(folder: Path, rows: list[dict], num_files: int = 2, manifest: b
 
 
 @pytest.fixture(scope="session")
-def smol_path() -> Path:
-    from eagle_assets.embedded_target import pull
-
-    return pull(log=lambda *_: None)
-
-
-@pytest.fixture(scope="session")
-def smol_tokenizer(smol_path):
+def smol_tokenizer(smollm2_path):
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(smol_path)
+    return AutoTokenizer.from_pretrained(smollm2_path)
 
 
 @pytest.fixture(scope="session")

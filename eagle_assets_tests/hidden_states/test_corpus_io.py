@@ -27,6 +27,19 @@ def test_manifest_listing_and_plain_folder_give_the_same_rows(chat_rows, tmp_pat
             assert r["loss_mask"].tolist() == by_id[r["sample_id"]]["loss_mask"]
 
 
+def test_reads_what_the_corpus_store_writes_through_fsspec(chat_rows):
+    from eagle_assets.corpus.store import CorpusStore
+
+    url = "memory://hidden-states-test/corpus"
+    with CorpusStore(url, shard_size=3) as store:  # three Parquet parts, listed by "file"
+        for row in chat_rows:
+            store.append(row)
+    assert len(corpus_files(url)[1]) == 3
+    got = load_shard_samples(url, 0, 1, vocab_size=49152, target_fingerprint=chat_rows[0]["target"])
+    assert sorted(got.sample_ids) == sorted(r["sample_id"] for r in chat_rows)
+    assert got.num_tokens == sum(r["num_tokens"] for r in chat_rows)
+
+
 def test_shard_samples_are_this_shards_longest_first(corpus_dir, chat_rows):
     got = load_shard_samples(str(corpus_dir), 1, 3)
     mine = [r for r in chat_rows if shard_of(r["sample_id"], 3) == 1]

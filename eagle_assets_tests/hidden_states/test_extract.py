@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from eagle_assets.formats import SHARD_STATES_FILE, hidden_state_bytes_per_token, shard_name
-from eagle_assets.hidden_states.extract import ExtractSettings, extract_all, extract_shard
+from eagle_assets.hidden_states.extract import ExtractSettings, extract_all, extract_shard, load_target
 from eagle_assets.hidden_states.reader import ShardReader, open_shards
 
 from .conftest import tiny_llama, write_corpus
@@ -160,16 +160,14 @@ def test_tokenizer_that_differs_from_the_corpus_names_both(tiny_model, smol_toke
     assert len(open_shards(tmp_path / "hs")[0]) == 2
 
 
-def test_smollm2_states_give_the_targets_exact_logits(smol_path, smol_tokenizer, chat_rows, fingerprint, tmp_path):
+def test_smollm2_states_give_the_targets_exact_logits(smollm2_path, chat_rows, tmp_path):
     """The real target: stored ids are the chat template's, and lm_head(final) is the target's logits."""
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(smol_path, dtype=torch.bfloat16).eval()
+    model, tokenizer = load_target(smollm2_path)  # bf16 on CPU
     rows = sorted(chat_rows, key=lambda r: r["num_tokens"])[:1]  # the shortest: bf16 is slow on small CPUs
     corpus = write_corpus(tmp_path / "corpus", rows, num_files=1)
     aux = (2, 15, 27)
     s = ExtractSettings(aux_layer_ids=aux, num_shards=1, batch_tokens=1, progress=False)
-    extract_all(model, str(corpus), tmp_path / "hs", s, tokenizer=smol_tokenizer)
+    extract_all(model, str(corpus), tmp_path / "hs", s, tokenizer=tokenizer)
     (shard,) = open_shards(tmp_path / "hs")
     assert shard.manifest.hidden_size == 576 and shard.aux_layer_ids == list(aux)
     for row in rows:
