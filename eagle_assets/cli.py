@@ -5,6 +5,8 @@
     eagle-assets preflight --engine vllm --target smollm2-135m-instruct --drafter PATH
     eagle-assets serve --target smollm2-135m-instruct [--drafter PATH -k 3] [--check]
     eagle-assets serve --stop --port 8000
+    eagle-assets run [--preset smollm2-default] [--stale-only]
+    eagle-assets plan --preset kimi-k2.5 --samples 10000 --tokens-per-sample 1450
 
 Exit codes: 0 success, 1 a refusal or failure (the message says why), 130 interrupted.
 """
@@ -134,16 +136,26 @@ def serve(
 
 
 @app.command()
-def run(preset: str = typer.Option("smollm2-default", help="Run preset (see eagle_assets/run_presets.py): smollm2-default or smollm2-quality.")) -> None:
-    """Materialise the whole asset graph as Dagster runs, then print the benchmark summary."""
-    from eagle_assets.defs.runner import materialize_graph
+def run(
+    preset: Optional[str] = typer.Option(None, help="Run preset (see eagle_assets/run_presets.py): smollm2-default (the default), smollm2-quality, smollm2-tiny."),
+    stale_only: bool = typer.Option(False, "--stale-only", help="Materialise only stale or missing assets and partitions (what the UI calls unsynced). "
+                                    "Without --preset each keeps the settings it last ran with; with it, changed settings count as stale."),
+) -> None:
+    """Materialise the whole asset graph (or only its stale part) as Dagster runs, then print the benchmark summary."""
+    from eagle_assets.defs.runner import DEFAULT_PRESET, materialize_graph, materialize_stale
     from eagle_assets.paths import data_dir
     from eagle_assets.run_presets import RUN_PRESETS
 
-    if preset not in RUN_PRESETS:
+    if preset is not None and preset not in RUN_PRESETS:
         _fail(f"unknown run preset {preset!r}; known: {', '.join(RUN_PRESETS)}")
     try:
-        materialize_graph(preset)
+        if stale_only:
+            done = materialize_stale(preset)
+            if not done.steps:
+                typer.echo("nothing to do: every asset is up to date")
+                return
+        else:
+            materialize_graph(preset or DEFAULT_PRESET)
     except Exception as exc:  # a failed Dagster run: its error is the message
         _fail(f"the run failed: {exc}")
     reports = sorted(data_dir().glob("*/report/report.md"), key=lambda p: p.stat().st_mtime)
@@ -152,6 +164,42 @@ def run(preset: str = typer.Option("smollm2-default", help="Run preset (see eagl
         if summary.is_file():
             typer.echo(summary.read_text())
         typer.echo(f"report: {reports[-1]}")
+
+
+@app.command()
+def plan(
+    preset: str = typer.Option(EMBEDDED_TARGET, help="Target preset (eagle-assets target list)."),
+    samples: int = typer.Option(..., help="Corpus samples to generate."),
+    tokens_per_sample: int = typer.Option(..., help="Average tokens per sample (prompt + answer, reasoning included)."),
+    epochs: int = typer.Option(5, help="Training epochs."),
+    val_fraction: float = typer.Option(0.1, help="Share of samples held out for validation."),
+    gpus: Optional[int] = typer.Option(None, help="GPUs for training; default: the preset's tensor-parallel size."),
+    num_aux: Optional[int] = typer.Option(None, help="Aux layers saved; default: the preset's (3)."),
+    generation_tok_s: Optional[float] = typer.Option(None, help="Measured corpus tokens/s of the inference server (default: the seeds' Kimi-K2.5 run, ~760)."),
+    extraction_tok_s: Optional[float] = typer.Option(None, help="Measured extraction tokens/s (default: the seeds' 3,165)."),
+    train_tok_s_per_gpu: Optional[float] = typer.Option(None, help="Measured training tokens/s per GPU (default: the seeds' ~871)."),
+    as_json: bool = typer.Option(False, "--json", help="Print the estimate as JSON."),
+) -> None:
+    """Disk and hours of a run before it starts: corpus, hidden states, generation, extraction, training."""
+    import dataclasses
+
+    from eagle_assets.planner import Throughputs, estimate
+
+    given = {
+        "generation_tokens_per_s": generation_tok_s,
+        "extraction_tokens_per_s": extraction_tok_s,
+        "train_tokens_per_gpu_s": train_tok_s_per_gpu,
+    }
+    rates = Throughputs(**{k: v for k, v in given.items() if v is not None})
+    try:
+        e = estimate(preset, samples, tokens_per_sample, rates, epochs=epochs, val_fraction=val_fraction, gpus=gpus, num_aux=num_aux)
+    except (KeyError, ValueError) as exc:
+        _fail(str(exc.args[0] if exc.args else exc))
+    if as_json:
+        body = dataclasses.asdict(e) | {"total_hours": e.total_hours}
+        typer.echo(json.dumps(body, indent=2))
+    else:
+        typer.echo(e.render())
 
 
 @app.command()

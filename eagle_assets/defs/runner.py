@@ -16,10 +16,13 @@ import dagster as dg
 
 from eagle_assets.defs import ASSETS
 from eagle_assets.defs.hidden_states import shard_partitions
-from eagle_assets.defs.jobs import STAGES
+from eagle_assets.defs.jobs import JOBS, STAGES
 from eagle_assets.defs.resources import default_resources
+from eagle_assets.defs.staleness import StaleRun, run_stale
 from eagle_assets.paths import PROJECT_ROOT
 from eagle_assets.run_presets import run_config
+
+DEFAULT_PRESET = "smollm2-default"
 
 
 def ensure_dagster_home() -> Path:
@@ -59,3 +62,20 @@ def materialize_graph(preset: str = "smollm2-default", log: Callable[[str], None
             results.append(result)
             log(f"done: {label} (run {result.run_id})")
     return results
+
+
+def materialize_stale(preset: str | None = None, log: Callable[[str], None] = print,
+                      instance: dg.DagsterInstance | None = None, resources: dict | None = None) -> StaleRun:  # fmt: skip
+    """Materialise only the stale and missing assets and partitions, wave by wave (staleness.py).
+
+    With `preset`, its settings are wanted: an asset last built with other settings is stale
+    too. Without it, each rebuilt asset keeps the settings it last ran with (a never-built one
+    gets the default preset's).
+    """
+    if instance is None:
+        ensure_dagster_home()
+        instance = dg.DagsterInstance.get()
+    settings = run_config(preset)["ops"] if preset else None
+    stages = {job.name: stage for job, stage in zip(JOBS, STAGES)}
+    return run_stale(ASSETS, stages, instance, resources or default_resources(), settings=settings,
+                     fallback=run_config(DEFAULT_PRESET)["ops"], log=log)  # fmt: skip

@@ -1,0 +1,71 @@
+"""The budget planner: the seeds' Kimi-K2.5 run is reproduced, rates scale, bad input is named."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from eagle_assets.cli import app
+from eagle_assets.hidden_states.budget import plan
+from eagle_assets.planner import Throughputs, estimate
+
+SEEDS = dict(samples=10_000, tokens_per_sample=1_450)
+
+
+def test_seeds_run_lands_on_their_828_gb_and_their_hours():
+    e = estimate("kimi-k2.5", **SEEDS)
+    assert e.sizes.hidden_state_bytes == pytest.approx(828e9, rel=0.05)
+    # The very arithmetic the hidden-state asset's free-space check uses.
+    assert e.sizes == plan("kimi-k2.5", **SEEDS)
+    assert e.gpus == 8  # Kimi's tensor-parallel size
+    assert e.generation_hours == pytest.approx(5.3, rel=1e-9)  # seeds: 10,000 samples in 5.3 h
+    assert e.extraction_hours == pytest.approx(14_500_000 / 3_165 / 3600, rel=1e-9)  # seeds: 3,165 tok/s
+    assert e.training_hours == pytest.approx(2.6, rel=1e-9)  # seeds: 5 epochs of 9,000 samples in 2.6 h on 8 GPUs
+    assert e.notes == ()
+
+
+def test_hours_scale_with_work_and_gpus():
+    base = estimate("kimi-k2.5", **SEEDS)
+    double = estimate("kimi-k2.5", samples=20_000, tokens_per_sample=1_450, gpus=4, epochs=10)
+    assert double.generation_hours == pytest.approx(2 * base.generation_hours)
+    assert double.extraction_hours == pytest.approx(2 * base.extraction_hours)
+    assert double.training_hours == pytest.approx(8 * base.training_hours)  # 2x data, 2x epochs, half the GPUs
+    faster = estimate("kimi-k2.5", **SEEDS, throughputs=Throughputs(extraction_tokens_per_s=2 * 3_165))
+    assert faster.extraction_hours == pytest.approx(base.extraction_hours / 2)
+
+
+def test_other_targets_warn_that_the_rates_are_kimis():
+    e = estimate("smollm2-135m-instruct", samples=48, tokens_per_sample=300)
+    assert e.gpus == 1 and e.sizes.hidden_size == 576
+    assert "measured on Kimi-K2.5" in e.notes[0]
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(samples=0, tokens_per_sample=10), "samples must be at least 1, not 0"),
+        (dict(samples=1, tokens_per_sample=10, val_fraction=1.0), r"validation fraction must be in \[0, 1\), not 1.0"),
+        (dict(samples=1, tokens_per_sample=10, throughputs=Throughputs(generation_tokens_per_s=0)), "generation_tokens_per_s must be positive"),
+    ],
+)
+def test_bad_input_is_named(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        estimate("kimi-k2.5", **kwargs)
+
+
+def test_cli_prints_sizes_and_hours_and_takes_measured_rates():
+    runner = CliRunner()
+    out = runner.invoke(app, ["plan", "--preset", "kimi-k2.5", "--samples", "10000", "--tokens-per-sample", "1450"])
+    assert out.exit_code == 0, out.output
+    assert "831.6 GB" in out.output and "5.30 h" in out.output and "2.60 h" in out.output
+
+    out = runner.invoke(app, ["plan", "--preset", "kimi-k2.5", "--samples", "10000", "--tokens-per-sample", "1450",
+                              "--extraction-tok-s", "6330", "--json"])  # fmt: skip
+    body = json.loads(out.output)
+    assert body["extraction_hours"] == pytest.approx(14_500_000 / 6_330 / 3600)
+    assert body["sizes"]["hidden_state_bytes"] == plan("kimi-k2.5", **SEEDS).hidden_state_bytes
+
+    out = runner.invoke(app, ["plan", "--preset", "kimi", "--samples", "1", "--tokens-per-sample", "1"])
+    assert out.exit_code == 1 and "unknown target preset 'kimi'" in out.output
