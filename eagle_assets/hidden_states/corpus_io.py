@@ -216,9 +216,10 @@ def _validate_row(row: dict, corpus_dir: str, vocab_size: int | None, target_fin
     where = f"corpus {corpus_dir}, sample {sid}"
     if target_fingerprint is not None and row["target"] != target_fingerprint:
         raise ValueError(
-            f"{where}: the corpus was made for target fingerprint {row['target']!r}, but the loaded "
-            f"target's tokenizer has fingerprint {target_fingerprint!r}. The token ids would mean "
-            "different text: load the target the corpus was made with, or rebuild the corpus for this target."
+            f"{where}: the corpus was made for target fingerprint {row['target']!r}, but the target "
+            f"being extracted has fingerprint {target_fingerprint!r} (its tokenizer differs), so the "
+            "token ids would mean different text: load the target the corpus was made with, or "
+            "rebuild the corpus for this target."
         )
     if len(ids) != len(mask):
         raise ValueError(f"{where}: input_ids has {len(ids)} tokens but loss_mask {len(mask)}; rebuild this sample")

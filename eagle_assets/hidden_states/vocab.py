@@ -103,6 +103,8 @@ def count_assistant_tokens(rows_or_corpus: str | Path | Iterable[dict], vocab_si
     else:
         rows = rows_or_corpus
     counts = np.zeros(vocab_size, dtype=np.int64)
+    pending: list[np.ndarray] = []
+    pending_tokens = 0
     for row in rows:
         ids = np.asarray(row["input_ids"], dtype=np.int64)
         mask = np.asarray(row["loss_mask"]).astype(bool)
@@ -110,11 +112,18 @@ def count_assistant_tokens(rows_or_corpus: str | Path | Iterable[dict], vocab_si
             raise ValueError(f"sample {row.get('sample_id')}: input_ids and loss_mask differ in length")
         picked = ids[mask]
         if picked.size and (picked.min() < 0 or picked.max() >= vocab_size):
+            bad = int(picked.max() if picked.max() >= vocab_size else picked.min())
             raise ValueError(
-                f"sample {row.get('sample_id')}: token id {int(picked.max())} is outside the target "
+                f"sample {row.get('sample_id')}: token id {bad} is outside the target "
                 f"vocabulary [0, {vocab_size}); the corpus was tokenised for another target"
             )
-        counts += np.bincount(picked, minlength=vocab_size)
+        pending.append(picked)
+        pending_tokens += picked.size
+        if pending_tokens >= 1 << 22:  # one bincount per few million tokens, not one per row
+            counts += np.bincount(np.concatenate(pending), minlength=vocab_size)
+            pending, pending_tokens = [], 0
+    if pending:
+        counts += np.bincount(np.concatenate(pending), minlength=vocab_size)
     return torch.from_numpy(counts)
 
 

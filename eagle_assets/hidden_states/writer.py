@@ -219,13 +219,17 @@ class ShardWriter:
         remove_stale(self.out_dir, index)
         self.tmp_dir.mkdir()
         self._fd = os.open(self.tmp_dir / SHARD_STATES_FILE, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-        # Full size up front: the rows land at fixed offsets in any order, and a short file
-        # can never pass for a finished one.
-        os.ftruncate(self._fd, layout.file_bytes())
-        _pwrite_all(self._fd, layout.header(), 0)
-        _pwrite_all(self._fd, np.ascontiguousarray(offsets, dtype="<i8"), layout.tensor_offset("offsets"))
-        _pwrite_all(self._fd, np.ascontiguousarray(input_ids, dtype="<i4"), layout.tensor_offset("input_ids"))
-        _pwrite_all(self._fd, np.ascontiguousarray(loss_mask, dtype=np.uint8), layout.tensor_offset("loss_mask"))
+        try:
+            # Full size up front: the rows land at fixed offsets in any order, and a short file
+            # can never pass for a finished one.
+            os.ftruncate(self._fd, layout.file_bytes())
+            _pwrite_all(self._fd, layout.header(), 0)
+            for name, values, dtype in (("offsets", offsets, "<i8"), ("input_ids", input_ids, "<i4"), ("loss_mask", loss_mask, "u1")):
+                _pwrite_all(self._fd, np.ascontiguousarray(values, dtype=dtype), layout.tensor_offset(name))
+        except BaseException:
+            os.close(self._fd)
+            shutil.rmtree(self.tmp_dir, ignore_errors=True)
+            raise
 
         self._queue: queue.Queue = queue.Queue()
         self._thread = threading.Thread(target=self._run, name=f"shard-{index}-writer", daemon=True)
