@@ -28,6 +28,10 @@ DRAFTER_ARCHITECTURE = "LlamaForCausalLMEagle3"
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
 """RoPE variants the drafter implements exactly as the engines do."""
 
+SGLANG_FIRST_ID_RULE = ("deepseek_v2", "deepseek_v3", "kimi_k2", "kimi_k25")
+"""Targets whose SGLang model adds 1 to the configured ids only when the first id is 1
+(`deepseek_v2.py` `set_eagle3_layers_to_capture`); SGLang's llama always adds 1."""
+
 
 def _rope_type(rope_scaling: dict | None) -> str:
     if not rope_scaling:
@@ -71,6 +75,9 @@ class DrafterConfig:
     """MLP activation; the engines' Llama MLP supports only silu."""
     target_num_layers: int | None = None
     """Decoder layers of the target, when known: bounds the layer ids each engine can capture."""
+    target_model_type: str | None = None
+    """The target text model's `model_type` (e.g. "llama", "kimi_k2"): SGLang numbers aux ids
+    differently per target architecture, so an SGLang export needs it."""
     extra: dict = field(default_factory=dict, compare=False)
     """Keys copied from a parent drafter's config.json that do not change the function
     (e.g. `torch_dtype`); kept so that a warm-started export stays recognisable."""
@@ -173,6 +180,7 @@ class DrafterConfig:
             target_hidden_size=hidden,
             aux_layer_ids=tuple(sorted(ids)),
             target_num_layers=num_layers,
+            target_model_type=text.get("model_type") or target_hf_config.get("model_type"),
         )
 
     @classmethod
@@ -223,6 +231,7 @@ class DrafterConfig:
             target_hidden_size=int(cfg.get("target_hidden_size") or hidden),
             aux_layer_ids=tuple(sorted(ids)),
             target_num_layers=int(n_layers) if n_layers else None,
+            target_model_type=cfg.get("target_model_type"),
             extra=extra,
         )
 
@@ -256,6 +265,8 @@ class DrafterConfig:
         if self.target_num_layers is not None:
             # Not read by the engines; lets a warm start check the ids against its new target.
             cfg["target_num_hidden_layers"] = self.target_num_layers
+        if self.target_model_type is not None:
+            cfg["target_model_type"] = self.target_model_type  # not read by the engines either
         # `norm_output` is deliberately absent: "true" makes the engines feed back the normed
         # state, and SpecForge reads "false" as "no final norm". Absent = our function everywhere.
         return cfg
@@ -272,19 +283,37 @@ class DrafterConfig:
         return cfg
 
     def sglang_layer_ids(self) -> list[int]:
-        """Our ids in SGLang's numbering (it captures r_{i+1} for a configured id i)."""
-        if min(self.aux_layer_ids) < 1:
+        """Our ids in the numbering SGLang's target model reads (EAGLE3_SEMANTICS.md section 5).
+
+        SGLang captures r_j at the entry of layer j. Its llama captures j = id + 1, so we write
+        id - 1; its deepseek_v2 (DeepSeek-V3, Kimi-K2.x) adds 1 only when the first id is 1, so
+        ids starting at 2 are written minus one and others as they are.
+        """
+        ids = list(self.aux_layer_ids)
+        if self.target_num_layers is not None and max(ids) >= self.target_num_layers:
             raise ValueError(
-                f"aux id {min(self.aux_layer_ids)} (the embeddings) has no SGLang id: SGLang id -1 is "
-                "not a layer it captures. Use ids >= 1 for a drafter meant for SGLang."
+                f"aux id {max(ids)} is the last layer's output (target has {self.target_num_layers} layers): "
+                "SGLang captures at a layer's input, so it cannot capture it (EAGLE3_SEMANTICS.md section 5). "
+                f"Use ids <= {self.target_num_layers - 1}."
             )
-        if self.target_num_layers is not None and max(self.aux_layer_ids) >= self.target_num_layers:
+        if self.target_model_type is None:
             raise ValueError(
-                f"aux id {max(self.aux_layer_ids)} is the last layer's output (target has "
-                f"{self.target_num_layers} layers): SGLang captures at a layer's input, so it cannot "
-                f"capture it (EAGLE3_SEMANTICS.md section 5). Use ids <= {self.target_num_layers - 1}."
+                "target_model_type is unknown: SGLang numbers aux ids per target architecture (llama adds 1; "
+                "deepseek_v2 / kimi_k2 add 1 only when the first id is 1). Set DrafterConfig.target_model_type."
             )
-        return [i - 1 for i in self.aux_layer_ids]
+        if self.target_model_type in SGLANG_FIRST_ID_RULE:
+            if ids[0] == 1:
+                raise ValueError(
+                    f"aux ids {tuple(ids)} cannot be written for SGLang's {self.target_model_type}: written as 1.. it "
+                    "adds 1 to all of them, written as 0.. it reads them as they are. Train with a first id other than 1."
+                )
+            return [i - 1 for i in ids] if ids[0] == 2 else ids
+        if min(ids) < 1:
+            raise ValueError(
+                f"aux id {min(ids)} (the embeddings) has no SGLang id for a {self.target_model_type} target: SGLang "
+                "id -1 is not a layer it captures. Use ids >= 1 for a drafter meant for SGLang."
+            )
+        return [i - 1 for i in ids]
 
     def to_sglang_config(self) -> dict:
         """config.json for SGLang: layer ids minus one, read from `eagle_config` only."""
@@ -336,6 +365,7 @@ def tiny_config(**overrides) -> DrafterConfig:
         target_hidden_size=64,
         aux_layer_ids=(1, 2, 3),
         target_num_layers=4,
+        target_model_type="llama",
     )
     base.update(overrides)
     return DrafterConfig(**base)

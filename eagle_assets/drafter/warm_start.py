@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import warnings
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -79,6 +80,8 @@ def warm_start(
             f"{parent.aux_layer_ids} now name other depths",
             stacklevel=2,
         )
+    # The child serves this target: record its depth and architecture (SGLang numbering needs it).
+    model.config = replace(parent, target_num_layers=num_layers, target_model_type=target.get("model_type"))
     if target_embedding is not None:
         model.load_target_embedding(target_embedding.to(dtype))
     return model

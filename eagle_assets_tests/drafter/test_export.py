@@ -91,6 +91,18 @@ def test_sglang_export_numbering_and_names(tmp_path):
     assert not (tmp_path / "no").exists()
 
 
+def test_sglang_numbering_follows_the_target_architecture():
+    """SGLang's deepseek_v2 (Kimi-K2.x) adds 1 only when the first id is 1; its llama always adds 1."""
+    kimi = dict(target_num_layers=61, target_model_type="kimi_k2")
+    assert tiny_config(aux_layer_ids=(2, 30, 58), **kimi).sglang_layer_ids() == [1, 29, 57]  # 1.. gains 1 back
+    assert tiny_config(aux_layer_ids=(3, 30, 58), **kimi).sglang_layer_ids() == [3, 30, 58]  # read as written
+    with pytest.raises(ValueError, match="first id other than 1"):
+        tiny_config(aux_layer_ids=(1, 30, 58), **kimi).sglang_layer_ids()
+    assert tiny_config(aux_layer_ids=(2, 30, 58), target_num_layers=61).sglang_layer_ids() == [1, 29, 57]
+    with pytest.raises(ValueError, match="target_model_type is unknown"):
+        tiny_config(target_model_type=None).sglang_layer_ids()
+
+
 def test_sglang_name_check_replays_its_loader():
     ok = ["fc.weight", "midlayer.self_attn.q_proj.weight", "layers.0.mlp.up_proj.weight", "norm.weight",
           "lm_head.weight", "d2t", "t2d", "embed_tokens.weight", "layers.0.hidden_norm.weight"]

@@ -21,7 +21,7 @@ def one_thread():
     torch.set_num_threads(before)
 
 
-TARGET = {"hidden_size": 64, "num_hidden_layers": 4, "vocab_size": 256, "num_attention_heads": 4}
+TARGET = {"model_type": "llama", "hidden_size": 64, "num_hidden_layers": 4, "vocab_size": 256, "num_attention_heads": 4}
 
 
 @pytest.fixture()
@@ -41,6 +41,7 @@ def test_keeps_parent_weights_and_vocab_mapping(parent, tmp_path):
     assert torch.equal(child.embed_tokens.weight, embedding)
     assert not child.embed_tokens.weight.requires_grad
     assert child.config.aux_layer_ids == (1, 2, 3)
+    assert (child.config.target_num_layers, child.config.target_model_type) == (4, "llama")
     # A parent exported for SGLang (ids minus one) comes back with the same ids, from its folder path.
     (tmp_path / "target").mkdir()
     (tmp_path / "target" / "config.json").write_text(json.dumps(TARGET))
