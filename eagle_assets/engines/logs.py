@@ -16,11 +16,11 @@ from pathlib import Path
 # "(APIServer pid=3064) " or "(EngineCore_DP0 pid=3111) " in front of every line of a vLLM process.
 _PROCESS_PREFIX = re.compile(r"^\((?:[A-Za-z_][\w.]*)(?: pid=\d+)?\)\s?")
 # "ERROR 11-30 14:54:39 [core.py:123] message"
-_ERROR_LINE = re.compile(r"^(?:ERROR|CRITICAL)\s+\d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)? \[[^\]]*\]\s*(?P<msg>.*)$")
+_ERROR_LINE = re.compile(r"^(?:ERROR|CRITICAL)\s+\d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)? \[[^\]]*\] ?(?P<msg>.*)$")
 _LOG_LINE = re.compile(r"^(?:DEBUG|INFO|WARNING|ERROR|CRITICAL)\s+\d\d-\d\d \d\d:\d\d:\d\d")
 _FRAME = re.compile(r'^\s+File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<func>.+)$')
 _EXCEPTION = re.compile(r"^(?P<type>[A-Za-z_][\w.]*(?:Error|Exception|Exit|Interrupt|Failure|Warning)|[A-Za-z_][\w.]*\.\w+Error)(?::\s?(?P<msg>.*))?$")
-_NOISE_FRAMES = ("uvloop", "/asyncio/", "contextlib.py", "/pydantic/", "runpy.py", "/concurrent/futures/", "/multiprocessing/")
+_NOISE_FRAMES = ("uvloop", "/asyncio/", "contextlib.py", "/pydantic/", "runpy", "/concurrent/futures/", "/multiprocessing/", "<string>")
 
 
 def strip_prefix(line: str) -> str:
@@ -65,44 +65,83 @@ class RootCause:
         return "\n".join(parts) or "(no traceback or ERROR line in the log)"
 
 
-def root_cause(lines: list[str]) -> RootCause:
-    """The last traceback's exception and engine frame, plus ERROR lines, from log `lines`."""
-    clean = [strip_prefix(line) for line in lines]
-    cause = RootCause()
-    for line in clean:
-        m = _ERROR_LINE.match(line)
-        if m and m.group("msg").strip():
-            cause.error_lines.append(m.group("msg").strip())
-    starts = _fatal_traceback_starts(clean)
-    if not starts:
-        return cause
-    block = clean[starts[-1] + 1 :]
-    last_frame = None
-    exc_at = None
+def _content(lines: list[str]) -> list[str]:
+    """Log lines without process prefixes; a traceback logged through ERROR lines (vLLM's
+    EngineCore does this) is unwrapped to its plain text so it parses like any other."""
+    out = []
+    for line in lines:
+        s = strip_prefix(line)
+        m = _ERROR_LINE.match(s)
+        out.append(m.group("msg") if m and _looks_like_traceback(m.group("msg")) else s)
+    return out
+
+
+def _looks_like_traceback(msg: str) -> bool:
+    return msg.startswith(("Traceback (most recent call last)", "  File ", "    ")) or bool(_EXCEPTION.match(msg))
+
+
+# "FileNotFoundError(EngineCore pid=1) INFO ..." then ": [Errno 2] ..." on the next line: two
+# processes wrote to the log at once; the exception's name and message are split around it.
+_INTERLEAVED = re.compile(r"^(?P<type>[A-Za-z_][\w.]*(?:Error|Exception))\((?:[A-Za-z_][\w.]*) pid=\d+\)")
+
+
+def _traceback_exception(block: list[str]) -> tuple[str | None, str | None]:
+    """(exception text, innermost non-noise frame) of the traceback whose body is `block`."""
+    last_frame, innermost, exc_at = None, None, None
     for i, line in enumerate(block):
+        if line.startswith("Traceback (most recent call last)"):
+            break
         fm = _FRAME.match(line)
         if fm:
+            innermost = f"{fm.group('file')}:{fm.group('line')} in {fm.group('func')}"
             if not any(n in fm.group("file") for n in _NOISE_FRAMES):
-                last_frame = f"{fm.group('file')}:{fm.group('line')} in {fm.group('func')}"
-            exc_at = None
+                last_frame = innermost
             continue
-        if exc_at is None and not line.startswith(" ") and _EXCEPTION.match(line):
+        if not line.startswith(" ") and (_EXCEPTION.match(line) or _INTERLEAVED.match(line)):
             exc_at = i
-    if exc_at is not None:
-        message = [block[exc_at]]
-        for line in block[exc_at + 1 :]:
-            if _LOG_LINE.match(line) or line.startswith("Traceback") or _FRAME.match(line):
-                break
-            if line.strip():
-                message.append(line.strip())
-        cause.exception = "\n".join(message[:12])
-    cause.location = last_frame
+            break
+    last_frame = last_frame or innermost  # all frames were plumbing: the innermost still helps
+    if exc_at is None:
+        return None, last_frame
+    first = block[exc_at]
+    m = _INTERLEAVED.match(first)
+    if m:
+        following = next((x for x in block[exc_at + 1 :] if x.startswith(": ")), "")
+        return m.group("type") + following, last_frame
+    message = [first]
+    for line in block[exc_at + 1 :]:
+        if _LOG_LINE.match(line) or line.startswith("Traceback") or _FRAME.match(line):
+            break
+        if line.strip():
+            message.append(line.strip())
+    return "\n".join(message[:12]), last_frame
+
+
+def root_cause(lines: list[str]) -> RootCause:
+    """The first fatal traceback's exception and engine frame (the later ones are usually its
+    consequences: an engine core reporting that a worker died), plus the ERROR lines."""
+    clean = _content(lines)
+    cause = RootCause()
+    for line in lines:
+        m = _ERROR_LINE.match(strip_prefix(line))
+        if m and m.group("msg").strip() and not _looks_like_traceback(m.group("msg")) and not m.group("msg").lstrip().startswith("^"):
+            cause.error_lines.append(m.group("msg").strip())
+    starts = _fatal_traceback_starts(clean)
+    found = [_traceback_exception(clean[i + 1 :]) for i in starts]
+    found = [f for f in found if f[0]]
+    if not found:
+        if starts:
+            cause.location = _traceback_exception(clean[starts[0] + 1 :])[1]
+        return cause
+    cause.exception, cause.location = found[0]
+    if len(found) > 1 and found[-1][0] != found[0][0]:
+        cause.error_lines.append("then: " + found[-1][0].splitlines()[0])
     return cause
 
 
 def traceback_complete(lines: list[str]) -> bool:
     """True once the last traceback in `lines` has reached its exception line."""
-    clean = [strip_prefix(line) for line in lines]
+    clean = _content(lines)
     starts = _fatal_traceback_starts(clean)
     if not starts:
         return False

@@ -138,6 +138,9 @@ def _alive(pid: int) -> bool:
 
 
 def _open_shm_files() -> set[str]:
+    """/dev/shm files some live process holds open or maps. POSIX semaphores (sem.*) are only
+    mapped, never held as a file descriptor: the maps must be read too, or a cleanup would
+    delete the semaphores of another server that is starting."""
     held = set()
     for pid_dir in Path("/proc").iterdir():
         if not pid_dir.name.isdigit():
@@ -147,6 +150,11 @@ def _open_shm_files() -> set[str]:
                 target = os.readlink(fd)
                 if target.startswith("/dev/shm/"):
                     held.add(target)
+            with open(pid_dir / "maps") as maps:
+                for row in maps:
+                    at = row.find("/dev/shm/")
+                    if at >= 0:
+                        held.add(row[at:].split(" (deleted)")[0].strip())
         except OSError:
             continue
     return held
