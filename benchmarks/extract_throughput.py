@@ -16,7 +16,7 @@ downloaded) it writes a synthetic corpus to local disk and measures:
 
 Needs torch, transformers, safetensors, pyarrow, fsspec, numpy and tqdm; imports only the
 project's pure modules (no dagster, no engine). The full run takes about 3-4 minutes on one
-H200 and writes at most ~12 GB at a time to the scratch folder, deleted as it goes.
+H200 and writes at most ~10 GB at a time to the scratch folder, deleted as it goes.
 """
 
 from __future__ import annotations
@@ -252,6 +252,7 @@ def main(argv: list[str] | None = None) -> list[Row]:
         ap.error("no CUDA device: the full benchmark needs one GPU; use --smoke on CPU")
     shapes = SMOKE_SHAPES if args.smoke else GPU_SHAPES
     disk_gb = args.disk_gb if args.disk_gb is not None else (0.05 if args.smoke else 6.0)
+    began = time.perf_counter()
     scratch_root = Path(tempfile.mkdtemp(prefix="extract-bench-", dir=args.scratch))
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
     try:
@@ -261,6 +262,7 @@ def main(argv: list[str] | None = None) -> list[Row]:
     finally:
         shutil.rmtree(scratch_root, ignore_errors=True)
     print_table(rows, name)
+    print(f"total {time.perf_counter() - began:.0f} s")
     if args.json:
         args.json.write_text(json.dumps([asdict(r) for r in rows], indent=2))
     return rows
