@@ -312,6 +312,8 @@ class MagpieStats:
     dropped_too_long: int = 0
     dropped_duplicate: int = 0
     dropped_mt_bench: int = 0
+    unused: int = 0
+    """Good candidates of the last batch beyond num_prompts."""
     failed: int = 0
     errors: list[str] = field(default_factory=list)
 
@@ -392,7 +394,9 @@ async def synthesize_prompts_async(
                 stats.dropped_mt_bench += 1
             elif normalize_text(turns[0]) in seen:
                 stats.dropped_duplicate += 1
-            elif len(kept) < s.num_prompts:
+            elif len(kept) >= s.num_prompts:
+                stats.unused += 1
+            else:
                 seen.add(normalize_text(turns[0]))
                 kept.append(Prompt.make(turns, system=s.system_prompt, source="magpie", origin=f"magpie candidate {i}"))
         index += batch
