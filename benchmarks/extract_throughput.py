@@ -40,7 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from eagle_assets.formats import hidden_state_bytes_per_token, stable_id  # noqa: E402
 from eagle_assets.hidden_states.corpus_io import load_shard_samples  # noqa: E402
-from eagle_assets.hidden_states.extract import ExtractSettings, extract_all, plan_batches, target_parts  # noqa: E402
+from eagle_assets.hidden_states.extract import ExtractSettings, extract_all, pad_batch, plan_batches, target_parts  # noqa: E402
 from eagle_assets.hidden_states.writer import start_writeback  # noqa: E402
 
 
@@ -135,15 +135,11 @@ def bare_forward(model, corpus: Path, settings: ExtractSettings, device: torch.d
     inputs, tokens = [], 0
     for s, batches in batches_per_shard:
         for a, b in batches:
-            lens = s.token_counts[a:b]
-            ids = torch.zeros(len(lens), lens[0], dtype=torch.long)
-            for j, x in enumerate(s.input_ids[a:b]):
-                ids[j, : len(x)] = torch.from_numpy(x.astype(np.int64))
-            mask = None if lens[-1] == lens[0] else (torch.arange(lens[0])[None] < torch.tensor(lens)[:, None]).long()
+            ids, _, mask = pad_batch(s.input_ids[a:b])
             if device.type == "cuda":  # pinned, as the extraction does: the copies stay asynchronous
                 ids, mask = ids.pin_memory(), None if mask is None else mask.pin_memory()
             inputs.append((ids, mask))
-            tokens += sum(lens)
+            tokens += sum(s.token_counts[a:b])
     base(input_ids=inputs[0][0].to(device), attention_mask=None if inputs[0][1] is None else inputs[0][1].to(device), use_cache=False)
     sync(device)
     start = time.perf_counter()

@@ -272,6 +272,23 @@ def plan_batches(token_counts: list[int], batch_tokens: int) -> list[tuple[int, 
     return batches
 
 
+def pad_batch(input_ids: list[np.ndarray]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """Right-pad samples (longest first) into one batch.
+
+    Returns ids (B, S) int64, the flat positions of the real tokens (Tb,) int64 (sample j's
+    tokens sit at j*S + 0..len_j-1), and the attention mask (B, S) int64, or None when no
+    sample is padded (the model then takes its plain causal path).
+    """
+    lens = [len(x) for x in input_ids]
+    S = lens[0]
+    ids = torch.zeros(len(lens), S, dtype=torch.long)
+    for j, x in enumerate(input_ids):
+        ids[j, : len(x)] = torch.from_numpy(x.astype(np.int64))
+    index = torch.from_numpy(np.concatenate([j * S + np.arange(n) for j, n in enumerate(lens)]))
+    mask = None if lens[-1] == S else (torch.arange(S)[None, :] < torch.tensor(lens)[:, None]).long()
+    return ids, index, mask
+
+
 class Extractor:
     """Holds the hooks and host buffers for one target; extracts shards one after another."""
 
@@ -408,17 +425,10 @@ class Extractor:
         finite: list[torch.Tensor] = []
         try:
             for bi, (a, b) in enumerate(batches):
-                lens = counts[a:b]
-                S, rows, row0 = lens[0], int(offsets[b] - offsets[a]), int(offsets[a])
-                ids = torch.zeros(len(lens), S, dtype=torch.long)  # (B, S), right padded
-                for j, x in enumerate(samples.input_ids[a:b]):
-                    ids[j, : len(x)] = torch.from_numpy(x.astype(np.int64))
-                # Real tokens of sample j sit at flat positions j*S + 0..len_j-1.
-                index = torch.from_numpy(np.concatenate([j * S + np.arange(n) for j, n in enumerate(lens)]))
-                # With no padding, no mask: the model takes its plain causal path.
-                mask = None
-                if lens[-1] != S:
-                    mask = host((torch.arange(S)[None, :] < torch.tensor(lens)[:, None]).long()).to(in_dev, non_blocking=True)
+                rows, row0 = int(offsets[b] - offsets[a]), int(offsets[a])
+                ids, index, mask = pad_batch(samples.input_ids[a:b])
+                if mask is not None:
+                    mask = host(mask).to(in_dev, non_blocking=True)
                 bufs = pool.acquire()  # blocks while the writer is `queue_depth` batches behind
                 if out_dev.type == "cpu":
                     aux, final = bufs.aux[:rows], bufs.final[:rows]  # captured straight into the host buffer
