@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import hashlib
-import json
 import shutil
 from pathlib import Path
 
@@ -14,7 +13,7 @@ from eagle_assets.formats import SHARD_STATES_FILE, hidden_state_bytes_per_token
 from eagle_assets.hidden_states.extract import ExtractSettings, extract_all, extract_shard, load_target
 from eagle_assets.hidden_states.reader import ShardReader, open_shards
 
-from .conftest import tiny_llama, write_corpus
+from .conftest import write_corpus
 
 AUX = (0, 2, 4)  # embeddings, a middle layer, and L (the last layer's output before the norm)
 H = 64
