@@ -10,9 +10,21 @@ from eagle_assets.defs.drafter import drafter_checkpoint
 from eagle_assets.defs.hidden_states import hidden_state_shards, vocab_mapping
 from eagle_assets.defs.jobs import JOBS
 from eagle_assets.defs.resources import default_resources
+from eagle_assets.defs.schedules import default_schedules
+from eagle_assets.defs.sensors import automation_enabled, default_sensors, with_automation
 
 ASSETS = [prompts, synthetic_corpus, vocab_mapping, hidden_state_shards, drafter_checkpoint, benchmark_report]
 
 
-def build_definitions() -> dg.Definitions:
-    return dg.Definitions(assets=ASSETS, jobs=JOBS, resources=default_resources())
+def build_definitions(automation: bool | None = None) -> dg.Definitions:
+    """The project's Definitions. `automation` (default: EAGLE_ASSETS_AUTOMATION=1) gives each
+    asset an automation condition and a running automation sensor, which then take over from
+    the retraining schedule and its follow-up sensor (defs/sensors.py)."""
+    automation = automation_enabled() if automation is None else automation
+    return dg.Definitions(
+        assets=with_automation(ASSETS) if automation else ASSETS,
+        jobs=JOBS,
+        schedules=[] if automation else default_schedules(),
+        sensors=default_sensors(automation),
+        resources=default_resources(),
+    )

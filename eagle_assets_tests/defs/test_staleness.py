@@ -2,7 +2,7 @@
 
 The toy graph (`toy_graph.py`) has the real graph's shape (a partitioned stage between
 unpartitioned ones) and its machinery (`stage_version` code versions, content-hash data
-versions); runs are real Dagster runs in a real instance.
+versions); runs are real Dagster runs in a real on-disk instance (conftest.py).
 """
 
 from __future__ import annotations
@@ -17,23 +17,6 @@ from eagle_assets_tests.defs.toy_graph import STAGES, make_assets, materializati
 
 def _quiet(_):
     pass
-
-
-@pytest.fixture
-def instance():
-    with dg.DagsterInstance.ephemeral() as inst:
-        yield inst
-
-
-@pytest.fixture
-def built(tmp_path, instance):
-    """The toy graph materialised once (four runs, the fewest its stages allow); its data folder."""
-    assets = make_assets(tmp_path)
-    dg.materialize(assets, selection=["a", "b"], instance=instance)
-    for partition in ("0", "1"):
-        dg.materialize(assets, selection=["c"], partition_key=partition, instance=instance)
-    dg.materialize(assets, selection=["d"], instance=instance)
-    return tmp_path
 
 
 def test_missing_graph_is_built_in_waves_from_its_roots(tmp_path, instance):
@@ -56,7 +39,8 @@ def test_missing_graph_is_built_in_waves_from_its_roots(tmp_path, instance):
     assert run_stale(assets, STAGES, instance, {}, log=_quiet).steps == []
 
 
-def test_bumped_setting_rebuilds_that_asset_and_what_depends_on_it(built, instance):
+def test_bumped_setting_rebuilds_that_asset_and_what_depends_on_it(built):
+    built, instance = built
     bumped = make_assets(built, b_scale=2)  # b's Config default changes: a new code version for b only
     report = stale_report(AssetGraph.from_assets(bumped), instance)
     assert [(i.label, i.status, i.causes) for i in report.items] == [("b", STALE, ("has a new code version",))]
@@ -69,7 +53,8 @@ def test_bumped_setting_rebuilds_that_asset_and_what_depends_on_it(built, instan
     assert stale_report(AssetGraph.from_assets(bumped), instance).fresh
 
 
-def test_identical_rebuild_leaves_everything_downstream_fresh(built, instance):
+def test_identical_rebuild_leaves_everything_downstream_fresh(built):
+    built, instance = built
     bumped = make_assets(built, b_note="second")  # new code version, same content
     assert [i.label for i in stale_report(AssetGraph.from_assets(bumped), instance).items] == ["b"]
 
@@ -80,7 +65,8 @@ def test_identical_rebuild_leaves_everything_downstream_fresh(built, instance):
     assert stale_report(AssetGraph.from_assets(bumped), instance).fresh
 
 
-def test_one_partition_with_new_content_makes_only_its_children_stale(built, instance):
+def test_one_partition_with_new_content_makes_only_its_children_stale(built):
+    built, instance = built
     assets = make_assets(built)
     dg.materialize(assets, selection=["c"], partition_key="1", instance=instance, run_config={"ops": {"c": {"config": {"salt": 7}}}})
     report = stale_report(AssetGraph.from_assets(assets), instance)
@@ -92,7 +78,8 @@ def test_one_partition_with_new_content_makes_only_its_children_stale(built, ins
     assert (built / "d.txt").read_text() == "0:0:hello|1:7:hello!"
 
 
-def test_changed_run_settings_count_as_stale_and_defaults_do_not(built, instance):
+def test_changed_run_settings_count_as_stale_and_defaults_do_not(built):
+    built, instance = built
     assets = make_assets(built)
     graph = AssetGraph.from_assets(assets)
     # The same values as the Config defaults, spelled out: nothing to do.

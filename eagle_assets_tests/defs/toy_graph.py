@@ -52,6 +52,8 @@ def make_assets(root: Path, b_scale: int = 1, b_note: str = "first") -> list[dg.
     @dg.asset(deps=[b], partitions_def=PARTITIONS, code_version=stage_version(CConfig),
               check_specs=[dg.AssetCheckSpec("not_empty", asset="c")])  # fmt: skip
     def c(context: dg.AssetExecutionContext, config: CConfig):
+        if config.salt < 0:
+            raise ValueError(f"salt {config.salt} < 0: a failing run for tests")
         text = f"{context.partition_key}:{config.salt}:" + (root / "b.txt").read_text()
         yield dg.MaterializeResult(data_version=write(f"c{context.partition_key}.txt", text))
         yield dg.AssetCheckResult(check_name="not_empty", passed=bool(text))
@@ -66,6 +68,33 @@ def make_assets(root: Path, b_scale: int = 1, b_note: str = "first") -> list[dg.
 
 def make_jobs() -> list:
     return [dg.define_asset_job(name, selection=assets) for name, assets in STAGES.items()]
+
+
+def persistent_instance(home: Path) -> dg.DagsterInstance:
+    """A real on-disk instance (schedule and sensor contexts refuse an ephemeral one), kept fast:
+    one SQLite event log for all runs and no captured compute logs."""
+    home = Path(home)
+    home.mkdir(parents=True, exist_ok=True)
+    (home / "dagster.yaml").write_text(
+        f"""run_storage:
+  module: dagster._core.storage.runs
+  class: SqliteRunStorage
+  config: {{base_dir: "{home}/history"}}
+event_log_storage:
+  module: dagster._core.storage.event_log
+  class: ConsolidatedSqliteEventLogStorage
+  config: {{base_dir: "{home}/history"}}
+schedule_storage:
+  module: dagster._core.storage.schedules
+  class: SqliteScheduleStorage
+  config: {{base_dir: "{home}/schedules"}}
+compute_logs:
+  module: dagster._core.storage.noop_compute_log_manager
+  class: NoOpComputeLogManager
+telemetry: {{enabled: false}}
+"""
+    )
+    return dg.DagsterInstance.from_config(str(home))
 
 
 def materialization_count(instance: dg.DagsterInstance, asset: str, partition: str | None = None) -> int:
