@@ -1,0 +1,106 @@
+"""The project's Definitions load, with the asset keys, checks, versions and jobs the UI shows.
+
+The first tests load the Definitions the way `workspace.yaml` does. The last one reads the
+graph that the shared `materialized_graph` fixture built for real: every materialisation
+carries a content-hash data version, and a stale-only run right after has nothing to do.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+import dagster as dg
+import pytest
+from dagster._core.definitions.data_version import CODE_VERSION_TAG, DATA_VERSION_IS_USER_PROVIDED_TAG, DATA_VERSION_TAG
+
+from eagle_assets.defs.staleness import stale_report
+
+EXPECTED_CHECKS = {
+    "prompts": set(),
+    "synthetic_corpus": {"error_rate", "reasoning_captured", "unique_ids", "token_round_trip"},
+    "vocab_mapping": {"consistent"},
+    "hidden_state_shards": {"matches_corpus"},
+    "drafter_checkpoint": {"serves_in_vllm", "sglang_names", "not_worse_than_parent"},
+    "benchmark_report": {"speedup", "parity", "parent_al"},
+}
+EXPECTED_DEPS = {
+    "prompts": set(),
+    "synthetic_corpus": {"prompts"},
+    "vocab_mapping": {"synthetic_corpus"},
+    "hidden_state_shards": {"synthetic_corpus"},
+    "drafter_checkpoint": {"vocab_mapping", "hidden_state_shards"},
+    "benchmark_report": {"drafter_checkpoint"},
+}
+
+
+@pytest.fixture(scope="module")
+def defs() -> dg.Definitions:
+    # The module workspace.yaml names, loaded as the code server loads it.
+    return importlib.import_module("eagle_assets.definitions").defs
+
+
+def test_asset_keys_lineage_and_checks_per_asset(defs):
+    graph = defs.resolve_asset_graph()
+    assert {k.to_user_string() for k in graph.get_all_asset_keys()} == set(EXPECTED_CHECKS)
+    for key in graph.get_all_asset_keys():
+        name = key.to_user_string()
+        assert {p.to_user_string() for p in graph.get(key).parent_keys} == EXPECTED_DEPS[name], name
+        assert {c.name for c in graph.get(key).check_keys} == EXPECTED_CHECKS[name], name
+        assert graph.get(key).group_name == "eagle3"
+    assert [k.to_user_string() for k in graph.asset_keys_for_partitions_def(partitions_def=graph.get(dg.AssetKey("hidden_state_shards")).partitions_def)] == ["hidden_state_shards"]
+
+
+def test_every_asset_has_a_description_and_a_code_version_from_its_stage(defs):
+    from eagle_assets.defs.common import stage_version
+    from eagle_assets.defs.corpus import PromptsConfig
+
+    graph = defs.resolve_asset_graph()
+    versions = {}
+    for key in graph.get_all_asset_keys():
+        node = graph.get(key)
+        assert node.description and len(node.description) > 40, key  # the UI shows it to the user
+        assert node.code_version and len(node.code_version) == 16, key
+        versions[key.to_user_string()] = node.code_version
+    assert len(set(versions.values())) == len(versions)  # each stage its own version
+    assert versions["prompts"] == stage_version("corpus/prompts.py", "defs/corpus.py", PromptsConfig)
+
+
+def test_checks_carry_descriptions_and_blocking_where_a_bad_output_must_stop_the_graph(defs):
+    graph = defs.resolve_asset_graph()
+    for check_key in graph.asset_check_keys:
+        node = graph.get(check_key)
+        assert node.description, check_key
+    blocking = {(k.asset_key.to_user_string(), k.name) for k in graph.asset_check_keys if graph.get(k).blocking}
+    assert ("synthetic_corpus", "token_round_trip") in blocking and ("drafter_checkpoint", "serves_in_vllm") in blocking
+    assert not any(asset == "benchmark_report" for asset, _ in blocking)  # a slow drafter is reported, not hidden
+
+
+def test_stage_jobs_never_mix_partitioned_and_unpartitioned_assets(defs):
+    repo = defs.get_repository_def()
+    for name in ("corpus_job", "hidden_states_job", "drafter_job"):
+        keys = repo.get_job(name).asset_layer.executable_asset_keys
+        partitioned = {repo.asset_graph.get(k).is_partitioned for k in keys}
+        assert len(partitioned) == 1, (name, keys)
+
+
+@pytest.mark.engine
+@pytest.mark.slow
+def test_real_graph_materialisations_carry_versions_and_nothing_is_stale_after(materialized_graph):
+    instance, _, _ = materialized_graph
+    from eagle_assets.defs import ASSETS
+    from eagle_assets.defs.runner import materialize_stale
+    from dagster._core.definitions.assets.graph.asset_graph import AssetGraph
+
+    graph = AssetGraph.from_assets(ASSETS)
+    for key in graph.get_all_asset_keys():
+        partitions = graph.get(key).partitions_def.get_partition_keys() if graph.get(key).is_partitioned else [None]
+        for partition in partitions:
+            record = instance.get_latest_data_version_record(key, False, partition)
+            assert record is not None, (key, partition)
+            tags = record.asset_materialization.tags
+            assert tags[CODE_VERSION_TAG] == graph.get(key).code_version
+            assert tags[DATA_VERSION_IS_USER_PROVIDED_TAG] == "true"  # our content hash, not Dagster's run id
+            assert len(tags[DATA_VERSION_TAG]) == 16
+    report = stale_report(graph, instance, settings=None)
+    assert report.fresh, report.render()
+    assert materialize_stale(None, log=lambda m: None, instance=instance).steps == []
