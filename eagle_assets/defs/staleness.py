@@ -206,7 +206,12 @@ def settings_change(asset_graph: AssetGraph, instance: dg.DagsterInstance, key: 
     if before is None:
         return None
     wanted = (settings.get(key.to_python_identifier()) or {}).get("config") or {}
-    old, new = resolved_config(asset_graph, key, before), resolved_config(asset_graph, key, wanted)
+    new = resolved_config(asset_graph, key, wanted)
+    try:
+        old = resolved_config(asset_graph, key, before)
+    except ValueError:
+        # The Config changed since that build (a field renamed or removed): rebuild.
+        return "settings changed: the last build's settings no longer fit this version's Config"
     diffs = [f"{k} {old.get(k)!r} -> {new.get(k)!r}" for k in sorted(set(old) | set(new)) if old.get(k) != new.get(k)]
     return ("settings changed: " + ", ".join(diffs)) if diffs else None
 

@@ -4,6 +4,7 @@ versions pyproject.toml pins. No Docker engine runs here; nothing is built."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import re
 import shutil
@@ -74,10 +75,13 @@ def test_instance_files_pass_dagsters_schema(path, tmp_path, monkeypatch):
             spec = raw[section]
             # Dagster's own reading of module/class (it maps the public dagster.core.* names).
             data = ConfigurableClassData(spec["module"], spec["class"], yaml.dump(spec.get("config") or {}))
+            if importlib.util.find_spec(data.module_name.split(".")[0]) is None:
+                pytest.skip(f"{data.module_name} is not installed here: `pip install -e '.[deploy]'` checks {section} of {path.name}")
             cls = class_from_code_pointer(data.module_name, data.class_name)
             result = process_config(cls.config_type(), spec.get("config") or {})
             assert result.success, (path.name, section, [e.message for e in result.errors])
     if "postgres" in raw.get("storage", {}):
+        pytest.importorskip("dagster_postgres", reason="`pip install -e '.[deploy]'` checks the Postgres storage config")
         from dagster_postgres import DagsterPostgresStorage
 
         result = process_config(DagsterPostgresStorage.config_type(), raw["storage"]["postgres"])
