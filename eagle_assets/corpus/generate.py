@@ -42,6 +42,7 @@ class SamplingParams:
     temperature: float = 0.0
     """0 is greedy: the drafter learns the target's most likely continuation."""
     top_p: float = 1.0
+    """Nucleus sampling mass (1 = off)."""
     top_k: int | None = None
     """None leaves the server's default (all tokens)."""
     max_tokens: int = 2048
@@ -52,8 +53,15 @@ class SamplingParams:
     """Keep generating past end-of-turn (benchmarks only: it makes every answer max_tokens long)."""
 
     def __post_init__(self) -> None:
-        if self.temperature < 0 or not 0 < self.top_p <= 1 or self.max_tokens < 1:
-            raise ValueError(f"invalid sampling parameters: {self}")
+        problems = []
+        if self.temperature < 0:
+            problems.append(f"temperature {self.temperature} < 0 (0 is greedy)")
+        if not 0 < self.top_p <= 1:
+            problems.append(f"top_p {self.top_p} outside (0, 1]")
+        if self.max_tokens < 1:
+            problems.append(f"max_tokens {self.max_tokens} < 1")
+        if problems:
+            raise ValueError("invalid sampling parameters: " + "; ".join(problems))
 
     def as_dict(self) -> dict:
         return asdict(self)

@@ -278,6 +278,7 @@ class MagpieSettings:
     temperature: float = 1.0
     """Sampling temperature of the user turn (Magpie needs diversity: keep it near 1)."""
     top_p: float = 1.0
+    """Nucleus sampling mass of the user turn."""
     max_tokens: int = 128
     """Longest user turn in tokens; one that does not end within it is dropped as over-long."""
     min_chars: int = 8
@@ -298,8 +299,17 @@ class MagpieSettings:
     """Send `add_special_tokens: false`: the template text already carries any BOS."""
 
     def __post_init__(self) -> None:
-        if self.num_prompts < 1 or self.num_turns < 1 or not 0 <= self.multi_turn_fraction <= 1:
-            raise ValueError(f"invalid Magpie settings: {self}")
+        problems = []
+        if self.num_prompts < 1:
+            problems.append(f"num_prompts {self.num_prompts} < 1")
+        if self.num_turns < 1:
+            problems.append(f"num_turns {self.num_turns} < 1")
+        if not 0 <= self.multi_turn_fraction <= 1:
+            problems.append(f"multi_turn_fraction {self.multi_turn_fraction} outside [0, 1]")
+        if self.max_tokens < 1 or self.min_chars > self.max_chars:
+            problems.append(f"max_tokens {self.max_tokens} / min_chars {self.min_chars} / max_chars {self.max_chars} leave no room")
+        if problems:
+            raise ValueError("invalid Magpie settings: " + "; ".join(problems))
 
 
 @dataclass

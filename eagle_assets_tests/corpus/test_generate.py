@@ -77,3 +77,8 @@ def test_mt_bench_prompts_are_refused_before_any_request(tmp_path, tokenizer, ta
             )
         )
     assert list(tmp_path.iterdir()) == []
+
+
+def test_bad_settings_name_the_setting():
+    with pytest.raises(ValueError, match=r"temperature -1.0 < 0 \(0 is greedy\); max_tokens 0 < 1"):
+        SamplingParams(temperature=-1.0, max_tokens=0)
