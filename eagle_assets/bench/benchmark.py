@@ -56,18 +56,16 @@ def offline_acceptance(target_path: Path, drafter_dir: Path, prompts: Sequence[S
     drafter.eval()
     with torch.no_grad():
         drafter.embed_tokens.weight.copy_(target.get_input_embeddings().weight)
-    accepted: list[int] = []
+    results = []
     chosen = list(prompts)[: settings.offline_prompts or len(prompts)]
     for i, messages in enumerate(chosen, 1):
         ids = tokenizer.apply_chat_template(list(messages), add_generation_prompt=True, return_tensors="pt", return_dict=True)["input_ids"]
-        with torch.no_grad():
+        with torch.inference_mode():
             # No EOS: the served sweep ignores EOS too, so both see the same token stream.
             result = speculative_generate(target, drafter, ids, settings.output_len, settings.k, eos_token_id=None)
-        accepted += result.accepted_per_step
+        results.append(result)
         log(f"offline reference: prompt {i}/{len(chosen)}: AL {result.al:.2f}")
-    n = max(len(accepted), 1)
-    per_pos = tuple(sum(a >= j for a in accepted) / n for j in range(1, settings.k + 1))
-    return AcceptanceNumbers(al=1 + sum(accepted) / n, per_position_acceptance=per_pos, num_drafts=len(accepted), source="offline reference")
+    return AcceptanceNumbers.from_results(results, settings.k)
 
 
 def run_benchmark(
