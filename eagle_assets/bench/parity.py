@@ -357,6 +357,19 @@ def judge_parity(
             evidence,
         )
 
+    # A config value that makes the engine compute another function than the one trained is a
+    # wiring fault whatever the numbers say: with a weak drafter, or layers whose states are
+    # close, the numbers alone may not show it.
+    definite = wiring_findings(facts, engine, trained_aux_layer_ids, target_num_layers, target_vocab_size) if facts else []
+    if definite:
+        return Verdict(
+            "engine_wiring",
+            f"The served export is wired differently from the drafter as trained ({'; '.join(definite)}); "
+            f"{nums}. Fix the export before judging the drafter.{k_note}{noise}",
+            False,
+            tuple(definite) + GENERIC_WIRING_CAUSES,
+            evidence,
+        )
     if offline.al < tol.min_healthy_al:
         gap = "" if parity_ok else f" (and the server is further off: {nums})"
         return Verdict(

@@ -185,3 +185,15 @@ def test_parity_and_parent_checks():
     assert not regressed.passed and "REGRESSED" in regressed.description
     assert parent_al_check(2.0, None).passed  # from scratch: nothing to regress against
     assert not parent_al_check(math.nan, 2.4).passed
+
+
+def test_shifted_ids_are_wiring_even_when_the_numbers_cannot_show_it(tmp_path):
+    # A weak drafter served with ids shifted by one: offline and served both near 1.1, so the
+    # numbers alone would say "undertrained"; the config says the engine captures other layers.
+    drafter = _drafter(tmp_path / "d", with_d2t=True, eagle_config={"eagle_aux_hidden_state_layer_ids": [3, 16, 28]})
+    weak = AcceptanceNumbers(1.12, (0.1, 0.02, 0.0), 300, "offline reference")
+    served = AcceptanceNumbers(1.10, (0.09, 0.01, 0.0), 300, "served vllm")
+    v = judge_parity(weak, served, drafter=drafter, engine="vllm", trained_aux_layer_ids=TRAINED_IDS)
+    assert v.verdict == "engine_wiring" and not v.parity_ok
+    assert any("[3, 16, 28]" in c and "[2, 15, 27]" in c for c in v.causes)
+    assert parity_check(v).passed is False
