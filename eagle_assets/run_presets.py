@@ -17,9 +17,9 @@ RUN_PRESETS: dict[str, dict[str, dict]] = {
     },
     # For tests: the whole graph in a few minutes; the drafter learns little.
     "smollm2-tiny": {
-        "prompts": {"num_prompts": 10, "multi_turn_fraction": 0.2, "max_prompt_tokens": 48},
-        "synthetic_corpus": {"max_tokens": 48, "concurrency": 8},
-        "drafter_checkpoint": {"epochs": 2, "lr": 2e-3, "micro_batch_tokens": 1024, "val_fraction": 0.2, "warmup_steps": 2},
+        "prompts": {"num_prompts": 16, "multi_turn_fraction": 0.2, "max_prompt_tokens": 48},
+        "synthetic_corpus": {"max_tokens": 64, "concurrency": 8},
+        "drafter_checkpoint": {"epochs": 30, "lr": 3e-3, "micro_batch_tokens": 512, "val_fraction": 0.25, "warmup_steps": 5},
         "benchmark_report": {"num_prompts": 2, "output_len": 16, "concurrencies": [1], "ngram": False},
     },
     "smollm2-quality": {
