@@ -212,13 +212,13 @@ def measure_matmul_peak(device: torch.device, smoke: bool) -> tuple[float, str]:
 def step_flops(shape: Shape, seq_len: int, batch: int) -> float:
     """Model FLOPs of one training step: 3x the forward matmuls that train (forward + backward),
     1x the frozen teacher head (full-vocabulary logits, forward only). Both sides do this work."""
-    H, D, nh, nkv, I, N, V, K = (shape.hidden, shape.head_dim, shape.heads, shape.kv_heads,
-                                 shape.intermediate, shape.draft_vocab, shape.vocab, shape.ttt_steps)
+    H, D, nh, nkv, inter, N, V, K = (shape.hidden, shape.head_dim, shape.heads, shape.kv_heads,
+                                     shape.intermediate, shape.draft_vocab, shape.vocab, shape.ttt_steps)
     tokens = batch * seq_len
     per_token_step = (
         2 * (2 * H) * (nh * D + 2 * nkv * D)  # q, k, v from [embedding ; hidden]
         + 2 * nh * D * H  # o_proj
-        + 3 * 2 * H * I  # gate, up, down
+        + 3 * 2 * H * inter  # gate, up, down
         + 2 * H * N  # lm_head over the draft vocabulary
         + 2 * 2 * nh * D * (seq_len / 2)  # causal scores and values (mean key count T/2)
     )
@@ -270,9 +270,7 @@ def run_ours(shape: Shape, seq_len: int, batch: int, steps: int, warmup: int, de
     result = {"impl": "ours", "seq_len": seq_len, "step_ms": timer.mean_ms,
               "tokens_per_s": batch * seq_len / (timer.mean_ms / 1e3), "peak_gib": peak_gib(device),
               "loss_first": losses[0], "loss_last": losses[-1], "losses": losses}
-    del objective, optimizer, drafter, batch_dict, target_head, outside_head, p
-    reset_memory(device)
-    return result
+    return result  # the model, optimiser and inputs go with this frame
 
 
 # ----------------------------------------------------------------------------- SpecForge
@@ -391,8 +389,6 @@ def run_specforge(sf: dict, shape: Shape, seq_len: int, batch: int, steps: int, 
     result = {"impl": "specforge", "seq_len": seq_len, "step_ms": timer.mean_ms,
               "tokens_per_s": batch * seq_len / (timer.mean_ms / 1e3), "peak_gib": peak_gib(device),
               "loss_first": losses[0], "loss_last": losses[-1], "losses": losses}
-    del model, optimizer, p
-    reset_memory(device)
     return result
 
 
@@ -593,6 +589,7 @@ def main(argv=None) -> dict:
             except Exception as err:  # report, keep our numbers
                 print(f"  SpecForge failed at T={T}: {type(err).__name__}: {err}", flush=True)
                 reset_memory(device)
+    reset_memory(device)
     print_comparison(rows, peak, peak_what, shape, args.batch)
     scaling = run_scaling(args, device) if args.nproc else []
     print_scaling(scaling)

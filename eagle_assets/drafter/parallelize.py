@@ -17,6 +17,7 @@ Without an initialised process group, `parallelize` returns the module unchanged
 from __future__ import annotations
 
 import contextlib
+import warnings
 
 import torch
 import torch.distributed as dist
@@ -64,7 +65,11 @@ def parallelize(
         from torch.nn.parallel import DistributedDataParallel as DDP
 
         ids = [device.index] if device.type == "cuda" else None
-        return DDP(module, device_ids=ids, broadcast_buffers=False, find_unused_parameters=False)
+        with warnings.catch_warnings():
+            # torch 2.13 deprecates broadcast_buffers for forward_sync_buffers, which would still
+            # sync at init (a bool broadcast gloo lacks); torch 2.11 has only broadcast_buffers.
+            warnings.filterwarnings("ignore", message=".*broadcast_buffers.*", category=FutureWarning)
+            return DDP(module, device_ids=ids, broadcast_buffers=False, find_unused_parameters=False)
     if mode == "fsdp2":
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 

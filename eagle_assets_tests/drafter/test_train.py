@@ -299,6 +299,33 @@ def test_training_overfits_a_fixed_batch_and_exports(tmp_path, one_thread):
     model, config = load_drafter(summary["exports"]["vllm"])
     assert config.aux_layer_ids == AUX_IDS and torch.equal(model.d2t, DRAFT_IDS - torch.arange(64))
 
+    # a warm start from that export begins where the parent ended, not at random
+    child = cfg.replace(out_dir=str(tmp_path / "child"), warm_start=summary["exports"]["vllm"], max_steps=1,
+                        export_engines=())
+    train(child)
+    assert read_metrics(child.out_dir)[0]["loss"] < 1.0
+    # ... and refuses a vocab mapping other than the parent's (its lm_head rows follow the parent's)
+    other = tmp_path / "other_vocab.safetensors"
+    ids = DRAFT_IDS + 1
+    t2d = torch.zeros(256, dtype=torch.bool)
+    t2d[ids] = True
+    save_file({"d2t": ids - torch.arange(64), "t2d": t2d}, str(other))
+    with pytest.raises(ValueError, match="differs from the parent drafter's d2t/t2d"):
+        train(child.replace(vocab_mapping=str(other), out_dir=str(tmp_path / "child2")))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_bf16_training_on_gpu(tmp_path):
+    """The same fixed-batch run on CUDA under bf16 autocast (bf16 embedding and teacher heads)."""
+    from eagle_assets.drafter.train import train
+
+    cfg = write_tiny_run(tmp_path, num_samples=4, num_shards=1, micro_batch_samples=4, max_steps=30,
+                         lr=1e-2, warmup_steps=3, bf16=True, val_fraction=0.0)
+    train(cfg)
+    losses = [r["loss"] for r in read_metrics(cfg.out_dir)]
+    assert losses[0] > 8.0 and losses[-1] < 0.6, losses[::5]
+
 
 def test_clear_errors_for_missing_inputs(tmp_path, one_thread):
     from eagle_assets.drafter.train import train
