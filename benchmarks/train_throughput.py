@@ -488,7 +488,9 @@ def print_comparison(rows: list[dict], peak: float, peak_what: str, shape: Shape
           f"{shape.kv_heads}, V={shape.vocab}, N={shape.draft_vocab}, TTT {shape.ttt_steps}), batch {batch}")
     print(f"MFU against the measured peak: {peak / 1e12:.3g} TFLOP/s ({peak_what})")
     print("loss: per position, the 0.8^i-weighted sum over TTT steps (SpecForge's normalisation), "
-          "first step (same weights, same batch) and last timed step")
+          "first step (same weights, same batch) and last timed step.\n"
+          "  Expected first-step difference ~1/T: at the sequence end SpecForge also trains the row whose\n"
+          "  target is the last position (it pairs loss_mask[t+i] with token t+2+i); ours needs token t+2+i.")
     header = f"{'T':>6} {'impl':>10} {'tokens/s':>11} {'step ms':>9} {'peak GiB':>9} {'MFU':>6} {'loss first':>11} {'loss last':>10}"
     print(header)
     print("-" * len(header))

@@ -22,6 +22,9 @@ What a run does (settings in `run_config.TrainConfig`):
   and a tqdm bar (rank 0 only); validates every `val_interval` steps (per-position
   acceptance estimate and acceptance length); exports the drafter with `export.py`.
 
+Multi-node runs need `out_dir` on a filesystem every node sees: rank 0 writes the checkpoints
+and every rank reads the newest one on resume.
+
 Rank 0 alone may report to an orchestrator: `main(argv, reporter=...)` with an object that has
 `log(msg)` and `report_metrics(dict)` (and optionally `report_final(dict)`). When no reporter
 is given and `DAGSTER_PIPES_CONTEXT` is set, rank 0 opens a Dagster Pipes session and
@@ -433,6 +436,11 @@ class Trainer:
         if latest is not None:
             self.resumed = ckpt.load_checkpoint(latest)
             self._check_resumable(self.resumed)
+            if not torch.equal(self.resumed.model_state["d2t"], mapping.d2t.long()):
+                raise ValueError(
+                    f"{latest} was trained with another vocab mapping than {cfg.vocab_mapping}: its lm_head rows "
+                    "follow the old one. Restore that mapping, or start afresh with resume=false"
+                )
             missing, unexpected = drafter.load_state_dict(self.resumed.model_state, strict=False)
             if unexpected or [k for k in missing if not k.startswith("embed_tokens.")]:
                 raise ValueError(f"{latest}: checkpoint does not match the drafter (missing {missing}, unexpected {unexpected})")

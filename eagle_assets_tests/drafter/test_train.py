@@ -256,6 +256,20 @@ def test_config_json_round_trip_and_errors(tmp_path):
         TrainConfig.from_dict({**data, "parallelism": "zero3"})
 
 
+def test_drafter_from_config_dict_or_target_preset(tmp_path):
+    from eagle_assets.drafter.train import resolve_drafter_config
+
+    cfg = write_tiny_run(tmp_path, num_samples=2, num_shards=1)
+    derived = resolve_drafter_config(cfg, TINY_TARGET, AUX_IDS, 64)  # from the target's config.json
+    assert (derived.hidden_size, derived.num_key_value_heads, derived.draft_vocab_size) == (64, 2, 64)
+    assert resolve_drafter_config(cfg.replace(drafter=derived.to_dict()), {}, (9,), 1) == derived
+    preset = resolve_drafter_config(cfg.replace(drafter="llama-3.1-8b-instruct"), {}, (2, 16, 29), 32000)
+    assert (preset.hidden_size, preset.intermediate_size, preset.num_key_value_heads) == (4096, 14336, 8)
+    assert preset.aux_layer_ids == (2, 16, 29) and preset.vocab_size == 128256
+    with pytest.raises(KeyError, match="unknown target preset 'llama-9'; known presets: "):
+        resolve_drafter_config(cfg.replace(drafter="llama-9"), {}, AUX_IDS, 64)
+
+
 def test_warmup_cosine_schedule():
     from eagle_assets.drafter.train import WarmupCosine
 
