@@ -83,11 +83,6 @@ def parallelize(
     raise ValueError(f"parallelism={mode!r}: use 'ddp' or 'fsdp2'")
 
 
-def unwrap(model: nn.Module) -> nn.Module:
-    """The `TrainObjective` under a DDP wrapper (FSDP2 shards in place and has no wrapper)."""
-    return model.module if hasattr(model, "module") and not hasattr(model, "drafter") else model
-
-
 @contextlib.contextmanager
 def grad_sync(model: nn.Module, enabled: bool):
     """Skip the gradient all-reduce on accumulation micro-steps (DDP `no_sync`, FSDP2
