@@ -67,6 +67,11 @@ from eagle_assets.drafter.run_config import TrainConfig
 
 METRICS_FILE = "metrics.jsonl"
 SUMMARY_FILE = "summary.json"
+PARENT_VALIDATION_FILE = "parent_validation.json"
+
+
+def _parent_val_al(path: Path) -> float | None:
+    return json.loads(path.read_text()).get("val_al") if path.is_file() else None
 
 
 class Reporter(Protocol):
@@ -580,6 +585,14 @@ class Trainer:
             f"{cfg.grad_accum} accumulation, device {env.device}, bf16={self.use_bf16}, ttt_steps={cfg.ttt_steps})"
         )
         last_val: dict = {}
+        parent_file = self.out / PARENT_VALIDATION_FILE
+        if cfg.warm_start and start_step == 0:
+            # The parent on the same held-out samples, before any update: the no-regression gate
+            # compares the trained drafter with this. Written once; a resumed run reads it back.
+            parent_val = self.validate()
+            if env.is_main:
+                _write_json(parent_file, parent_val)
+                self.log(f"parent drafter on the held-out samples: AL {parent_val.get('val_al')}")
         window_tokens, window_start, t0 = 0, time.perf_counter(), time.perf_counter()
         stream = Prefetcher(self._batches(), depth=2)
         try:
@@ -676,6 +689,7 @@ class Trainer:
             "seconds": seconds,
             "drafter_config": self.drafter_config.to_dict(),
             "aux_layer_ids": list(self.drafter_config.aux_layer_ids),
+            "parent_val_al": _parent_val_al(self.out / PARENT_VALIDATION_FILE) if self.cfg.warm_start else None,
         }
 
 

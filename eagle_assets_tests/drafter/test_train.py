@@ -318,6 +318,11 @@ def test_training_overfits_a_fixed_batch_and_exports(tmp_path, one_thread):
                         export_engines=())
     train(child)
     assert read_metrics(child.out_dir)[0]["loss"] < 1.0
+    # the parent is validated on the child's held-out samples before any update, for the
+    # no-regression gate; after one tiny step the child is still close to it
+    gated = train(child.replace(out_dir=str(tmp_path / "gated"), val_fraction=0.5, max_steps=1, lr=1e-9))
+    assert gated["parent_val_al"] is not None and gated["parent_val_al"] > 1.0
+    assert gated["val_al"] == pytest.approx(gated["parent_val_al"], abs=1e-3)
     # ... and refuses a vocab mapping other than the parent's (its lm_head rows follow the parent's)
     other = tmp_path / "other_vocab.safetensors"
     ids = DRAFT_IDS + 1
