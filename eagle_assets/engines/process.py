@@ -137,14 +137,12 @@ def _alive(pid: int) -> bool:
         return False
 
 
-def _open_shm_files() -> set[str]:
-    """/dev/shm files some live process holds open or maps. POSIX semaphores (sem.*) are only
-    mapped, never held as a file descriptor: the maps must be read too, or a cleanup would
-    delete the semaphores of another server that is starting."""
+def _shm_files(pids: list[int] | None = None) -> set[str]:
+    """/dev/shm files that the given live processes (default: all) hold open or map. POSIX
+    semaphores (sem.*) are only mapped, never held as a file descriptor: the maps count too."""
     held = set()
-    for pid_dir in Path("/proc").iterdir():
-        if not pid_dir.name.isdigit():
-            continue
+    dirs = [Path(f"/proc/{p}") for p in pids] if pids is not None else [d for d in Path("/proc").iterdir() if d.name.isdigit()]
+    for pid_dir in dirs:
         try:
             for fd in (pid_dir / "fd").iterdir():
                 target = os.readlink(fd)
@@ -183,7 +181,6 @@ class ServerProcess:
     """Where a JSON record of the running server is kept, to recognise it later as ours."""
     proc: subprocess.Popen | None = field(default=None, init=False)
     watcher: LogWatcher | None = field(default=None, init=False)
-    _shm_before: set[str] = field(default_factory=set, init=False)
 
     # -- start
 
@@ -210,7 +207,6 @@ class ServerProcess:
     def start(self) -> None:
         self.check_port()
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        self._shm_before = shm_entries()
         log = open(self.log_path, "w")
         self.proc = subprocess.Popen(
             self.command,
@@ -297,6 +293,9 @@ class ServerProcess:
             return
         pid = self.proc.pid
         tree = [pid, *descendants(pid)]
+        # What this server's processes use, read while they live: after they die, exactly these
+        # files (if no one else holds them) are ours to remove. Other servers' are never touched.
+        ours = _shm_files(tree)
         for sig in (signal.SIGTERM, signal.SIGKILL):
             try:
                 os.killpg(pid, sig)
@@ -319,17 +318,16 @@ class ServerProcess:
             self.proc.wait(timeout=1)
         except subprocess.TimeoutExpired:
             pass
-        self._remove_leaked_shm()
+        self._remove_leaked_shm(ours)
         record = self._record_path()
         if record and record.is_file():
             record.unlink()
 
-    def _remove_leaked_shm(self) -> None:
-        leaked = shm_entries() - self._shm_before
+    def _remove_leaked_shm(self, ours: set[str]) -> None:
+        leaked = ours & shm_entries()
         if not leaked:
             return
-        held = _open_shm_files()
-        for path in leaked - held:
+        for path in leaked - _shm_files():
             try:
                 os.unlink(path)
             except OSError:
