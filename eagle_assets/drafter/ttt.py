@@ -417,10 +417,15 @@ def ttt_loss(
         for i in range(steps)
     ]).reshape(-1)  # (K*B*T,) flat index of the target position t+1+i
     row_step = torch.arange(steps, device=device).repeat_interleave(B * T)
+    # Only rows that train reach the draft-vocabulary head: a masked row (prompt token, padding,
+    # undraftable target, past the end) contributes nothing to the loss or the gradients, and
+    # its (N,)-wide logits are the most expensive part of a step. One host sync for the count.
+    row_mask = masks.reshape(-1)
+    keep = row_mask.nonzero().squeeze(1)  # (M,) rows (i, b, t) that train
     chunk = loss_chunk_rows or max(1, (64 << 20) // cfg.draft_vocab_size)
     loss_sum, step_loss, step_correct = _FusedSoftCE.apply(
-        h_all, model.lm_head.weight, stats.logits, stats.lse, stats.argmax, tgt_index,
-        masks.reshape(-1), row_step, step_weight, chunk,
+        h_all.index_select(0, keep), model.lm_head.weight, stats.logits, stats.lse, stats.argmax,
+        tgt_index[keep], row_mask[keep], row_step[keep], step_weight, chunk,
     )
     step_tokens = masks.sum(dim=(1, 2))
     return TTTOutput(
