@@ -1,7 +1,8 @@
 """The corpus from the real vLLM CPU server and SmolLM2: Magpie, kill and resume, a dying server.
 
-Answers are kept short (48 tokens) and the corpus small (a few dozen samples) so that the
-whole module runs in about two minutes on two cores, server start-ups included.
+Answers are kept short (48 tokens) and the corpora small (17 + 8 samples, 4 Magpie prompts):
+most of the module's time is the two vLLM start-ups (the session's server and the one that is
+killed), about a minute each on two idle cores.
 """
 
 from __future__ import annotations
@@ -61,7 +62,7 @@ def test_magpie_prompts_come_from_the_target(magpie):
 def killed_and_resumed(vllm_server, tokenizer, target, magpie, smollm2_path, tmp_path_factory):
     """A corpus run in a real subprocess, SIGKILLed after its second shard, then resumed."""
     work = tmp_path_factory.mktemp("killed")
-    rows = prompt_rows(n_single=12, n_multi=4)
+    rows = prompt_rows(n_single=10, n_multi=3)
     rows.append({"prompt": "word " * 2100})  # longer than --max-model-len 2048: the server refuses it (HTTP 400)
     file_prompts = load_prompt_file(str(write_jsonl(work / "file.jsonl", rows)))
     prompts = file_prompts + magpie[0]
@@ -102,7 +103,7 @@ def killed_and_resumed(vllm_server, tokenizer, target, magpie, smollm2_path, tmp
 
 def test_a_killed_run_resumes_to_exactly_the_expected_ids(killed_and_resumed, target):
     r = killed_and_resumed
-    too_long = r["prompts"][16]
+    too_long = r["prompts"][13]
     expected = {sample_id_for(p, SAMPLING, target) for p in r["prompts"]} - {sample_id_for(too_long, SAMPLING, target)}
     store = CorpusStore(str(r["out"]), mode="r")
     ids = store.read_table(["sample_id"]).column("sample_id").to_pylist()
@@ -121,18 +122,18 @@ def test_a_killed_run_resumes_to_exactly_the_expected_ids(killed_and_resumed, ta
 
 def test_the_corpus_rows_pass_the_checks(killed_and_resumed, tokenizer):
     store = CorpusStore(str(killed_and_resumed["out"]), mode="r")
-    assert checks.check_error_rate(store, max_error_rate=0.05)[0]
-    passed, meta = checks.check_error_rate(store, max_error_rate=0.0)
-    assert not passed and meta["failed"] == 1 and meta["error_types"] == {"RequestRejected": 1}
-    assert checks.check_no_duplicate_ids(store) == (True, {"rows": 20, "manifest_ids": 20, "duplicate_ids": 0, "examples": []})
+    assert checks.check_error_rate(store, max_error_rate=0.1)[0]
+    passed, meta = checks.check_error_rate(store, max_error_rate=0.05)  # 1 of 18 is 5.6%
+    assert not passed and meta["error_rate"] == round(1 / 18, 6) and meta["error_types"] == {"RequestRejected": 1}
+    assert checks.check_no_duplicate_ids(store) == (True, {"rows": 17, "manifest_ids": 17, "duplicate_ids": 0, "examples": []})
     passed, meta = checks.check_token_round_trip(store, tokenizer)
-    assert passed and meta["rows_checked"] == 20, meta
+    assert passed and meta["rows_checked"] == 17, meta
     assert checks.check_reasoning_capture(store, target_reasons=False)[0]  # SmolLM2 has no reasoning parser
     assert not checks.check_reasoning_capture(store, target_reasons=True)[0]  # a reasoning target without reasoning fails
 
     rows = list(store.iter_rows())
-    assert Counter(r["source"] for r in rows) == {"file": 16, "magpie": 4}
-    assert Counter(r["num_turns"] for r in rows)[2] >= 4
+    assert Counter(r["source"] for r in rows) == {"file": 13, "magpie": 4}
+    assert Counter(r["num_turns"] for r in rows)[2] >= 3
     for r in rows:
         messages = json.loads(r["messages"])
         answers = [m["content"] for m in messages if m["role"] == "assistant"]
@@ -146,8 +147,8 @@ def test_the_corpus_rows_pass_the_checks(killed_and_resumed, tokenizer):
 def test_a_rerun_of_a_complete_corpus_asks_nothing(killed_and_resumed, vllm_server, tokenizer, target):
     r = killed_and_resumed
     with CorpusStore(str(r["out"]), shard_size=3) as store:
-        stats = generate_corpus(r["prompts"][:16], store, server_settings(vllm_server), tokenizer, target=target, sampling=SAMPLING, show_progress_bar=False)
-    assert (stats.already_done, stats.succeeded, stats.failed) == (16, 0, 0)
+        stats = generate_corpus(r["prompts"][:13], store, server_settings(vllm_server), tokenizer, target=target, sampling=SAMPLING, show_progress_bar=False)
+    assert (stats.already_done, stats.succeeded, stats.failed) == (13, 0, 0)
 
 
 def test_a_bad_model_name_is_a_clear_client_error(vllm_server, tokenizer, target, tmp_path):
@@ -161,7 +162,7 @@ def free_port_of_ours() -> int:
 
 
 def test_a_server_dying_mid_run_loses_nothing_and_a_rerun_completes(vllm_server, tokenizer, target, tmp_path):
-    prompts = load_prompt_file(str(write_jsonl(tmp_path / "p.jsonl", prompt_rows(n_single=10, n_multi=0, offset=40))))
+    prompts = load_prompt_file(str(write_jsonl(tmp_path / "p.jsonl", prompt_rows(n_single=8, n_multi=0, offset=40))))
     expected = {sample_id_for(p, SAMPLING, target) for p in prompts}
     out = tmp_path / "corpus"
     port = free_port_of_ours()
