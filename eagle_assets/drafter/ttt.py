@@ -254,7 +254,7 @@ def target_stats(
         lse[rows] = torch.logsumexp(c32, dim=-1)
         top, best[rows] = c32.max(dim=-1)
         if outside_head is not None and outside_head.shape[0] > 0:
-            other = (flat[rows] @ outside_head.to(flat.dtype).T).float().amax(dim=-1)  # (C,)
+            other = (flat[rows] @ outside_head.to(flat.dtype).T).amax(dim=-1).float()  # (C,); max is exact in bf16
             in_draft[rows] = top >= other
     return TargetStats(logits=logits, lse=lse, argmax=best, in_draft=in_draft)
 
