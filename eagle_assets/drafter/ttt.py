@@ -242,6 +242,7 @@ def target_stats(
     """
     flat = final.reshape(-1, final.shape[-1])
     head = target_head.to(flat.dtype)
+    other_head = None if outside_head is None or outside_head.shape[0] == 0 else outside_head.to(flat.dtype)  # cast once
     logits = torch.empty(flat.shape[0], head.shape[0], dtype=torch.promote_types(flat.dtype, head.dtype), device=flat.device)
     lse = torch.empty(flat.shape[0], dtype=torch.float32, device=flat.device)
     best = torch.empty(flat.shape[0], dtype=torch.long, device=flat.device)
@@ -253,8 +254,8 @@ def target_stats(
         c32 = chunk.float()
         lse[rows] = torch.logsumexp(c32, dim=-1)
         top, best[rows] = c32.max(dim=-1)
-        if outside_head is not None and outside_head.shape[0] > 0:
-            other = (flat[rows] @ outside_head.to(flat.dtype).T).amax(dim=-1).float()  # (C,); max is exact in bf16
+        if other_head is not None:
+            other = (flat[rows] @ other_head.T).amax(dim=-1).float()  # (C,); max is exact in bf16
             in_draft[rows] = top >= other
     return TargetStats(logits=logits, lse=lse, argmax=best, in_draft=in_draft)
 
