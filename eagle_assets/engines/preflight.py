@@ -240,6 +240,7 @@ def engine_args_for(preset, device: str = "cpu") -> dict:
     args = {"max_model_len": preset.max_model_len, "tensor_parallel_size": preset.tensor_parallel_size}
     if device == "cpu":
         args["enforce_eager"] = True
+        args["dtype"] = "float32"
     if preset.trust_remote_code:
         args["trust_remote_code"] = True
     return args
