@@ -67,3 +67,15 @@ def materialized_graph(tmp_path_factory, smollm2_path, engine_python):
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    """One intra-op thread: tiny matrices run faster so on a shared 2-core machine, and runs
+    compared for exact equality reduce in the same order (subprocesses get OMP_NUM_THREADS=1)."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

@@ -14,13 +14,7 @@ from eagle_assets.drafter.model import Eagle3Drafter
 from eagle_assets.drafter.target_head import read_target_head
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Small matrices: one thread is faster, and on a shared 2-core machine far faster."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")  # see conftest.py
 
 
 def tiny_target(seed: int = 0) -> LlamaForCausalLM:

@@ -26,7 +26,7 @@ from torch.distributed.checkpoint.state_dict import (
 from eagle_assets.drafter import checkpoint as ckpt
 from eagle_assets.drafter.config import tiny_config
 from eagle_assets.drafter.model import Eagle3Drafter
-from eagle_assets_tests.drafter.test_train import one_thread, read_metrics, write_tiny_run  # noqa: F401
+from eagle_assets_tests.drafter.test_train import read_metrics, write_tiny_run
 
 FULL = StateDictOptions(full_state_dict=True, cpu_offload=True)
 
@@ -106,7 +106,7 @@ def _val_rows(out_dir) -> dict[int, dict]:
 COMPARED = ("loss", "step_loss", "acc", "grad_norm", "lr", "tokens_seen", "epoch")
 
 
-def test_killed_run_resumes_to_the_same_trajectory(tmp_path, one_thread):  # noqa: F811
+def test_killed_run_resumes_to_the_same_trajectory(tmp_path, one_thread):
     from eagle_assets.drafter.train import train
 
     steps = 40

@@ -20,7 +20,7 @@ from safetensors.torch import load_file
 
 from eagle_assets.drafter import checkpoint as ckpt
 from eagle_assets.drafter.run_config import TrainConfig
-from eagle_assets_tests.drafter.test_train import one_thread, read_metrics, write_tiny_run  # noqa: F401
+from eagle_assets_tests.drafter.test_train import read_metrics, write_tiny_run
 
 STEPS = 3
 RESUMED_AT = 1  # the first launch stops (and checkpoints) after step 1; the second resumes
@@ -68,7 +68,7 @@ def _losses(cfg: TrainConfig) -> list[float]:
     return [r["loss"] for r in read_metrics(cfg.out_dir) if "loss" in r]
 
 
-def test_two_processes_equal_one_with_the_same_global_batch(tmp_path, one_thread):  # noqa: F811
+def test_two_processes_equal_one_with_the_same_global_batch(tmp_path, one_thread):
     """Each distributed run is also resumed: one launch takes step 1, a second continues to step 3."""
     from eagle_assets.drafter.train import train
 

@@ -21,13 +21,7 @@ from eagle_assets.drafter.export import (
 from eagle_assets_tests.drafter.test_model import VLLM_NAMES, random_drafter
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny matrices: one thread is faster, and on a shared 2-core machine far faster."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")  # see conftest.py
 
 
 def mapped_drafter(cfg):

@@ -11,13 +11,7 @@ import torch
 from eagle_assets.drafter.config import DrafterConfig, tiny_config
 from eagle_assets.drafter.model import Eagle3Drafter, exported_shapes, rope_inv_freq
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny matrices: one thread is faster, and on a shared 2-core machine far faster."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")  # see conftest.py
 
 
 VLLM_NAMES = {

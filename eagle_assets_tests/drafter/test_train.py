@@ -145,14 +145,6 @@ def write_tiny_run(root: Path, num_samples: int = 24, num_shards: int = 2, seed:
     return TrainConfig(**settings)
 
 
-@pytest.fixture
-def one_thread():
-    """Runs on one intra-op thread: the 2-core machine is shared, and runs compared for exact
-    equality must reduce in the same order (a subprocess gets OMP_NUM_THREADS=1 to match)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 def read_metrics(out_dir: str | Path) -> list[dict]:

@@ -16,13 +16,7 @@ from eagle_assets.drafter.ttt import ttt_attention, ttt_loss
 from eagle_assets_tests.drafter.test_model import random_drafter
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny matrices: one thread is faster, and on a shared 2-core machine far faster."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")  # see conftest.py
 
 
 def dense_attention(q, k_steps, v_steps, scale):

@@ -12,13 +12,7 @@ from eagle_assets.drafter.export import export_sglang, export_vllm
 from eagle_assets.drafter.warm_start import warm_start
 from eagle_assets_tests.drafter.test_export import mapped_drafter
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny matrices: one thread is faster, and on a shared 2-core machine far faster."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")  # see conftest.py
 
 
 TARGET = {"model_type": "llama", "hidden_size": 64, "num_hidden_layers": 4, "vocab_size": 256, "num_attention_heads": 4}
