@@ -16,7 +16,6 @@ from __future__ import annotations
 import json
 import signal
 import sys
-import urllib.request
 from pathlib import Path
 from typing import Optional
 
@@ -97,13 +96,6 @@ def preflight(
     raise typer.Exit(0 if report.ok else 1)
 
 
-def _chat_once(base_url: str, model: str, prompt: str, max_tokens: int = 32) -> str:
-    body = {"model": model, "messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens, "temperature": 0}
-    req = urllib.request.Request(f"{base_url}/v1/chat/completions", data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(req, timeout=120) as resp:
-        return json.loads(resp.read())["choices"][0]["message"]["content"]
-
-
 @app.command()
 def serve(
     target: str = typer.Option(EMBEDDED_TARGET, help="Preset name or model folder."),
@@ -117,7 +109,7 @@ def serve(
     """Launch vLLM for a target (optionally with a drafter), watch it, and tear it down on exit."""
     from eagle_assets.engines.preflight import PreflightError
     from eagle_assets.engines.process import PortBusy, ServerFailed, stop_recorded
-    from eagle_assets.engines.serving import launch_vllm
+    from eagle_assets.engines.serving import chat_once, launch_vllm
     from eagle_assets.paths import runs_dir
 
     if stop:
@@ -126,7 +118,7 @@ def serve(
     try:
         with launch_vllm(target, drafter=drafter, k=num_speculative_tokens, port=port, startup_timeout_s=startup_timeout) as server:
             if check:
-                answer = _chat_once(server.base_url, server.model, "Say hello in one short sentence.")
+                answer = chat_once(server, "Say hello in one short sentence.")
                 typer.echo(f"chat completion from {server.model}: {answer!r}")
                 return
             typer.echo(f"serving {server.model} at {server.base_url} (OpenAI-compatible); Ctrl-C stops it")

@@ -2,8 +2,6 @@
 
 # No `from __future__ import annotations`: Dagster resolves Config types from real annotations.
 
-import json
-import urllib.request
 from pathlib import Path
 from typing import Optional
 
@@ -13,6 +11,7 @@ from eagle_assets.defs.common import GROUP, check_result, hash_tree, metadata, s
 from eagle_assets.defs.hidden_states import hidden_state_shards, vocab_mapping
 from eagle_assets.drafter.export import check_sglang_names, read_drafter_tensors
 from eagle_assets.drafter.run_config import TrainConfig
+from eagle_assets.engines.serving import chat_once
 from eagle_assets.resources.inference_server import InferenceServerResource
 from eagle_assets.resources.storage import StorageResource
 from eagle_assets.resources.trainer import TrainerResource
@@ -110,9 +109,9 @@ def drafter_checkpoint(
     # The vLLM export must serve, and speculation must not change greedy output.
     # Speculative first: the plain server started second stays warm for the benchmark's baseline.
     with inference_server.serve(drafter=vllm_dir, k=train_config.ttt_steps, log=context.log.info) as spec:
-        got = [_chat(spec.base_url, spec.model, p) for p in SMOKE_PROMPTS]
+        got = [chat_once(spec, p) for p in SMOKE_PROMPTS]
     with inference_server.serve(log=context.log.info) as plain:
-        expected = [_chat(plain.base_url, plain.model, p) for p in SMOKE_PROMPTS]
+        expected = [chat_once(plain, p) for p in SMOKE_PROMPTS]
     yield check_result(got == expected, {"prompts": SMOKE_PROMPTS, "plain": expected, "speculative": got}, check_name="serves_in_vllm")
 
     dropped = check_sglang_names(list(read_drafter_tensors(sglang_dir)))
@@ -124,10 +123,3 @@ def drafter_checkpoint(
         yield check_result(passed, {"val_al": summary.get("val_al"), "parent_val_al": parent_al}, check_name="not_worse_than_parent")
     else:
         yield check_result(True, {"note": "trained from scratch: no parent to compare with"}, check_name="not_worse_than_parent")
-
-
-def _chat(base_url: str, model: str, prompt: str, max_tokens: int = 32) -> str:
-    body = {"model": model, "messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens, "temperature": 0}
-    req = urllib.request.Request(f"{base_url}/v1/chat/completions", json.dumps(body).encode(), {"Content-Type": "application/json"})
-    with urllib.request.urlopen(req, timeout=600) as resp:
-        return json.loads(resp.read())["choices"][0]["message"]["content"]

@@ -152,8 +152,19 @@ def launch_vllm(
         proc.stop()
 
 
+def chat_once(server: InferenceServer, prompt: str, max_tokens: int = 32, timeout_s: float = 600) -> str:
+    """One greedy chat completion's text: a smoke check that the server answers."""
+    import json
+
+    body = {"model": server.model, "messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens, "temperature": 0}
+    headers = {"Content-Type": "application/json", **server.headers}
+    req = urllib.request.Request(f"{server.base_url}/v1/chat/completions", json.dumps(body).encode(), headers)
+    with urllib.request.urlopen(req, timeout=timeout_s) as resp:
+        return json.loads(resp.read())["choices"][0]["message"]["content"]
+
+
 def api_key_from_env(variable: str | None) -> str | None:
     return os.environ.get(variable) if variable else None
 
 
-__all__ = ["InferenceServer", "connect", "launch_vllm", "ServerFailed", "PreflightError", "api_key_from_env"]
+__all__ = ["InferenceServer", "chat_once", "connect", "launch_vllm", "ServerFailed", "PreflightError", "api_key_from_env"]

@@ -5,9 +5,8 @@ own parser and validation (`prepare_server_args`, then `resolve_once` where the 
 it), in an SGLang environment named by `EAGLE_ASSETS_SGLANG_VENV`; without one, preflight says
 so plainly and only our own checks run.
 
-Numbering (EAGLE3_SEMANTICS.md §5): SGLang's llama captures at `id + 1`, so our id k (HF
-hidden_states index) is written as k - 1; its deepseek_v2 adds 1 only when the first id is 1.
-The last layer (our id L) cannot be captured by SGLang at all.
+Layer-id numbering for SGLang exports lives with the drafter config
+(`DrafterConfig.sglang_layer_ids`, EAGLE3_SEMANTICS.md §5).
 """
 
 from __future__ import annotations
@@ -39,23 +38,6 @@ except Exception as exc:
 out["seconds"] = time.monotonic() - t0
 print("\n" + json.dumps(out))
 '''
-
-
-def to_sglang_layer_ids(ids: list[int], model_type: str, num_layers: int) -> list[int]:
-    """Our ids (HF hidden_states index) in the numbering SGLang's model code reads."""
-    if num_layers in ids:
-        raise ValueError(
-            f"aux layer id {num_layers} (the last layer's output) cannot be captured by SGLang: its capture "
-            f"loop stops before layer {num_layers}. Train with ids below {num_layers}."
-        )
-    if model_type in ("deepseek_v2", "deepseek_v3", "kimi_k2"):
-        # SGLang's deepseek_v2 adds 1 to every id only when the first id is 1, else reads them as they are.
-        if ids and ids[0] == 2:
-            return [i - 1 for i in ids]  # written from 1: SGLang adds 1 back
-        if ids and ids[0] == 1:
-            raise ValueError("aux ids starting at 1 cannot be expressed for SGLang's deepseek_v2 (it would add 1 to them)")
-        return list(ids)
-    return [i - 1 for i in ids]
 
 
 def launch_command(python: Path, model: Path, port: int, drafter: Path | None, steps: int, tp: int = 1, extra: list[str] | None = None) -> list[str]:
