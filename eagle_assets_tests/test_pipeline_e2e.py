@@ -68,7 +68,7 @@ def test_trained_drafter_accepts_more_than_an_untrained_one(materialized_graph, 
     untrained.d2t.copy_(trained.d2t)
     untrained.t2d.copy_(trained.t2d)
     untrained_dir = export_vllm(untrained, config, tmp_path / "untrained")
-    prompts = mt_bench_prompts(4)[2:4]  # held out: not what the report measured, never trained on
+    prompts = mt_bench_prompts()[71:73]  # held out: not what the report measured, never trained on
     sweep = SweepSettings(output_len=24, concurrencies=(1,), progress=False)
     al = {}
     for name, folder in (("trained", trained_dir), ("untrained", untrained_dir)):

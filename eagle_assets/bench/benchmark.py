@@ -46,14 +46,18 @@ class BenchmarkSettings:
 
 
 def offline_acceptance(target_path: Path, drafter_dir: Path, prompts: Sequence[Sequence[dict]], settings: BenchmarkSettings,
-                       log: Callable[[str], None] = print) -> AcceptanceNumbers:  # fmt: skip
-    """The reference decoder's AL and p_k on `prompts`, pooled over them (drafts weighted)."""
+                       log: Callable[[str], None] = print, device: str = "cpu") -> AcceptanceNumbers:  # fmt: skip
+    """The reference decoder's AL and p_k on `prompts`, pooled over them (drafts weighted).
+
+    fp32 on any device, as the CPU engine serves; on CUDA without TF32, for the same reason."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(target_path)
-    target = AutoModelForCausalLM.from_pretrained(target_path, dtype=torch.float32).eval()
+    if device.startswith("cuda"):
+        torch.backends.cuda.matmul.allow_tf32 = False
+    target = AutoModelForCausalLM.from_pretrained(target_path, dtype=torch.float32).to(device).eval()
     drafter, _ = load_drafter(drafter_dir, dtype=torch.float32)
-    drafter.eval()
+    drafter.to(device).eval()
     with torch.no_grad():
         drafter.embed_tokens.weight.copy_(target.get_input_embeddings().weight)
     results = []

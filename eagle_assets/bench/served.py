@@ -196,14 +196,18 @@ def as_messages(prompt: str | Sequence[Mapping]) -> Messages:
 
 
 def mt_bench_prompts(n: int | None = None, path: str | Path | None = None) -> list[Messages]:
-    """The first turn of the first `n` MT-Bench questions (evaluation only, never training)."""
+    """The first turns of `n` MT-Bench questions spread evenly over the 80 (evaluation only,
+    never training): the file runs category by category (writing, roleplay, reasoning, math,
+    coding, extraction, STEM, humanities), so the first `n` alone would test few of them."""
     path = Path(path) if path else Path(__file__).resolve().parent.parent / "data" / "mt_bench_questions.jsonl"
     out = []
     with open(path, encoding="utf-8") as f:
         for line in f:
             if line.strip():
                 out.append(as_messages(json.loads(line)["turns"][0]))
-    return out[:n] if n else out
+    if not n or n >= len(out):
+        return out
+    return [out[i * len(out) // n] for i in range(n)]
 
 
 # -- One request -----------------------------------------------------------------------------

