@@ -128,6 +128,49 @@ def serve(
 
 
 @app.command()
+def bench(
+    drafter: Path = typer.Option(..., help="The drafter's vLLM export (a `drafter-vllm/` folder)."),
+    target: str = typer.Option(EMBEDDED_TARGET, help="Preset name or model folder."),
+    out: Path = typer.Option(Path("bench-report"), help="Folder for report.md, report.json and the plots."),
+    num_prompts: int = typer.Option(8, help="MT-Bench first turns, spread over the categories (80 = all)."),
+    output_len: int = typer.Option(64, help="Tokens per answer, exact (EOS ignored)."),
+    concurrency: list[int] = typer.Option([1, 4, 8], help="Concurrency levels of the sweep (repeat the option)."),
+    k: Optional[int] = typer.Option(None, "-k", help="Draft tokens per step; default: the K the drafter was trained with, else 3."),
+    ngram: bool = typer.Option(True, help="Also serve vLLM's n-gram speculation on the same prompts."),
+    parent_al: Optional[float] = typer.Option(None, help="A parent drafter's AL to check against."),
+) -> None:
+    """Benchmark any EAGLE-3 drafter folder in the real engine, as the benchmark_report asset does:
+    offline reference vs served acceptance, tokens/s with and without speculation, a verdict."""
+    import json
+
+    from eagle_assets.bench.benchmark import BenchmarkSettings, run_benchmark
+    from eagle_assets.bench.report import summary_text
+    from eagle_assets.embedded_target import resolve_target
+    from eagle_assets.engines.serving import launch_vllm
+
+    drafter = drafter.expanduser().resolve()
+    if not (drafter / "config.json").is_file():
+        _fail(f"{drafter} has no config.json: pass the drafter's vLLM export folder (drafter-vllm/)")
+    # The trainer's summary beside the export says what the drafter was trained with.
+    summary_file = drafter.parent / "summary.json"
+    summary = json.loads(summary_file.read_text()) if summary_file.is_file() else {}
+    preset, path = resolve_target(target)
+    k = k or summary.get("drafter_config", {}).get("ttt_steps") or preset.ttt_steps
+    settings = BenchmarkSettings(num_prompts=num_prompts, output_len=output_len, concurrencies=tuple(concurrency), k=k, ngram=ngram)
+    try:
+        report, paths = run_benchmark(
+            settings, preset.name, path, drafter, lambda spec: launch_vllm(target, speculative=spec), out,
+            trained_aux_layer_ids=summary.get("aux_layer_ids"), target_num_layers=preset.num_layers, parent_al=parent_al,
+        )  # fmt: skip
+    except (FileNotFoundError, ValueError) as exc:
+        _fail(str(exc))
+    text = summary_text(report)
+    (paths.markdown.parent / "summary.txt").write_text(text + "\n")
+    typer.echo(text)
+    typer.echo(f"report: {paths.markdown}")
+
+
+@app.command()
 def run(
     preset: Optional[str] = typer.Option(None, help="Run preset (see eagle_assets/run_presets.py): smollm2-default (the default), smollm2-quality, smollm2-tiny."),
     stale_only: bool = typer.Option(False, "--stale-only", help="Materialise only stale or missing assets and partitions (what the UI calls unsynced). "

@@ -21,7 +21,7 @@ RUN_PRESETS: dict[str, dict[str, dict]] = {
     "smollm2-tiny": {
         "prompts": {"num_prompts": 16, "multi_turn_fraction": 0.2, "max_prompt_tokens": 48},
         "synthetic_corpus": {"max_tokens": 64, "concurrency": 8},
-        "drafter_checkpoint": {"epochs": 30, "lr": 3e-3, "micro_batch_tokens": 512, "val_fraction": 0.25, "warmup_steps": 5},
+        "drafter_checkpoint": {"epochs": 15, "lr": 3e-3, "micro_batch_tokens": 512, "val_fraction": 0.25, "warmup_steps": 5},
         "benchmark_report": {"num_prompts": 2, "output_len": 16, "concurrencies": [1], "ngram": False},
     },
     # The best drafter SmolLM2 allows: 8,000 Magpie prompts, answers up to 512 tokens (~3.5M

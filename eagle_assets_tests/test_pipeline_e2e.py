@@ -7,6 +7,7 @@ what it produced and serve its drafter again where a comparison needs it.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
 from pathlib import Path
@@ -78,7 +79,7 @@ def test_trained_drafter_accepts_more_than_an_untrained_one(materialized_graph, 
     assert al["trained"] > al["untrained"], al
 
 
-def test_shifted_layer_ids_are_blamed_on_the_engine_wiring(materialized_graph, smollm2_path, tmp_path):
+def test_shifted_layer_ids_are_blamed_on_the_engine_wiring(materialized_graph, vllm_server, smollm2_path, tmp_path):
     _, data, _ = materialized_graph
     trained_dir = _base(data) / "drafter" / "drafter-vllm"
     wrong = tmp_path / "wrong-export"
@@ -90,7 +91,8 @@ def test_shifted_layer_ids_are_blamed_on_the_engine_wiring(materialized_graph, s
     settings = BenchmarkSettings(num_prompts=2, output_len=24, concurrencies=(1,), k=3, ngram=False)
 
     def serve(spec):
-        return launch_vllm(EMBEDDED_TARGET, speculative=spec, log=lambda m: None)
+        # The baseline is the session's plain server: one engine start fewer.
+        return contextlib.nullcontext(vllm_server) if spec is None else launch_vllm(EMBEDDED_TARGET, speculative=spec, log=lambda m: None)
 
     report, _ = run_benchmark(
         settings, EMBEDDED_TARGET, smollm2_path, trained_dir, serve, tmp_path / "report", trained_aux_layer_ids=ids, target_num_layers=30,

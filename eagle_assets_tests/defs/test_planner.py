@@ -69,3 +69,9 @@ def test_cli_prints_sizes_and_hours_and_takes_measured_rates():
 
     out = runner.invoke(app, ["plan", "--preset", "kimi", "--samples", "1", "--tokens-per-sample", "1"])
     assert out.exit_code == 1 and "unknown target preset 'kimi'" in out.output
+
+
+def test_bench_refuses_a_folder_that_is_not_a_drafter_export_before_any_server(tmp_path):
+    result = CliRunner().invoke(app, ["bench", "--drafter", str(tmp_path)])
+    assert result.exit_code == 1
+    assert "no config.json" in result.output and "drafter-vllm" in result.output
