@@ -21,6 +21,7 @@ from eagle_assets.drafter.export import export_vllm, load_drafter
 from eagle_assets.drafter.model import Eagle3Drafter
 from eagle_assets.engines.serving import launch_vllm
 from eagle_assets.engines.vllm_launch import speculative_config
+from eagle_assets.run_presets import RUN_PRESETS
 from eagle_assets.targets import EMBEDDED_TARGET
 
 pytestmark = [pytest.mark.engine, pytest.mark.slow]
@@ -62,21 +63,21 @@ def test_report_served_figures_come_from_the_engine_counters(materialized_graph)
 
 
 def test_trained_drafter_accepts_more_than_an_untrained_one(materialized_graph, tmp_path):
+    """The report served the trained drafter on MT-Bench prompts (held out: never trained on);
+    an untrained drafter of the same shape is served on the same prompts and settings."""
     _, data, _ = materialized_graph
     trained_dir = _base(data) / "drafter" / "drafter-vllm"
+    trained_al = json.loads((_base(data) / "report" / "report.json").read_text())["served"]["al"]
     trained, config = load_drafter(trained_dir)
     untrained = Eagle3Drafter(config)  # same shape, fresh initialisation, same d2t/t2d
     untrained.d2t.copy_(trained.d2t)
     untrained.t2d.copy_(trained.t2d)
     untrained_dir = export_vllm(untrained, config, tmp_path / "untrained")
-    prompts = mt_bench_prompts()[71:73]  # held out: not what the report measured, never trained on
-    sweep = SweepSettings(output_len=24, concurrencies=(1,), progress=False)
-    al = {}
-    for name, folder in (("trained", trained_dir), ("untrained", untrained_dir)):
-        with launch_vllm(EMBEDDED_TARGET, drafter=folder, k=3, log=lambda m: None) as server:
-            run = run_served(name, server.base_url, server.model, prompts, sweep)
-        al[name] = run.levels[0].spec.al
-    assert al["trained"] > al["untrained"], al
+    bench = RUN_PRESETS["smollm2-tiny"]["benchmark_report"]
+    sweep = SweepSettings(output_len=bench["output_len"], concurrencies=(1,), progress=False)
+    with launch_vllm(EMBEDDED_TARGET, drafter=untrained_dir, k=3, log=lambda m: None) as server:
+        run = run_served("untrained", server.base_url, server.model, mt_bench_prompts(bench["num_prompts"]), sweep)
+    assert trained_al > run.levels[0].spec.al, (trained_al, run.levels[0].spec.al)
 
 
 def test_shifted_layer_ids_are_blamed_on_the_engine_wiring(materialized_graph, vllm_server, smollm2_path, tmp_path):
