@@ -27,7 +27,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
-import hashlib
 import json
 import os
 import shutil
@@ -69,19 +68,11 @@ def write_json(path: Path, obj) -> None:
     path.write_text(json.dumps(obj, indent=2, default=str))
 
 
-def sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
 def stage_target(a) -> dict:
-    from eagle_assets.embedded_target import pull
+    from eagle_assets.embedded_target import _sha256, pull
 
     folder = pull()
-    return {"path": str(folder), "model_sha256": sha256(folder / "model.safetensors")}
+    return {"path": str(folder), "model_sha256": _sha256(folder / "model.safetensors")}
 
 
 async def _corpus(a, data: Path, deadline: float) -> dict:
