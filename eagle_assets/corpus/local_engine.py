@@ -2,8 +2,16 @@
 
 For a host with a GPU and no serving engine (a training node, the GPU benchmarks): the
 corpus and Magpie code await `chat` and `complete` one request at a time from many workers,
-and this client gathers what is waiting into one batched `generate` call, so that a small
-target answers hundreds of requests per forward pass. Requests are rendered as vLLM renders
+and this client decodes them together, so that a small target answers hundreds of requests
+per forward pass. Two engines:
+
+  * `slots` (Llama-family targets, the default where it applies): continuous batching over a
+    preallocated KV cache (`corpus/slot_decoder.py`) in a background thread; a finished
+    request frees its slot for the next one at once.
+  * `generate`: what is waiting is gathered into one batched `model.generate` call, which
+    runs until its longest answer ends; for any other architecture.
+
+Requests are rendered as vLLM renders
 them (the chat template with the generation prompt, no extra special tokens; a raw prompt
 tokenised with or without them as `add_special_tokens` says), stop at the end-of-sequence
 ids of the generation config or the request's `stop_token_ids`, and come back decoded
@@ -15,7 +23,7 @@ without special tokens and without the stop token, with vLLM's finish reasons.
 
 Greedy requests are deterministic. Sampled ones (Magpie's user turns) share one torch
 generator seeded at start, so their per-request `seed` is not honoured: a rerun reproduces
-a run only when the requests arrive in the same batches.
+a run only when the requests arrive in the same order and batches.
 
 The served engine stays the reference: this client is for hosts where it cannot run.
 """
@@ -23,14 +31,19 @@ The served engine stays the reference: this client is for hosts where it cannot 
 from __future__ import annotations
 
 import asyncio
+import queue
+import threading
 import time
-from collections import defaultdict
+from collections import defaultdict, deque
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from eagle_assets.corpus.client import Completion, RequestRejected
+from eagle_assets.corpus.slot_decoder import SlotDecoder, unsupported_reason
+
+ENGINES = ("auto", "slots", "generate")
 
 
 @dataclass(frozen=True)
@@ -51,6 +64,8 @@ class _Request:
     top_p: float
     stop_ids: tuple[int, ...]
     future: asyncio.Future
+    loop: asyncio.AbstractEventLoop | None = None
+    started: float = 0.0
 
 
 def load_generation_model(path: str, device: str = "cuda", dtype: torch.dtype = torch.float32):
@@ -71,7 +86,19 @@ def load_generation_model(path: str, device: str = "cuda", dtype: torch.dtype = 
 class LocalGenerationClient:
     """`InferenceClient`'s `chat`/`complete`/`check_server` over a local model; an async context manager."""
 
-    def __init__(self, model, tokenizer, *, max_batch: int = 256, gather_s: float = 0.05, seed: int = 0):
+    def __init__(
+        self, model, tokenizer, *, max_batch: int = 256, gather_s: float = 0.05, seed: int = 0,
+        engine: str = "auto", max_len: int | None = None,
+    ):  # fmt: skip
+        """`max_batch`: requests decoded together (the slots). `max_len`: longest prompt plus
+        answer in tokens for the `slots` engine, which preallocates its KV cache for
+        max_batch x max_len tokens (default: the model's positions, at most 2,048)."""
+        if engine not in ENGINES:
+            raise ValueError(f"engine {engine!r}: choose one of {', '.join(ENGINES)}")
+        reason = unsupported_reason(model)
+        if engine == "slots" and reason:
+            raise ValueError(f"engine 'slots' cannot run this model ({reason}); use engine='generate'")
+        self.engine = "generate" if engine == "generate" or reason else "slots"
         self.model = model
         self.tokenizer = tokenizer
         self.settings = LocalSettings(concurrency=max_batch, model=getattr(model, "name_or_path", "local"))
@@ -81,18 +108,34 @@ class LocalGenerationClient:
         self.eos_ids = tuple(eos if isinstance(eos, list) else [eos] if eos is not None else [])
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (self.eos_ids or (0,))[0]
         self.max_positions = getattr(model.config, "max_position_embeddings", None)
+        if self.engine == "slots":
+            self.max_positions = max_len or min(self.max_positions or 2048, 2048)
         self._queue: asyncio.Queue[_Request] | None = None
         self._task: asyncio.Task | None = None
+        self._inbox: queue.Queue[_Request] = queue.Queue()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
         self.generated_tokens = 0
         self.batches = 0
+        """`generate` calls, or prefills for the `slots` engine."""
 
     async def __aenter__(self) -> "LocalGenerationClient":
         torch.manual_seed(self.generator_seed)
-        self._queue = asyncio.Queue()
-        self._task = asyncio.create_task(self._serve())
+        if self.engine == "slots":
+            decoder = SlotDecoder(self.model, slots=self.settings.concurrency, max_len=self.max_positions, seed=self.generator_seed)
+            self._stop.clear()
+            self._thread = threading.Thread(target=self._run_slots, args=(decoder,), name="slot-decoder", daemon=True)
+            self._thread.start()
+        else:
+            self._queue = asyncio.Queue()
+            self._task = asyncio.create_task(self._serve())
         return self
 
     async def __aexit__(self, *exc: object) -> None:
+        if self._thread is not None:
+            self._stop.set()
+            await asyncio.to_thread(self._thread.join)
+            self._thread = None
         if self._task is not None:
             self._task.cancel()
             try:
@@ -115,17 +158,83 @@ class LocalGenerationClient:
         return await self._submit(list(ids), params)
 
     async def _submit(self, ids: list[int], params: dict[str, Any]) -> Completion:
-        if self._queue is None:
+        if self._queue is None and self._thread is None:
             raise RuntimeError("use the client inside `async with LocalGenerationClient(...) as client:`")
         max_tokens = int(params.get("max_tokens") or 256)
         if self.max_positions and len(ids) + max_tokens > self.max_positions:
-            raise RequestRejected(self.settings.base_url, 400, f"{len(ids)} prompt + {max_tokens} new tokens exceed the model's {self.max_positions} positions")
+            what = "the model's" if self.engine == "generate" else "the client's max_len of"
+            raise RequestRejected(self.settings.base_url, 400, f"{len(ids)} prompt + {max_tokens} new tokens exceed {what} {self.max_positions} positions")
         stop = tuple(dict.fromkeys([*self.eos_ids, *params.get("stop_token_ids", [])]))
         future = asyncio.get_running_loop().create_future()
         temperature = float(params.get("temperature", 1.0))
         top_p = float(params.get("top_p", 1.0)) if temperature > 0 else 1.0
-        await self._queue.put(_Request(ids, max_tokens, temperature, top_p, stop, future))
+        request = _Request(ids, max_tokens, temperature, top_p, stop, future, asyncio.get_running_loop())
+        if self._thread is not None:
+            self._inbox.put(request)
+        else:
+            await self._queue.put(request)
         return await future
+
+    # ---------------------------------------------------------------- engine `slots`
+    def _run_slots(self, decoder: SlotDecoder) -> None:
+        """The decode loop (its own thread): admit waiting requests into free slots, step, finish."""
+        pending: deque[_Request] = deque()
+        active: dict[int, tuple[_Request, list[int]]] = {}
+        free = list(range(decoder.slots))[::-1]
+        # A prefill costs about what a step does: admit in groups rather than one per step.
+        admit_at = max(1, decoder.slots // 8)
+        while not self._stop.is_set():
+            try:
+                if not active and not pending:
+                    pending.append(self._inbox.get(timeout=0.05))
+                while True:
+                    pending.append(self._inbox.get_nowait())
+            except queue.Empty:
+                pass
+            try:
+                if pending and free and (len(free) >= admit_at or not active):
+                    admitted = []
+                    while pending and free:
+                        admitted.append((free.pop(), pending.popleft()))
+                    for chunk in _token_chunks(admitted, budget=32768):
+                        firsts = decoder.prefill(
+                            [s for s, _ in chunk], [r.ids for _, r in chunk],
+                            [r.temperature for _, r in chunk], [r.top_p for _, r in chunk],
+                        )  # fmt: skip
+                        self.batches += 1
+                        for (slot, r), token in zip(chunk, firsts):
+                            r.started = time.perf_counter()
+                            active[slot] = (r, [])
+                            self._advance(decoder, active, free, slot, token)
+                if active:
+                    tokens = decoder.step()
+                    for slot in list(active):
+                        self._advance(decoder, active, free, slot, tokens[slot])
+            except Exception as exc:  # every request in flight learns why; the loop goes on
+                for slot, (r, _) in list(active.items()):
+                    _resolve(r, exc=exc)
+                    decoder.release(slot)
+                    free.append(slot)
+                active.clear()
+        for r in [*pending, *(r for r, _ in active.values())]:
+            _resolve(r, exc=RuntimeError("the local generation client was closed"))
+
+    def _advance(self, decoder: SlotDecoder, active: dict, free: list[int], slot: int, token: int) -> None:
+        r, out = active[slot]
+        stopped = token in r.stop_ids
+        if not stopped:
+            out.append(token)
+        if stopped or len(out) >= r.max_tokens:
+            n = len(out) + stopped
+            self.generated_tokens += n
+            text = self.tokenizer.decode(out, skip_special_tokens=True)
+            completion = Completion(text, None, "stop" if stopped else "length", len(r.ids), n, time.perf_counter() - r.started, 1)
+            _resolve(r, result=completion)
+            del active[slot]
+            decoder.release(slot)
+            free.append(slot)
+
+    # ---------------------------------------------------------------- engine `generate`
 
     async def _serve(self) -> None:
         assert self._queue is not None
@@ -181,3 +290,27 @@ class LocalGenerationClient:
             text = self.tokenizer.decode(kept, skip_special_tokens=True)
             results.append((text, "length" if end is None else "stop", len(kept) + (end is not None)))
         return results
+
+
+def _resolve(r: _Request, result: Completion | None = None, exc: BaseException | None = None) -> None:
+    """Complete a request's future from the decode thread, on its event loop."""
+
+    def settle() -> None:
+        if not r.future.done():
+            r.future.set_exception(exc) if exc is not None else r.future.set_result(result)
+
+    assert r.loop is not None
+    r.loop.call_soon_threadsafe(settle)
+
+
+def _token_chunks(admitted: list[tuple[int, _Request]], budget: int) -> list[list[tuple[int, _Request]]]:
+    """Split a prefill so that rows x longest prompt stays within `budget` tokens."""
+    chunks: list[list[tuple[int, _Request]]] = [[]]
+    width = 0
+    for item in sorted(admitted, key=lambda a: len(a[1].ids)):
+        width = max(width, len(item[1].ids))
+        if chunks[-1] and width * (len(chunks[-1]) + 1) > budget:
+            chunks.append([])
+            width = len(item[1].ids)
+        chunks[-1].append(item)
+    return chunks

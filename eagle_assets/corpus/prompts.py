@@ -267,6 +267,22 @@ def write_prompts(prompts: Sequence[Prompt], url: str, storage_options: Mapping[
 
 
 # ---- Magpie synthesis -------------------------------------------------------------------
+# Openings of common assistant tasks (writing, role-play, reasoning, maths, coding, extraction,
+# science, humanities): a 135M target left to the bare template writes mostly a few favourite
+# kinds of question; starting its user turn with one of these spreads the prompts (and so the
+# answers the drafter learns from) over the kinds of request a served model gets.
+TASK_OPENINGS: tuple[str, ...] = (
+    "Write a short story about", "Write a persuasive essay", "Compose an email to", "Write a blog post about",
+    "Write a poem about", "Draft a speech for", "Rewrite the following sentence", "Imagine you are",
+    "Pretend to be", "Act as a", "Solve this riddle:", "If a", "Which is more likely", "Explain the logic behind",
+    "Calculate", "Solve for x:", "What is the sum of", "A train travels", "How many ways", "Prove that",
+    "Write a Python function that", "Write a JavaScript function", "Explain what this code does:",
+    "How do I implement", "Write a SQL query that", "Fix the bug in this code:", "Summarize the following text:",
+    "Extract the names", "From the following paragraph,", "Classify the following", "Explain how",
+    "What is the difference between", "Why does", "Describe the process of", "Discuss the impact of",
+    "What were the causes of", "Compare", "Give me advice on", "What are the pros and cons of", "Suggest",
+)  # fmt: skip
+
 @dataclass(frozen=True)
 class MagpieSettings:
     """How the target writes its own prompts."""
@@ -297,6 +313,10 @@ class MagpieSettings:
     """Stop after this many candidates (default 4 x num_prompts) even if short of num_prompts."""
     skip_special_tokens_in_prompt: bool = True
     """Send `add_special_tokens: false`: the template text already carries any BOS."""
+    user_openings: tuple[str, ...] = ()
+    """Words a first user turn starts with, one drawn per candidate (seeded); the target writes
+    the rest. Steers a small target's prompts across task types (`TASK_OPENINGS`); empty: the
+    template alone, whose prompts follow the target's favourite topics."""
 
     def __post_init__(self) -> None:
         problems = []
@@ -306,6 +326,8 @@ class MagpieSettings:
             problems.append(f"num_turns {self.num_turns} < 1")
         if not 0 <= self.multi_turn_fraction <= 1:
             problems.append(f"multi_turn_fraction {self.multi_turn_fraction} outside [0, 1]")
+        if any(not o.strip() for o in self.user_openings):
+            problems.append("user_openings has an empty opening")
         if self.max_tokens < 1 or self.min_chars > self.max_chars:
             problems.append(f"max_tokens {self.max_tokens} / min_chars {self.min_chars} / max_chars {self.max_chars} leave no room")
         if problems:
@@ -342,6 +364,8 @@ async def _candidate(
     multi = random.Random(_request_seed(s.seed, index, -1)).random() < s.multi_turn_fraction
     history: list[dict] = [{"role": "system", "content": s.system_prompt}] if s.system_prompt is not None else []
     turns: list[str] = []
+    openings = s.user_openings
+    opening = openings[random.Random(_request_seed(s.seed, index, -2)).randrange(len(openings))] if openings else ""
     for turn in range(s.num_turns if multi else 1):
         params = {
             "max_tokens": s.max_tokens,
@@ -353,11 +377,12 @@ async def _candidate(
         }
         if s.skip_special_tokens_in_prompt:
             params["add_special_tokens"] = False
-        out = await client.complete(template.user_prefix(history), params)
-        text = out.content.strip()
+        start = opening if turn == 0 else ""
+        out = await client.complete(template.user_prefix(history) + start, params)
+        text = (start + out.content).strip()
         if out.finish_reason == "length" or len(text) > s.max_chars:
             return "too_long", turns
-        if len(text) < s.min_chars:
+        if len(text) < s.min_chars or (start and not out.content.strip()):
             return "empty", turns
         turns.append(text)
         history.append({"role": "user", "content": text})

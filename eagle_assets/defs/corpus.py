@@ -32,6 +32,9 @@ class PromptsConfig(dg.Config):
     """Share of prompts with a follow-up user turn."""
     max_prompt_tokens: int = 96
     temperature: float = 1.0
+    user_openings: list[str] = []
+    """Words a Magpie user turn starts with, one drawn per prompt, to spread the prompts over
+    task types (eagle_assets.corpus.prompts.TASK_OPENINGS is a ready list); empty: none."""
 
 
 @dg.asset(group_name=GROUP, code_version=stage_version("corpus/prompts.py", "defs/corpus.py", PromptsConfig))
@@ -59,6 +62,7 @@ def prompts(
             temperature=config.temperature,
             max_tokens=config.max_prompt_tokens,
             multi_turn_fraction=config.multi_turn_fraction,
+            user_openings=tuple(config.user_openings),
         )
         tokenizer = load_tokenizer(path)
         with inference_server.serve(log=context.log.info) as server:
