@@ -75,7 +75,7 @@ def stage_target(a) -> dict:
     return {"path": str(folder), "model_sha256": _sha256(folder / "model.safetensors")}
 
 
-async def _corpus(a, data: Path, deadline: float) -> dict:
+async def _corpus(a, data: Path, deadline: float, budget_end: float) -> dict:
     from eagle_assets.corpus.conversation import ChatTemplate
     from eagle_assets.corpus.generate import SamplingParams, generate_corpus_async
     from eagle_assets.corpus.local_engine import LocalGenerationClient, load_generation_model
@@ -86,7 +86,7 @@ async def _corpus(a, data: Path, deadline: float) -> dict:
 
     path = pull()
     p, c = settings_of(a.preset, "prompts"), settings_of(a.preset, "synthetic_corpus")
-    model, tokenizer = load_generation_model(str(path), device=a.device)
+    model, tokenizer = load_generation_model(str(path), device=a.device, dtype=getattr(torch, a.gen_dtype))
     template = ChatTemplate(tokenizer)
     prompts_file = data / "prompts" / "prompts.jsonl"
     figures: dict = {}
@@ -110,12 +110,15 @@ async def _corpus(a, data: Path, deadline: float) -> dict:
             stats = await asyncio.wait_for(
                 generate_corpus_async(items, client, store, template, target=target_fingerprint(path), sampling=sampling,
                                       progress=lambda s: log(s.summary()), progress_every=500),
-                timeout=max(1.0, deadline - time.time()),
+                timeout=max(1.0, min(deadline, budget_end) - time.time()),
             )  # fmt: skip
             figures["corpus"] = stats.as_metadata()
         except asyncio.TimeoutError:
             store.flush()
-            figures["corpus"] = {"stopped_at_deadline": True, "rows": store.num_rows}
+            # The budget ends the corpus for good (the later stages train on what it holds);
+            # the deadline only pauses it (run again to continue).
+            by_budget = budget_end <= deadline
+            figures["corpus"] = {"stopped_at_budget" if by_budget else "stopped_at_deadline": True, "rows": store.num_rows}
         finally:
             store.close()
         seconds = time.perf_counter() - start
@@ -129,7 +132,8 @@ async def _corpus(a, data: Path, deadline: float) -> dict:
 
 
 def stage_corpus(a, data: Path, deadline: float) -> dict:
-    return asyncio.run(_corpus(a, data, deadline))
+    budget_end = time.time() + (a.corpus_budget_s or 1e9)
+    return asyncio.run(_corpus(a, data, deadline, budget_end))
 
 
 def stage_shards(a, data: Path) -> dict:
@@ -198,6 +202,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-batch", type=int, default=512, help="requests decoded together (the generator's slots)")
     ap.add_argument("--max-len", type=int, default=2048, help="longest prompt + answer the generator holds, in tokens")
     ap.add_argument("--deadline-s", type=float, default=None, help="stop generating after this many seconds (resumable)")
+    ap.add_argument("--corpus-budget-s", type=float, default=None,
+                    help="end the corpus stage (prompts, then answers) after this many seconds; the later stages use what it stored")
+    ap.add_argument("--gen-dtype", default="float32", choices=["float32", "bfloat16"],
+                    help="the generator's dtype (bf16 is faster on a GPU; the answers then drift from fp32 greedy now and then)")
     ap.add_argument("--device", default="cuda", help="cuda, or cpu for a smoke run of a small preset")
     a = ap.parse_args(argv)
     if a.device == "cuda" and not torch.cuda.is_available():

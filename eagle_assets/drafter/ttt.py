@@ -33,7 +33,9 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from eagle_assets.drafter.model import Eagle3Drafter, apply_rotary
+from eagle_assets.drafter import fusion
+from eagle_assets.drafter.fusion import apply_rotary, diagonal_scores
+from eagle_assets.drafter.model import Eagle3Drafter
 
 DEFAULT_STEP_DECAY = 0.8
 """Step i's loss weighs DEFAULT_STEP_DECAY ** i, as in EAGLE-3 and SpecForge."""
@@ -99,14 +101,6 @@ def _flash_backward(dout, q, k, v, out, lse, scale, state):
     )
 
 
-def _diagonal_scores(q: torch.Tensor, k: torch.Tensor, scale: float) -> torch.Tensor:
-    """q (B, nh, T, D), k (B, nkv, T, D) -> fp32 scores (B, nh, T) of each query with its own index's key."""
-    B, nh, T, D = q.shape
-    nkv = k.shape[1]
-    qg = q.view(B, nkv, nh // nkv, T, D).float()
-    return (qg * k[:, :, None].float()).sum(-1).mul_(scale).view(B, nh, T)
-
-
 def _expand_kv(x: torch.Tensor, nh: int) -> torch.Tensor:
     """(B, nkv, T, D) -> (B, nh, T, D): query head h reads kv head h // (nh / nkv)."""
     return x if x.shape[1] == nh else x.repeat_interleave(nh // x.shape[1], dim=1)
@@ -121,17 +115,10 @@ class _MergedFlashAttention(torch.autograd.Function):
         n = len(extra) // 2
         ks, vs = extra[:n], extra[n:]
         out0, lse0, state = _flash_forward(q, k0, v0, scale)  # (B, nh, T, D), (B, nh, T)
-        if n == 0:
-            out, lse = out0, lse0
-        else:
-            B, nh, T, D = q.shape
-            scores = torch.stack([lse0] + [_diagonal_scores(q, k, scale) for k in ks])  # (1+n, B, nh, T)
-            lse = torch.logsumexp(scores, dim=0)  # (B, nh, T)
-            weights = torch.exp(scores - lse)  # (1+n, B, nh, T): share of each key block
-            out32 = out0.float() * weights[0, ..., None]
-            for j, v in enumerate(vs):
-                out32 += _expand_kv(v, nh).float() * weights[j + 1, ..., None]
-            out = out32.to(q.dtype)
+        out, lse = out0, lse0
+        for k, v in zip(ks, vs):  # online softmax over the diagonal keys, one fused kernel each
+            out, lse = fusion.merge_diagonal(q, k, v, out, lse, scale)
+        out = out.to(q.dtype)
         ctx.scale, ctx.n, ctx.state = scale, n, state
         ctx.save_for_backward(q, k0, v0, out, lse, *extra)
         return out
@@ -147,20 +134,13 @@ class _MergedFlashAttention(torch.autograd.Function):
         if n == 0:
             return dq, dk0, dv0, None
         ks, vs = extra[:n], extra[n:]
-        B, nh, T, D = q.shape
-        nkv = ks[0].shape[1]
-        g = nh // nkv
-        dout32 = dout.float()
-        delta = (dout32 * out.float()).sum(-1)  # (B, nh, T)
+        delta = fusion.row_dot(dout, out)  # (B, nh, T)
         dq32 = dq.float()
         dks, dvs = [], []
         for k, v in zip(ks, vs):
-            p = torch.exp(_diagonal_scores(q, k, scale) - lse)  # (B, nh, T)
-            dp = (dout32.view(B, nkv, g, T, D) * v[:, :, None].float()).sum(-1).view(B, nh, T)
-            ds = p * (dp - delta) * scale  # (B, nh, T), d loss / d score (scale folded in)
-            dq32 += ds[..., None] * _expand_kv(k, nh).float()
-            dks.append((ds[..., None] * q.float()).view(B, nkv, g, T, D).sum(2).to(k.dtype))
-            dvs.append((p[..., None] * dout32).view(B, nkv, g, T, D).sum(2).to(v.dtype))
+            dq32, dk, dv = fusion.diagonal_backward(q, k, v, dout, delta, lse, dq32, scale)
+            dks.append(dk)
+            dvs.append(dv)
         return (dq32.to(q.dtype), dk0, dv0, None, *dks, *dvs)
 
 
@@ -171,7 +151,7 @@ def _math_attention(q, k0, v0, ks, vs, scale):
     s0 = torch.matmul(q.float(), k0e.transpose(-1, -2)) * scale  # (B, nh, T, T)
     causal = torch.ones(T, T, dtype=torch.bool, device=q.device).tril()
     s0 = s0.masked_fill(~causal, float("-inf"))
-    diag = [_diagonal_scores(q, k, scale)[..., None] for k in ks]  # each (B, nh, T, 1)
+    diag = [diagonal_scores(q, k, scale)[..., None] for k in ks]  # each (B, nh, T, 1)
     p = torch.softmax(torch.cat([s0, *diag], dim=-1), dim=-1)  # (B, nh, T, T + i)
     out = torch.matmul(p[..., :T], v0e)
     for j, v in enumerate(vs):
@@ -251,9 +231,7 @@ def target_stats(
         rows = slice(start, start + chunk_rows)
         chunk = flat[rows] @ head.T  # (C, N)
         logits[rows] = chunk
-        c32 = chunk.float()
-        lse[rows] = torch.logsumexp(c32, dim=-1)
-        top, best[rows] = c32.max(dim=-1)
+        lse[rows], top, best[rows] = fusion.logit_stats(chunk)
         if other_head is not None:
             other = (flat[rows] @ other_head.T).amax(dim=-1).float()  # (C,); max is exact in bf16
             in_draft[rows] = top >= other
@@ -283,21 +261,17 @@ class _FusedSoftCE(torch.autograd.Function):
         for start in range(0, h.shape[0], chunk_rows):
             rows = slice(start, start + chunk_rows)
             hc = h[rows]  # (C, H)
-            logits = (hc @ w.T).float()  # (C, N)
-            logq = torch.log_softmax(logits, dim=-1)
-            idx = tgt_index[rows]
-            p = torch.exp(tgt_logits[idx].float() - tgt_lse[idx, None])  # (C, N) target probabilities
-            ce = -(p * logq).sum(-1)  # (C,)
-            mask = row_mask[rows]
-            step = row_step[rows]
+            mask, step = row_mask[rows], row_step[rows]
             rw = mask * step_weight[step]  # (C,)
+            ce, correct, grad_logits = fusion.soft_ce_chunk(
+                hc @ w.T, tgt_logits, tgt_index[rows], tgt_lse, tgt_argmax, rw, want_grad
+            )  # (C,), (C,), (C, N) d loss / d logits
             loss_sum += (rw * ce).sum()
             step_loss.index_add_(0, step, mask * ce)
-            step_correct.index_add_(0, step, mask * (logits.argmax(-1) == tgt_argmax[idx]).float())
+            step_correct.index_add_(0, step, mask * correct)
             if want_grad:
-                grad_logits = ((logq.exp_() - p) * rw[:, None]).to(h.dtype)  # (C, N) d loss / d logits
                 grad_h[rows] = grad_logits @ w
-                grad_w += (grad_logits.T @ hc).float()
+                fusion.accumulate_matmul(grad_w, grad_logits.T, hc)
         ctx.save_for_backward(grad_h, grad_w)
         ctx.weight_dtype = weight.dtype
         ctx.mark_non_differentiable(step_loss, step_correct)
