@@ -144,7 +144,6 @@ def bench(
     import json
 
     from eagle_assets.bench.benchmark import BenchmarkSettings, run_benchmark
-    from eagle_assets.bench.report import summary_text
     from eagle_assets.embedded_target import resolve_target
     from eagle_assets.engines.serving import launch_vllm
 
@@ -164,9 +163,7 @@ def bench(
         )  # fmt: skip
     except (FileNotFoundError, ValueError) as exc:
         _fail(str(exc))
-    text = summary_text(report)
-    (paths.markdown.parent / "summary.txt").write_text(text + "\n")
-    typer.echo(text)
+    typer.echo(paths.summary.read_text().rstrip("\n"))
     typer.echo(f"report: {paths.markdown}")
 
 
@@ -177,6 +174,7 @@ def run(
                                     "Without --preset each keeps the settings it last ran with; with it, changed settings count as stale."),
 ) -> None:
     """Materialise the whole asset graph (or only its stale part) as Dagster runs, then print the benchmark summary."""
+    from eagle_assets.bench.report import SUMMARY_TXT
     from eagle_assets.defs.runner import DEFAULT_PRESET, materialize_graph, materialize_stale
     from eagle_assets.paths import data_dir
     from eagle_assets.run_presets import RUN_PRESETS
@@ -195,7 +193,7 @@ def run(
         _fail(f"the run failed: {exc}")
     reports = sorted(data_dir().glob("*/report/report.md"), key=lambda p: p.stat().st_mtime)
     if reports:
-        summary = reports[-1].with_name("summary.txt")
+        summary = reports[-1].with_name(SUMMARY_TXT)
         if summary.is_file():
             typer.echo(summary.read_text())
         typer.echo(f"report: {reports[-1]}")

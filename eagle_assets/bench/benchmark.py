@@ -24,6 +24,7 @@ from eagle_assets.bench.report import BenchmarkReport, build_report, write_repor
 from eagle_assets.bench.served import SweepSettings, mt_bench_prompts, run_served
 from eagle_assets.drafter.export import load_drafter
 from eagle_assets.engines.vllm_launch import ngram_config, speculative_config
+from eagle_assets.precision import use_exact_fp32
 
 
 @dataclass(frozen=True)
@@ -53,8 +54,7 @@ def offline_acceptance(target_path: Path, drafter_dir: Path, prompts: Sequence[S
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(target_path)
-    if device.startswith("cuda"):
-        torch.backends.cuda.matmul.allow_tf32 = False
+    use_exact_fp32(device)
     target = AutoModelForCausalLM.from_pretrained(target_path, dtype=torch.float32).to(device).eval()
     drafter, _ = load_drafter(drafter_dir, dtype=torch.float32)
     drafter.to(device).eval()

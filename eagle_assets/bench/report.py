@@ -41,6 +41,7 @@ from eagle_assets.bench.served import ServedRun
 
 REPORT_MD = "report.md"
 REPORT_JSON = "report.json"
+SUMMARY_TXT = "summary.txt"
 PLOT_ACCEPTANCE = "acceptance_per_position.png"
 PLOT_THROUGHPUT = "throughput.png"
 PLOT_SPEEDUP = "speedup.png"
@@ -348,6 +349,8 @@ class ReportPaths:
 
     markdown: Path
     json: Path
+    summary: Path
+    """`summary_text` of the report: what `make run` prints at its end."""
     plots: dict[str, Path]
 
 
@@ -359,7 +362,7 @@ def _write_text_atomic(path: Path, text: str) -> Path:
 
 
 def write_report(report: BenchmarkReport, out_dir: str | Path) -> ReportPaths:
-    """Write the plots, `report.json` and `report.md` (last, so its presence means complete)."""
+    """Write the plots, `report.json`, `summary.txt` and `report.md` (last, so its presence means complete)."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     plots: dict[str, Path] = {}
@@ -375,9 +378,10 @@ def write_report(report: BenchmarkReport, out_dir: str | Path) -> ReportPaths:
     if any(report.speedups.values()):
         plots[PLOT_SPEEDUP] = plot_speedup(report.speedups, out / PLOT_SPEEDUP)
     json_path = _write_text_atomic(out / REPORT_JSON, json.dumps(report.to_dict(), indent=2, allow_nan=False))
+    summary_path = _write_text_atomic(out / SUMMARY_TXT, summary_text(report) + "\n")
     md = to_markdown(report, {name: p.name for name, p in plots.items()})
     md_path = _write_text_atomic(out / REPORT_MD, md)
-    return ReportPaths(markdown=md_path, json=json_path, plots=plots)
+    return ReportPaths(markdown=md_path, json=json_path, summary=summary_path, plots=plots)
 
 
 def load_report(path: str | Path) -> BenchmarkReport:

@@ -14,7 +14,7 @@ decode step is one forward over every slot:
 The math is the model's own (its norms, MLPs, rotary embedding and projections are called as
 modules); only attention is written here, over the slot cache, with grouped-query heads
 folded into the query length instead of repeating keys and values. Greedy output equals
-`generate`'s token for token on the same dtype (eagle_assets_tests/corpus/test_slot_decoder.py).
+`generate`'s token for token on the same dtype (eagle_assets_tests/corpus/test_local_engine.py).
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from collections.abc import Sequence
 
 import torch
 import torch.nn.functional as F
+from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
 
@@ -73,21 +74,12 @@ class SlotDecoder:
         self.generator = torch.Generator(device=self.device).manual_seed(seed)
 
     # ---------------------------------------------------------------- the forward
-    def _rope(self, q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
-        cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
-
-        def rotate_half(x: torch.Tensor) -> torch.Tensor:
-            half = x.shape[-1] // 2
-            return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-
-        return q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
-
     def _qkv(self, attn, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
         b, t, _ = x.shape
         q = attn.q_proj(x).view(b, t, self.heads, self.head_dim).transpose(1, 2)
         k = attn.k_proj(x).view(b, t, self.kv_heads, self.head_dim).transpose(1, 2)
         v = attn.v_proj(x).view(b, t, self.kv_heads, self.head_dim).transpose(1, 2)
-        q, k = self._rope(q, k, cos, sin)
+        q, k = apply_rotary_pos_emb(q, k, cos, sin)  # the model family's own (Llama's, shared by Mistral and Qwen2)
         return q, k, v
 
     def _layers(self, x: torch.Tensor, position_ids: torch.Tensor, attend) -> torch.Tensor:
@@ -145,8 +137,9 @@ class SlotDecoder:
         positions = torch.arange(width, device=self.device).expand(n, width)
         hidden = self._layers(self.model.model.embed_tokens(ids), positions, attend)
         last = hidden[torch.arange(n, device=self.device), torch.tensor(lengths, device=self.device) - 1]
-        for s, t, p in zip(slot_ids, temperature, top_p):
-            self.temperature[s], self.top_p[s] = float(t), float(p)
+        self.temperature[index] = torch.tensor([float(t) for t in temperature], device=self.device)
+        self.top_p[index] = torch.tensor([float(p) for p in top_p], device=self.device)
+        for s, t in zip(slot_ids, temperature):
             (self.sampling_slots.add if t > 0 else self.sampling_slots.discard)(s)
         first = self._sample(self.model.lm_head(last), slot_ids)
         self.tokens[index] = first

@@ -10,7 +10,6 @@ import dagster as dg
 
 from eagle_assets.bench.benchmark import BenchmarkSettings, run_benchmark
 from eagle_assets.bench.parity import ParityTolerance
-from eagle_assets.bench.report import summary_text
 from eagle_assets.defs.common import GROUP, check_result, hash_files, metadata, stage_version, target_of
 from eagle_assets.defs.drafter import drafter_checkpoint
 from eagle_assets.resources.inference_server import InferenceServerResource
@@ -67,9 +66,7 @@ def benchmark_report(context: dg.AssetExecutionContext, config: BenchmarkConfig,
         trained_aux_layer_ids=summary.get("aux_layer_ids"), target_num_layers=preset.num_layers,
         parent_al=config.parent_al, log=context.log.info,
     )  # fmt: skip
-    text = summary_text(report)
-    (paths.markdown.parent / "summary.txt").write_text(text + "\n")
-    context.log.info("\n" + text)
+    context.log.info("\n" + paths.summary.read_text())
     plots = {f"plot_{name}": dg.MetadataValue.path(str(p)) for name, p in paths.plots.items()}
     yield dg.MaterializeResult(
         metadata={
