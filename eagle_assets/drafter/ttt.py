@@ -55,6 +55,8 @@ class TTTOutput:
     """(K,) fp32: masked positions per step (later steps lose positions off the end)."""
     step_correct: torch.Tensor
     """(K,) fp32: masked positions whose drafter argmax equals the target's (draft vocabulary)."""
+    correct_rows: torch.Tensor | None = None
+    """(K, B, T) bool: step i at row t trains and its argmax is the target's (for `replay_drafting`)."""
 
     @property
     def loss(self) -> torch.Tensor:
@@ -258,6 +260,7 @@ class _FusedSoftCE(torch.autograd.Function):
         loss_sum = torch.zeros((), dtype=torch.float32, device=h.device)
         step_loss = torch.zeros(K, dtype=torch.float32, device=h.device)
         step_correct = torch.zeros(K, dtype=torch.float32, device=h.device)
+        row_correct = torch.zeros(h.shape[0], dtype=torch.float32, device=h.device)
         for start in range(0, h.shape[0], chunk_rows):
             rows = slice(start, start + chunk_rows)
             hc = h[rows]  # (C, H)
@@ -269,16 +272,17 @@ class _FusedSoftCE(torch.autograd.Function):
             loss_sum += (rw * ce).sum()
             step_loss.index_add_(0, step, mask * ce)
             step_correct.index_add_(0, step, mask * correct)
+            row_correct[rows] = mask * correct
             if want_grad:
                 grad_h[rows] = grad_logits @ w
                 fusion.accumulate_matmul(grad_w, grad_logits.T, hc)
         ctx.save_for_backward(grad_h, grad_w)
         ctx.weight_dtype = weight.dtype
-        ctx.mark_non_differentiable(step_loss, step_correct)
-        return loss_sum, step_loss, step_correct
+        ctx.mark_non_differentiable(step_loss, step_correct, row_correct)
+        return loss_sum, step_loss, step_correct, row_correct
 
     @staticmethod
-    def backward(ctx, dloss, _dstep_loss, _dstep_correct):
+    def backward(ctx, dloss, _dstep_loss, _dstep_correct, _drow_correct):
         grad_h, grad_w = ctx.saved_tensors
         return (grad_h * dloss.to(grad_h.dtype), (grad_w * dloss).to(ctx.weight_dtype)) + (None,) * 8
 
@@ -398,18 +402,51 @@ def ttt_loss(
     row_mask = masks.reshape(-1)
     keep = row_mask.nonzero().squeeze(1)  # (M,) rows (i, b, t) that train
     chunk = loss_chunk_rows or max(1, (64 << 20) // cfg.draft_vocab_size)
-    loss_sum, step_loss, step_correct = _FusedSoftCE.apply(
+    loss_sum, step_loss, step_correct, row_correct = _FusedSoftCE.apply(
         h_all.index_select(0, keep), model.lm_head.weight, stats.logits, stats.lse, stats.argmax,
         tgt_index[keep], row_mask[keep], row_step[keep], step_weight, chunk,
     )
     step_tokens = masks.sum(dim=(1, 2))
+    correct_rows = torch.zeros(steps * B * T, dtype=torch.bool, device=device)
+    correct_rows[keep] = row_correct > 0
     return TTTOutput(
         loss_sum=loss_sum,
         num_tokens=step_tokens[0],
         step_loss_sum=step_loss,
         step_tokens=step_tokens,
         step_correct=step_correct,
+        correct_rows=correct_rows.view(steps, B, T),
     )
+
+
+def replay_drafting(correct_rows: torch.Tensor, loss_mask: torch.Tensor, lengths: torch.Tensor | None = None) -> torch.Tensor:
+    """Chain drafting replayed along each sequence's answers, as the engine walks them.
+
+    A round at row t (last committed token x_{t+1}) drafts K tokens; its first `a` drafts are
+    accepted (steps 0..a-1 correct, `correct_rows` from `ttt_loss`), the target adds one token,
+    and the next round is at row t + a + 1. A round starts only inside an answer (x_{t+1} and
+    x_{t+2} both carry loss_mask): the answer's first token comes from the target's prefill.
+    Averaging over rounds, not rows, weights hard stretches as serving does: it lingers there.
+
+    Returns (K+1,) fp32 counts [rounds, rounds with draft 1 accepted, ..., all K accepted]:
+    p_k = counts[k] / counts[0] and AL = 1 + sum_k p_k, the reference decoder's definitions.
+    """
+    K, B, T = correct_rows.shape
+    lead = torch.cumprod(correct_rows.to(torch.int32), dim=0).sum(0).tolist()  # (B, T) drafts accepted per round
+    mask = (loss_mask > 0).tolist()
+    ends = [T] * B if lengths is None else [min(T, int(n)) for n in lengths.tolist()]
+    counts = [0] * (K + 1)
+    for b in range(B):
+        t, row_lead, row_mask = 0, lead[b], mask[b]
+        while t + 2 < ends[b]:
+            if not (row_mask[t + 1] and row_mask[t + 2]):
+                t += 1
+                continue
+            a = row_lead[t]
+            for k in range(a + 1):
+                counts[k] += 1
+            t += a + 1
+    return torch.tensor(counts, dtype=torch.float32)
 
 
 def _check_batch(cfg, aux, final, input_ids, loss_mask, target_head, steps) -> None:

@@ -274,13 +274,15 @@ def test_validation_metrics_and_acceptance_length():
     from eagle_assets.drafter.train import validation_metrics
 
     K = 3
-    # loss_sum, tokens, step_loss_sum (3), step_tokens (3), step_correct (3)
-    totals = torch.tensor([12.0, 8.0, 4.0, 6.0, 8.0, 8.0, 8.0, 8.0, 4.0, 4.0, 2.0])
+    # loss_sum, tokens, step_loss_sum (3), step_tokens (3), step_correct (3), replayed rounds (1 + 3)
+    totals = torch.tensor([12.0, 8.0, 4.0, 6.0, 8.0, 8.0, 8.0, 8.0, 4.0, 4.0, 2.0, 10.0, 6.0, 3.0, 1.0])
     m = validation_metrics(totals, K)
     assert m["val_loss"] == 1.5
     assert m["val_acc"] == [0.5, 0.5, 0.25]
-    assert m["val_accept"] == [0.5, 0.25, 0.0625]
-    assert m["val_al"] == 1.8125
+    assert m["val_accept_teacher_forced"] == [0.5, 0.25, 0.0625]
+    assert m["val_rounds"] == 10.0
+    assert m["val_accept"] == pytest.approx([0.6, 0.3, 0.1])
+    assert m["val_al"] == pytest.approx(2.0)
 
 
 # ----------------------------------------------------------------------------- a real run

@@ -12,7 +12,7 @@ from safetensors.torch import save_file
 from eagle_assets.drafter.config import tiny_config
 from eagle_assets.drafter.model import Eagle3Drafter
 from eagle_assets.drafter.target_head import draft_head, outside_head, read_target_head
-from eagle_assets.drafter.ttt import ttt_attention, ttt_loss
+from eagle_assets.drafter.ttt import replay_drafting, ttt_attention, ttt_loss
 from eagle_assets_tests.drafter.test_model import random_drafter
 
 
@@ -123,6 +123,8 @@ def test_ttt_loss_equals_naive_unroll():
     torch.testing.assert_close(out.step_loss_sum, step_sum, rtol=1e-5, atol=1e-5)
     assert out.step_tokens.tolist() == step_n.tolist()
     assert out.step_correct.tolist() == step_ok.tolist()
+    assert out.correct_rows.shape == (steps, *batch["input_ids"].shape)
+    assert out.correct_rows.sum(dim=(1, 2)).tolist() == step_ok.tolist()
     assert out.num_tokens == step_n[0]
     for g, w in zip(got_grads, want_grads):
         torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-5)
@@ -160,6 +162,26 @@ def test_padding_does_not_change_a_sequence_loss():
     first = ttt_loss(model, long_, head, 3)
     torch.testing.assert_close(both.step_loss_sum, alone.step_loss_sum + first.step_loss_sum, rtol=1e-5, atol=1e-5)
     assert both.step_tokens.tolist() == (alone.step_tokens + first.step_tokens).tolist()
+
+
+def test_replayed_drafting_walks_rounds_as_the_engine_does():
+    """Prompt tokens 0..3, answer 4..11; K = 3. The first round follows the answer's first token
+    (the target's, from prefill): row 3. It accepts 2 drafts, the target adds one: next row 6,
+    which accepts none: row 7 accepts all 3: row 11 has nothing left to predict."""
+    K, T = 3, 12
+    correct = torch.zeros(K, 1, T, dtype=torch.bool)
+    correct[:2, 0, 3] = True  # row 3: drafts 1 and 2 right, 3 wrong
+    correct[1:, 0, 6] = True  # row 6: draft 1 wrong (later ones do not count)
+    correct[:, 0, 7] = True  # row 7: all three right
+    correct[:, 0, 4] = True  # row 4 is never a round's start: skipped over by row 3's round
+    loss_mask = torch.tensor([[0.0] * 4 + [1.0] * 8])
+    assert replay_drafting(correct, loss_mask).tolist() == [3, 2, 2, 1]
+    # A shorter sequence (right padding): row 7 would predict x_9, past a length of 9.
+    assert replay_drafting(correct, loss_mask, torch.tensor([9])).tolist() == [2, 1, 1, 0]
+    # A user turn (tokens 8, 9) between two answers: no round starts where x_{t+1} or x_{t+2}
+    # is the user's; the second answer's rounds start after its first token (row 9: none right).
+    loss_mask[0, 8:10] = 0.0
+    assert replay_drafting(correct, loss_mask).tolist() == [2, 1, 1, 0]
 
 
 def test_ttt_steps_are_serving_draft_steps():
