@@ -28,7 +28,6 @@ import argparse
 import asyncio
 import dataclasses
 import json
-import os
 import shutil
 import sys
 import time

@@ -18,7 +18,7 @@ from typing import Callable, ContextManager, Sequence
 
 import torch
 
-from eagle_assets.bench.parity import AcceptanceNumbers, ParityTolerance, judge_parity
+from eagle_assets.bench.parity import AcceptanceNumbers, ParityTolerance
 from eagle_assets.bench.reference_decoder import speculative_generate
 from eagle_assets.bench.report import BenchmarkReport, build_report, write_report
 from eagle_assets.bench.served import SweepSettings, mt_bench_prompts, run_served

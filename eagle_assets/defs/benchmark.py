@@ -66,7 +66,8 @@ def benchmark_report(context: dg.AssetExecutionContext, config: BenchmarkConfig,
         trained_aux_layer_ids=summary.get("aux_layer_ids"), target_num_layers=preset.num_layers,
         parent_al=config.parent_al, log=context.log.info,
     )  # fmt: skip
-    context.log.info("\n" + paths.summary.read_text())
+    text = paths.summary.read_text().rstrip("\n")
+    context.log.info("\n" + text)
     plots = {f"plot_{name}": dg.MetadataValue.path(str(p)) for name, p in paths.plots.items()}
     yield dg.MaterializeResult(
         metadata={
