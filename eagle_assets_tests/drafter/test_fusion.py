@@ -10,7 +10,11 @@ cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="Inductor's Trit
 
 @pytest.fixture
 def compile_calls(monkeypatch):
-    """Record torch.compile calls (and hand back the eager function) instead of compiling."""
+    """Record torch.compile calls (and hand back the eager function) instead of compiling.
+
+    Stands in for torch.compile on purpose: what these tests check is *when* the wrapper asks
+    for a compile, and a real Inductor compile on this CPU builds C++ for a minute or more per
+    function. The compiled kernels themselves are checked for real below, on CUDA."""
     calls = []
 
     def fake_compile(fn, **kwargs):
