@@ -51,6 +51,7 @@ ASSET_DEFAULTS: dict[str, dict] = {
     "benchmark_report": {"num_prompts": 8, "output_len": 64, "k": None},
 }
 NUM_SHARDS = 4  # the asset graph's default partitions
+PART_BYTES = 15_000_000
 STAGES = ("target", "corpus", "shards", "train", "offline")
 
 
@@ -163,11 +164,25 @@ def stage_train(a, data: Path) -> dict:
     from eagle_assets.targets import get_preset
 
     preset, d = get_preset("smollm2-135m-instruct"), settings_of(a.preset, "drafter_checkpoint")
-    out = data / "drafter"
+    out = data / a.drafter_dir
+    mapping, drafter = str(data / "vocab_mapping.safetensors"), None
+    if a.draft_vocab_size or a.intermediate_size:
+        from eagle_assets.drafter.config import DrafterConfig
+        from eagle_assets.hidden_states.vocab import build_vocab_mapping, count_assistant_tokens, save_vocab_mapping
+
+        n = a.draft_vocab_size or preset.draft_vocab_size
+        if n != preset.draft_vocab_size:
+            out.mkdir(parents=True, exist_ok=True)
+            mapping = str(out / f"vocab_mapping-{n}.safetensors")
+            counts = count_assistant_tokens(str(data / "corpus"), preset.vocab_size)
+            save_vocab_mapping(build_vocab_mapping(counts, preset.vocab_size, n), Path(mapping))
+        target_config = json.loads((pull() / "config.json").read_text())
+        drafter = dataclasses.asdict(DrafterConfig.from_target_config(
+            target_config, aux_layer_ids=preset.default_aux_layer_ids, draft_vocab_size=n, intermediate_size=a.intermediate_size))  # fmt: skip
     cfg = TrainConfig(
-        shard_dirs=(str(data / "hidden_states"),), vocab_mapping=str(data / "vocab_mapping.safetensors"),
+        shard_dirs=(str(data / "hidden_states"),), vocab_mapping=mapping, drafter=drafter,
         target=str(pull()), out_dir=str(out), ttt_steps=d["ttt_steps"] or preset.ttt_steps,
-        epochs=d["epochs"], max_steps=d["max_steps"], lr=d["lr"], warmup_steps=d["warmup_steps"],
+        epochs=d["epochs"], max_steps=d["max_steps"], lr=a.lr or d["lr"], warmup_steps=d["warmup_steps"],
         micro_batch_tokens=d["micro_batch_tokens"], grad_accum=d["grad_accum"], val_fraction=d["val_fraction"],
         val_interval=d["val_interval"], checkpoint_every=d["checkpoint_every"], seed=d["seed"],
         export_engines=("vllm", "sglang"),
@@ -177,10 +192,11 @@ def stage_train(a, data: Path) -> dict:
 
 
 def stage_offline(a, data: Path) -> dict:
-    from eagle_assets.bench.benchmark import BenchmarkSettings, offline_acceptance
-    from eagle_assets.bench.served import mt_bench_prompts
+    from eagle_assets.bench.benchmark import BenchmarkSettings, offline_results
+    from eagle_assets.bench.breakdown import answers_ending_early, offline_slices
+    from eagle_assets.bench.parity import AcceptanceNumbers
+    from eagle_assets.bench.served import mt_bench_categories, mt_bench_prompts
     from eagle_assets.embedded_target import pull
-
     from eagle_assets.targets import get_preset
 
     b = settings_of(a.preset, "benchmark_report")
@@ -188,8 +204,25 @@ def stage_offline(a, data: Path) -> dict:
     settings = BenchmarkSettings(num_prompts=b["num_prompts"], output_len=b["output_len"], k=k)
     prompts = mt_bench_prompts(settings.num_prompts)
     start = time.perf_counter()
-    numbers = offline_acceptance(pull(), data / "drafter" / "drafter-vllm", prompts, settings, log=lambda m: None, device=a.device)
-    return {**dataclasses.asdict(numbers), "prompts": len(prompts), "output_len": settings.output_len, "k": settings.k, "seconds": time.perf_counter() - start}
+    results = offline_results(pull(), data / a.drafter_dir / "drafter-vllm", prompts, settings, log=lambda m: None, device=a.device)
+    slices = offline_slices(results, mt_bench_categories(settings.num_prompts), k)
+    return {**dataclasses.asdict(AcceptanceNumbers.from_results(results, k)), "prompts": len(prompts),
+            "output_len": settings.output_len, "k": settings.k, "seconds": time.perf_counter() - start,
+            "slices": {x.source: {"al": x.al, "p_k": x.per_position_acceptance, "drafts": x.num_drafts} for x in slices},
+            "answers_ending_early": answers_ending_early(results)}  # fmt: skip
+
+
+def copy_in_parts(src: Path, dest: Path, part_bytes: int = PART_BYTES) -> None:
+    """Copy a folder, files over `part_bytes` as `NAME.part-000`, ... (a host that returns files
+    of limited size, as the lent GPU's, carries them back); join with `cat NAME.part-* > NAME`."""
+    dest.mkdir(parents=True, exist_ok=True)
+    for f in src.iterdir():
+        if f.is_file() and f.stat().st_size > part_bytes:
+            with open(f, "rb") as fin:
+                for n, chunk in enumerate(iter(lambda: fin.read(part_bytes), b"")):
+                    (dest / f"{f.name}.part-{n:03d}").write_bytes(chunk)
+        elif f.is_file():
+            shutil.copy(f, dest / f.name)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -206,6 +239,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--gen-dtype", default="float32", choices=["float32", "bfloat16"],
                     help="the generator's dtype (bf16 is faster on a GPU; the answers then drift from fp32 greedy now and then)")
     ap.add_argument("--device", default="cuda", help="cuda, or cpu for a smoke run of a small preset")
+    ap.add_argument("--drafter-dir", default="drafter",
+                    help="folder under --data for the train and offline stages (a variant of its own; its figures go there)")
+    ap.add_argument("--lr", type=float, help="train a variant: this peak learning rate instead of the preset's")
+    ap.add_argument("--intermediate-size", type=int, help="train a variant: the drafter's MLP this wide (default the target's)")
+    ap.add_argument("--draft-vocab-size", type=int, help="train a variant: this many draft-vocabulary ids (default the target preset's)")
     a = ap.parse_args(argv)
     if a.device == "cuda" and not torch.cuda.is_available():
         print("no CUDA device: on a CPU host run `eagle-assets run --preset ...`, or pass --device cpu", file=sys.stderr)
@@ -213,7 +251,8 @@ def main(argv: list[str] | None = None) -> int:
     data = Path(a.data)
     data.mkdir(parents=True, exist_ok=True)
     deadline = time.time() + (a.deadline_s or 1e9)
-    figures_file = data / "quality_figures.json"
+    # A variant keeps its figures in its own folder: several train in parallel on one corpus.
+    figures_file = data / "quality_figures.json" if a.drafter_dir == "drafter" else data / a.drafter_dir / "quality_figures.json"
     figures = json.loads(figures_file.read_text()) if figures_file.is_file() else {}
     for stage in [s.strip() for s in a.stages.split(",") if s.strip()]:
         if stage not in STAGES:
@@ -247,12 +286,12 @@ def main(argv: list[str] | None = None) -> int:
         out = Path(a.out)
         out.mkdir(parents=True, exist_ok=True)
         write_json(out / "quality_figures.json", figures)
-        export = data / "drafter" / "drafter-vllm"
+        export = data / a.drafter_dir / "drafter-vllm"
         if export.is_dir():
-            shutil.copytree(export, out / "drafter-vllm", dirs_exist_ok=True)
+            copy_in_parts(export, out / "drafter-vllm")
         for name in ("summary.json", "metrics.jsonl"):
-            if (data / "drafter" / name).is_file():
-                shutil.copy(data / "drafter" / name, out / name)
+            if (data / a.drafter_dir / name).is_file():
+                shutil.copy(data / a.drafter_dir / name, out / name)
     return 0
 
 

@@ -18,10 +18,11 @@ from typing import Callable, ContextManager, Sequence
 
 import torch
 
+from eagle_assets.bench.breakdown import answers_ending_early, offline_slices
 from eagle_assets.bench.parity import AcceptanceNumbers, ParityTolerance
-from eagle_assets.bench.reference_decoder import speculative_generate
+from eagle_assets.bench.reference_decoder import Result, speculative_generate
 from eagle_assets.bench.report import BenchmarkReport, build_report, write_report
-from eagle_assets.bench.served import SweepSettings, mt_bench_prompts, run_served
+from eagle_assets.bench.served import SweepSettings, mt_bench_categories, mt_bench_prompts, run_served
 from eagle_assets.drafter.export import load_drafter
 from eagle_assets.engines.vllm_launch import ngram_config, speculative_config
 from eagle_assets.precision import use_exact_fp32
@@ -48,7 +49,14 @@ class BenchmarkSettings:
 
 def offline_acceptance(target_path: Path, drafter_dir: Path, prompts: Sequence[Sequence[dict]], settings: BenchmarkSettings,
                        log: Callable[[str], None] = print, device: str = "cpu") -> AcceptanceNumbers:  # fmt: skip
-    """The reference decoder's AL and p_k on `prompts`, pooled over them (drafts weighted).
+    """The reference decoder's AL and p_k on `prompts`, pooled over them (drafts weighted)."""
+    results = offline_results(target_path, drafter_dir, prompts, settings, log, device)
+    return AcceptanceNumbers.from_results(results, settings.k)
+
+
+def offline_results(target_path: Path, drafter_dir: Path, prompts: Sequence[Sequence[dict]], settings: BenchmarkSettings,
+                    log: Callable[[str], None] = print, device: str = "cpu") -> list[Result]:  # fmt: skip
+    """The reference decoder's result on each prompt (its tokens and accepted drafts per step).
 
     fp32 on any device, as the CPU engine serves; on CUDA without TF32, for the same reason."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -67,9 +75,11 @@ def offline_acceptance(target_path: Path, drafter_dir: Path, prompts: Sequence[S
         with torch.inference_mode():
             # No EOS: the served sweep ignores EOS too, so both see the same token stream.
             result = speculative_generate(target, drafter, ids, settings.output_len, settings.k, eos_token_id=None)
+        ends = [i for i, t in enumerate(result.tokens) if t == tokenizer.eos_token_id]
+        result.answer_end = ends[0] if ends else None
         results.append(result)
         log(f"offline reference: prompt {i}/{len(chosen)}: AL {result.al:.2f}")
-    return AcceptanceNumbers.from_results(results, settings.k)
+    return results
 
 
 def run_benchmark(
@@ -90,8 +100,15 @@ def run_benchmark(
     served_drafter_dir = served_drafter_dir or drafter_dir
     prompts = mt_bench_prompts(settings.num_prompts)
     sweep = SweepSettings(output_len=settings.output_len, concurrencies=tuple(settings.concurrencies), progress=False)
-    offline = offline_acceptance(target_path, drafter_dir, prompts, settings, log)
+    results = offline_results(target_path, drafter_dir, prompts, settings, log)
+    offline = AcceptanceNumbers.from_results(results, settings.k)
+    chosen = mt_bench_categories(settings.num_prompts)[: len(results)]
+    slices = offline_slices(results, chosen, settings.k)
     log(f"offline reference: AL {offline.al:.3f}, p_k {[round(p, 3) for p in offline.per_position_acceptance]}")
+    notes = []
+    if answers_ending_early(results):
+        notes.append(f"{answers_ending_early(results)} of {len(results)} offline answers ended before {settings.output_len} "
+                     "tokens and ran on past the target's end-of-answer token (EOS is ignored, served and offline alike)")  # fmt: skip
     configs: list[tuple[str, dict | None]] = [("baseline", None), ("eagle3", speculative_config(served_drafter_dir, settings.k))]
     if settings.ngram:
         configs.append(("ngram", ngram_config(settings.k)))
@@ -105,6 +122,8 @@ def run_benchmark(
         drafter=str(served_drafter_dir),
         runs=runs,
         offline=offline,
+        offline_slices=slices,
+        notes=notes,
         parent_al=parent_al,
         tolerance=settings.tolerance,
         drafter_path=served_drafter_dir,

@@ -87,7 +87,13 @@ class AcceptanceNumbers:
     def from_results(cls, results: Sequence[object], k: int, source: str = "offline reference") -> "AcceptanceNumbers":
         """Pooled over several prompts' results, each with `accepted_per_step` (accepted drafts per
         verification step): AL = 1 + all accepted / all steps, p_k = steps accepting >= k / all steps."""
-        steps = [int(a) for r in results for a in getattr(r, "accepted_per_step")]
+        return cls.from_steps([a for r in results for a in getattr(r, "accepted_per_step")], k, source)
+
+    @classmethod
+    def from_steps(cls, accepted_per_step: Sequence[int], k: int, source: str = "offline reference") -> "AcceptanceNumbers":
+        """From accepted drafts per verification step: AL = 1 + accepted / steps, p_k = steps
+        accepting >= k / steps (NaN when there is no step)."""
+        steps = [int(a) for a in accepted_per_step]
         if not steps:
             return cls(math.nan, (math.nan,) * k, 0, source)
         n = len(steps)

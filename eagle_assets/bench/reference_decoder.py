@@ -50,12 +50,26 @@ class Result:
     """p_k for k = 1..K: fraction of drafts whose k-th token was accepted."""
     drafts: list[list[int]] = field(default_factory=list)
     """The k target ids proposed at each verification step (for tracing a drafter's choices)."""
+    answer_end: int | None = None
+    """Index in `tokens` of the target's first end-of-answer token when generation ran past it
+    (EOS ignored, as the served benchmark does); None when the answer filled the output."""
 
     def __post_init__(self) -> None:
         self.num_drafts = len(self.accepted_per_step)
         n = max(self.num_drafts, 1)
         self.al = 1.0 + sum(self.accepted_per_step) / n
         self.per_position_acceptance = [sum(a >= j for a in self.accepted_per_step) / n for j in range(1, self.k + 1)]
+
+    def steps_split_at(self, index: int) -> tuple[list[int], list[int]]:
+        """Accepted drafts per step, split into steps drafting at or before output token `index`
+        and steps drafting after it (e.g. after the target's end-of-answer token when EOS is
+        ignored). Step i drafts from output index 1 + sum_{j<i}(accepted_j + 1): the first
+        output token comes from the prefill."""
+        before, after, start = [], [], 1
+        for a in self.accepted_per_step:
+            (before if start <= index else after).append(a)
+            start += a + 1
+        return before, after
 
     @property
     def draft_acceptance_rate(self) -> float:

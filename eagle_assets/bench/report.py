@@ -65,6 +65,9 @@ class BenchmarkReport:
     """The reference decoder's acceptance on the same prompts."""
     served: AcceptanceNumbers | None = None
     """The engine's acceptance for `spec_label`, pooled over its concurrency levels."""
+    offline_slices: tuple[AcceptanceNumbers, ...] = ()
+    """The offline acceptance per prompt category and within / after the target's answer
+    (`bench/breakdown.py`); each one's `source` names its slice."""
     parity: Verdict | None = None
     parent_al: float | None = None
     """AL of the parent drafter on the same prompts, when warm-started."""
@@ -92,6 +95,7 @@ class BenchmarkReport:
                 "runs": [r.to_dict() for r in self.runs],
                 "offline": _asdict_or_none(self.offline),
                 "served": _asdict_or_none(self.served),
+                "offline_slices": [_asdict_or_none(x) for x in self.offline_slices],
                 "parity": self.parity.to_dict() if self.parity else None,
                 "parent_al": self.parent_al,
                 "checks": [c.to_dict() for c in self.checks],
@@ -112,6 +116,7 @@ class BenchmarkReport:
             runs=tuple(ServedRun.from_dict(_nan_back(r)) for r in d["runs"]),
             offline=AcceptanceNumbers.from_dict(d["offline"]) if d.get("offline") else None,
             served=AcceptanceNumbers.from_dict(d["served"]) if d.get("served") else None,
+            offline_slices=tuple(AcceptanceNumbers.from_dict(x) for x in d.get("offline_slices", ())),
             parity=Verdict.from_dict(d["parity"]) if d.get("parity") else None,
             parent_al=d.get("parent_al"),
             checks=tuple(CheckResult.from_dict(c) for c in d.get("checks", ())),
@@ -159,6 +164,7 @@ def build_report(
     drafter: str,
     runs: Sequence[ServedRun],
     offline: AcceptanceNumbers | None = None,
+    offline_slices: Sequence[AcceptanceNumbers] = (),
     engine: str = "vllm",
     spec_label: str = "eagle3",
     parity: Verdict | None = None,
@@ -199,6 +205,7 @@ def build_report(
         spec_label=spec_label,
         offline=offline,
         served=served,
+        offline_slices=tuple(offline_slices),
         parity=parity,
         parent_al=parent_al,
         checks=tuple(checks),
@@ -285,6 +292,15 @@ def to_markdown(report: BenchmarkReport, plots: Mapping[str, str] | None = None)
         out += [_table(["", "AL", "drafts", *[f"p_{i + 1}" for i in range(k)]], rows), ""]
     else:
         out += ["No acceptance measured (no speculative run with drafts, no offline numbers).", ""]
+    if report.offline_slices:
+        k = max(len(x.per_position_acceptance) for x in report.offline_slices)
+        rows = [[x.source, _f(x.al), _f(x.num_drafts, "{:d}") if x.num_drafts is not None else "-",
+                 *[_f(p) for p in x.per_position_acceptance]] for x in report.offline_slices]  # fmt: skip
+        out += ["### Offline acceptance by slice", "",
+                "Where the reference decoder's drafts fail: per prompt category, and within the target's answer "
+                "against after its end-of-answer token (the benchmark ignores EOS, so a shorter answer runs on "
+                "into text no training answer contains).", "",
+                _table(["slice", "AL", "drafts", *[f"p_{i + 1}" for i in range(k)]], rows), ""]  # fmt: skip
     if report.parent_al is not None:
         out += [f"Parent drafter AL (warm start): {report.parent_al:.2f}", ""]
     if PLOT_ACCEPTANCE in plots:

@@ -199,12 +199,18 @@ def mt_bench_prompts(n: int | None = None, path: str | Path | None = None) -> li
     """The first turns of `n` MT-Bench questions spread evenly over the 80 (evaluation only,
     never training): the file runs category by category (writing, roleplay, reasoning, math,
     coding, extraction, STEM, humanities), so the first `n` alone would test few of them."""
+    return [as_messages(q["turns"][0]) for q in _mt_bench_spread(n, path)]
+
+
+def mt_bench_categories(n: int | None = None, path: str | Path | None = None) -> list[str]:
+    """The category of each prompt `mt_bench_prompts(n, path)` returns, in the same order."""
+    return [q["category"] for q in _mt_bench_spread(n, path)]
+
+
+def _mt_bench_spread(n: int | None, path: str | Path | None) -> list[dict]:
     path = Path(path) if path else Path(__file__).resolve().parent.parent / "data" / "mt_bench_questions.jsonl"
-    out = []
     with open(path, encoding="utf-8") as f:
-        for line in f:
-            if line.strip():
-                out.append(as_messages(json.loads(line)["turns"][0]))
+        out = [json.loads(line) for line in f if line.strip()]
     if not n or n >= len(out):
         return out
     return [out[i * len(out) // n] for i in range(n)]

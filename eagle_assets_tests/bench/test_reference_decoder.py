@@ -140,6 +140,10 @@ def test_acceptance_accounting_with_constructed_drafters():
     assert periodic.accepted_per_step == [2, 0] * 4
     assert periodic.al == 2.0 and periodic.per_position_acceptance == [0.5, 0.5]
     assert periodic.draft_acceptance_rate == 0.5
+    # Steps draft from output index 1 (the prefill gave index 0), then 1 + 3 = 4, 5, 8, 9, ...:
+    # split after index 5, the first three steps drafted at or before it.
+    assert periodic.steps_split_at(5) == ([2, 0, 2], [0, 2, 0, 2, 0])
+    assert periodic.steps_split_at(len(periodic.tokens)) == (periodic.accepted_per_step, [])
 
 
 def test_smollm2_speculative_equals_greedy(smollm2_path):

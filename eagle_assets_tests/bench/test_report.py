@@ -85,7 +85,8 @@ def test_report_pools_served_acceptance_and_runs_the_checks():
 
 
 def test_written_report_is_complete_and_reads_back(tmp_path):
-    report = build_report("smollm2-135m-instruct", "/drafters/smollm2-eagle3", RUNS, offline=OFFLINE, parent_al=2.4)
+    slices = (AcceptanceNumbers(2.1, (0.6, 0.3, 0.2), 40, "category writing"), AcceptanceNumbers(1.5, (0.3, 0.1, 0.1), 9, "after the end of the answer"))
+    report = build_report("smollm2-135m-instruct", "/drafters/smollm2-eagle3", RUNS, offline=OFFLINE, offline_slices=slices, parent_al=2.4)
     paths = write_report(report, tmp_path / "out")
 
     assert set(paths.plots) == {PLOT_ACCEPTANCE, PLOT_THROUGHPUT, PLOT_SPEEDUP}
@@ -107,6 +108,8 @@ def test_written_report_is_complete_and_reads_back(tmp_path):
     assert "| 1 | eagle3 | 80.0 |" in md and "1.60x" in md
     assert "| 8 | eagle3 | 216.0 |" in md and "0.90x" in md  # a slowdown is shown, not hidden
     assert "| 1 | 1.60x | 1.10x |" in md  # n-gram's speedup beside ours
+    assert "| category writing | 2.10 | 40 | 0.60 | 0.30 | 0.20 |" in md
+    assert "| after the end of the answer | 1.50 | 9 | 0.30 | 0.10 | 0.10 |" in md
     for name in paths.plots:
         assert f"]({name})" in md
 

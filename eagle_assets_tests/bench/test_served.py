@@ -20,6 +20,7 @@ from eagle_assets.bench.served import (
     ServedRun,
     SweepSettings,
     as_messages,
+    mt_bench_categories,
     mt_bench_prompts,
     run_level,
     run_served,
@@ -159,3 +160,6 @@ def test_prompts_become_chat_messages():
         as_messages([{"text": "hi"}])
     mt = mt_bench_prompts(3)
     assert len(mt) == 3 and all(m[0]["role"] == "user" and m[0]["content"] for m in mt)
+    # Spread over the file's categories, and each prompt's category in the same order.
+    assert mt_bench_categories(8) == ["writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities"]
+    assert mt_bench_prompts(8)[3][0]["content"].startswith("The vertices of a triangle are at points")
