@@ -23,6 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import torch  # noqa: E402
 
 from eagle_assets.corpus.slot_decoder import SlotDecoder  # noqa: E402
+from profiling import print_profile  # noqa: E402  (benchmarks/profiling.py, beside this script)
 
 
 def smollm2_shaped(layers: int):
@@ -62,14 +63,7 @@ def measure(model, dtype: torch.dtype, a, device: torch.device) -> dict:
     sync(device)
     step_s = (time.perf_counter() - start) / a.steps
     if a.profile:
-        from torch.profiler import ProfilerActivity, profile
-
-        acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
-        with profile(activities=acts) as prof:
-            decoder.step()
-            sync(device)
-        key = "self_cuda_time_total" if device.type == "cuda" else "self_cpu_time_total"
-        print(prof.key_averages().table(sort_by=key, row_limit=a.profile, max_name_column_width=60), flush=True)
+        print_profile(decoder.step, device, a.profile, name_width=60)
     del decoder
     return {"dtype": str(dtype).replace("torch.", ""), "prefill_s": prefill_s, "step_ms": step_s * 1e3,
             "tokens_per_s": a.slots / step_s}  # fmt: skip

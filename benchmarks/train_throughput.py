@@ -53,6 +53,7 @@ from eagle_assets.drafter.config import DrafterConfig  # noqa: E402
 from eagle_assets.drafter.model import Eagle3Drafter  # noqa: E402
 from eagle_assets.drafter.parallelize import TrainObjective, parallelize  # noqa: E402
 from eagle_assets.drafter.train import build_optimizer, optimizer_step, setup_distributed  # noqa: E402
+from profiling import print_profile  # noqa: E402  (benchmarks/profiling.py, beside this script)
 
 SPECFORGE_VERSION = "0.2.0"
 STEP_DECAY = 0.8  # both sides weight TTT step i by 0.8**i
@@ -276,19 +277,6 @@ def run_ours(
               "tokens_per_s": batch * seq_len / (timer.mean_ms / 1e3), "peak_gib": peak_gib(device),
               "loss_first": losses[0], "loss_last": losses[-1], "losses": losses}
     return result  # the model, optimiser and inputs go with this frame
-
-
-def print_profile(step, device: torch.device, rows: int) -> None:
-    """One step under torch.profiler: the operators that took the most device (or CPU) time."""
-    from torch.profiler import ProfilerActivity, profile
-
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
-    with profile(activities=activities) as prof:
-        step()
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-    key = "self_cuda_time_total" if device.type == "cuda" else "self_cpu_time_total"
-    print(prof.key_averages().table(sort_by=key, row_limit=rows, max_name_column_width=70), flush=True)
 
 
 # ----------------------------------------------------------------------------- SpecForge

@@ -140,6 +140,12 @@ def _grouped(x: torch.Tensor, kv_heads: int) -> torch.Tensor:
     return x.view(B, kv_heads, nh // kv_heads, T, D)
 
 
+def expand_kv(x: torch.Tensor, nh: int) -> torch.Tensor:
+    """(B, nkv, T, D) -> (B, nh, T, D), the inverse view of `_grouped`: query head h reads kv head h // g."""
+    B, nkv, T, D = x.shape
+    return x if nkv == nh else x[:, :, None].expand(B, nkv, nh // nkv, T, D).reshape(B, nh, T, D)
+
+
 def diagonal_scores(q: torch.Tensor, k: torch.Tensor, scale: float) -> torch.Tensor:
     """q (B, nh, T, D), k (B, nkv, T, D) -> fp32 scores (B, nh, T) of each query with its own index's key."""
     B, nh, T, D = q.shape
@@ -180,7 +186,7 @@ def diagonal_backward(q, k, v, dout, delta, lse, dq32, scale: float):
     dout32 = dout.float()
     dp = (_grouped(dout32, nkv) * v[:, :, None].float()).sum(-1).view(B, nh, T)
     ds = p * (dp - delta) * scale  # (B, nh, T): d loss / d score, scale folded in
-    k32 = k[:, :, None].float().expand(B, nkv, nh // nkv, T, D).reshape(B, nh, T, D)
+    k32 = expand_kv(k.float(), nh)
     dq32 = dq32 + ds[..., None] * k32
     dk = _grouped(ds[..., None] * q.float(), nkv).sum(2).to(k.dtype)
     dv = _grouped(p[..., None] * dout32, nkv).sum(2).to(v.dtype)

@@ -34,9 +34,10 @@ class TrainObjective(nn.Module):
         self.drafter = drafter
         self.ttt_steps = ttt_steps
 
-    def forward(self, batch: dict[str, torch.Tensor], target_head: torch.Tensor, outside_head: torch.Tensor | None = None):
+    def forward(self, batch: dict[str, torch.Tensor], target_head: torch.Tensor, outside_head: torch.Tensor | None = None,
+                with_correct_rows: bool = False):  # fmt: skip
         """batch: the `ttt_loss` layout; target_head (N, Ht); outside_head (V-N, Ht) or None."""
-        return ttt_loss(self.drafter, batch, target_head, self.ttt_steps, outside_head=outside_head)
+        return ttt_loss(self.drafter, batch, target_head, self.ttt_steps, outside_head=outside_head, with_correct_rows=with_correct_rows)
 
 
 def is_distributed() -> bool:

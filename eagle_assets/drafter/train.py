@@ -562,7 +562,7 @@ class Trainer:
         for positions, counts in mine:
             batch = self._to_device(self.ds.collate(positions, dtype))
             with autocast_context(self.use_bf16):
-                out = self.model(batch, self.target_head, self.outside_head)
+                out = self.model(batch, self.target_head, self.outside_head, with_correct_rows=True)
             rounds = replay_drafting(out.correct_rows, batch["loss_mask"], batch.get("lengths")).to(totals.device)
             row = torch.cat([
                 out.loss_sum.reshape(1), out.num_tokens.reshape(1), out.step_loss_sum, out.step_tokens, out.step_correct, rounds,

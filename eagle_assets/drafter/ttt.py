@@ -34,7 +34,7 @@ import torch
 import torch.nn.functional as F
 
 from eagle_assets.drafter import fusion
-from eagle_assets.drafter.fusion import apply_rotary, diagonal_scores
+from eagle_assets.drafter.fusion import apply_rotary, diagonal_scores, expand_kv
 from eagle_assets.drafter.model import Eagle3Drafter
 
 DEFAULT_STEP_DECAY = 0.8
@@ -56,7 +56,8 @@ class TTTOutput:
     step_correct: torch.Tensor
     """(K,) fp32: masked positions whose drafter argmax equals the target's (draft vocabulary)."""
     correct_rows: torch.Tensor | None = None
-    """(K, B, T) bool: step i at row t trains and its argmax is the target's (for `replay_drafting`)."""
+    """(K, B, T) bool: step i at row t trains and its argmax is the target's (for `replay_drafting`);
+    None unless asked for (`with_correct_rows`)."""
 
     @property
     def loss(self) -> torch.Tensor:
@@ -103,11 +104,6 @@ def _flash_backward(dout, q, k, v, out, lse, scale, state):
     )
 
 
-def _expand_kv(x: torch.Tensor, nh: int) -> torch.Tensor:
-    """(B, nkv, T, D) -> (B, nh, T, D): query head h reads kv head h // (nh / nkv)."""
-    return x if x.shape[1] == nh else x.repeat_interleave(nh // x.shape[1], dim=1)
-
-
 class _MergedFlashAttention(torch.autograd.Function):
     """Causal flash attention over (q, k0, v0) merged with per-index diagonal keys, exactly."""
 
@@ -149,7 +145,7 @@ class _MergedFlashAttention(torch.autograd.Function):
 def _math_attention(q, k0, v0, ks, vs, scale):
     """Same function with explicit (T, T) scores; autograd does the backward. CPU/fallback path."""
     B, nh, T, D = q.shape
-    k0e, v0e = _expand_kv(k0, nh).float(), _expand_kv(v0, nh).float()
+    k0e, v0e = expand_kv(k0, nh).float(), expand_kv(v0, nh).float()
     s0 = torch.matmul(q.float(), k0e.transpose(-1, -2)) * scale  # (B, nh, T, T)
     causal = torch.ones(T, T, dtype=torch.bool, device=q.device).tril()
     s0 = s0.masked_fill(~causal, float("-inf"))
@@ -157,7 +153,7 @@ def _math_attention(q, k0, v0, ks, vs, scale):
     p = torch.softmax(torch.cat([s0, *diag], dim=-1), dim=-1)  # (B, nh, T, T + i)
     out = torch.matmul(p[..., :T], v0e)
     for j, v in enumerate(vs):
-        out = out + p[..., T + j, None] * _expand_kv(v, nh).float()
+        out = out + p[..., T + j, None] * expand_kv(v, nh).float()
     return out.to(q.dtype)
 
 
@@ -191,7 +187,7 @@ def ttt_attention(
     if backend != "flash":
         raise ValueError(f"attention backend {backend!r}: use 'flash', 'math' or 'auto'")
     nh = q.shape[1]
-    return _MergedFlashAttention.apply(q, _expand_kv(k0, nh), _expand_kv(v0, nh), scale, *ks, *vs)
+    return _MergedFlashAttention.apply(q, expand_kv(k0, nh), expand_kv(v0, nh), scale, *ks, *vs)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -326,6 +322,7 @@ def ttt_loss(
     step_weights: torch.Tensor | list[float] | None = None,
     attention: str = "auto",
     loss_chunk_rows: int | None = None,
+    with_correct_rows: bool = False,
 ) -> TTTOutput:
     """Unroll `steps` draft steps over a right-padded batch and return the summed loss and stats.
 
@@ -335,7 +332,8 @@ def ttt_loss(
     outside_head (V-N, Ht): the remaining rows, to mask positions whose target argmax is not
     drafted (SpecForge's t2d[argmax]); omit it to keep every position. step_weights (K,):
     default 0.8**i. attention: "auto" | "flash" | "math". loss_chunk_rows: rows of draft logits
-    held at once (default: about 64 Mi logits).
+    held at once (default: about 64 Mi logits). with_correct_rows: also return which rows were
+    drafted right (`correct_rows`, for validation's `replay_drafting`; training steps skip it).
     """
     cfg = model.config
     aux, final, input_ids, loss_mask = batch["aux"], batch["final"], batch["input_ids"], batch["loss_mask"]
@@ -380,7 +378,7 @@ def ttt_loss(
         k = apply_rotary(k.reshape(B, T, nkv, D).transpose(1, 2), cos, sin)  # (B, nkv, T, D)
         v = v.reshape(B, T, nkv, D).transpose(1, 2)  # (B, nkv, T, D)
         if i == 0:
-            k0, v0 = _expand_kv(k, nh), _expand_kv(v, nh)  # (B, nh, T, D): expanded once, shared by all steps
+            k0, v0 = expand_kv(k, nh), expand_kv(v, nh)  # (B, nh, T, D): expanded once, shared by all steps
         else:
             ks.append(k)
             vs.append(v)
@@ -407,15 +405,18 @@ def ttt_loss(
         tgt_index[keep], row_mask[keep], row_step[keep], step_weight, chunk,
     )
     step_tokens = masks.sum(dim=(1, 2))
-    correct_rows = torch.zeros(steps * B * T, dtype=torch.bool, device=device)
-    correct_rows[keep] = row_correct > 0
+    correct_rows = None
+    if with_correct_rows:
+        correct_rows = torch.zeros(steps * B * T, dtype=torch.bool, device=device)
+        correct_rows[keep] = row_correct > 0
+        correct_rows = correct_rows.view(steps, B, T)
     return TTTOutput(
         loss_sum=loss_sum,
         num_tokens=step_tokens[0],
         step_loss_sum=step_loss,
         step_tokens=step_tokens,
         step_correct=step_correct,
-        correct_rows=correct_rows.view(steps, B, T),
+        correct_rows=correct_rows,
     )
 
 

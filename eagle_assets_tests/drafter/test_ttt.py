@@ -115,7 +115,7 @@ def test_ttt_loss_equals_naive_unroll():
     batch = make_batch(cfg)
     head = torch.randn(40, 24) * 0.5
     steps, weights = 3, [1.0, 0.8, 0.64]
-    out = ttt_loss(model, batch, head, steps, loss_chunk_rows=7)  # chunks that straddle steps
+    out = ttt_loss(model, batch, head, steps, loss_chunk_rows=7, with_correct_rows=True)  # chunks that straddle steps
     got_grads = torch.autograd.grad(out.loss_sum, [p for p in model.parameters() if p.requires_grad])
     loss, step_sum, step_n, step_ok = naive_ttt(model, batch, head, steps, weights)
     want_grads = torch.autograd.grad(loss, [p for p in model.parameters() if p.requires_grad])
@@ -126,6 +126,7 @@ def test_ttt_loss_equals_naive_unroll():
     assert out.correct_rows.shape == (steps, *batch["input_ids"].shape)
     assert out.correct_rows.sum(dim=(1, 2)).tolist() == step_ok.tolist()
     assert out.num_tokens == step_n[0]
+    assert ttt_loss(model, batch, head, steps).correct_rows is None  # training steps skip the scatter
     for g, w in zip(got_grads, want_grads):
         torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-5)
     torch.testing.assert_close(out.acceptance, torch.cumprod(step_ok / step_n, 0))
