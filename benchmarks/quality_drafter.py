@@ -90,7 +90,7 @@ async def _corpus(a, data: Path, deadline: float, budget_end: float) -> dict:
     template = ChatTemplate(tokenizer)
     prompts_file = data / "prompts" / "prompts.jsonl"
     figures: dict = {}
-    async with LocalGenerationClient(model, tokenizer, max_batch=a.max_batch, max_len=a.max_len) as client:
+    async with LocalGenerationClient(model, tokenizer, max_batch=a.max_batch, max_len=a.max_len, cuda_graphs=a.cuda_graphs) as client:
         if not prompts_file.is_file():
             settings = MagpieSettings(
                 num_prompts=p["num_prompts"], seed=p["seed"], temperature=p["temperature"],
@@ -239,6 +239,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--gen-dtype", default="float32", choices=["float32", "bfloat16"],
                     help="the generator's dtype (bf16 is faster on a GPU; the answers then drift from fp32 greedy now and then)")
     ap.add_argument("--device", default="cuda", help="cuda, or cpu for a smoke run of a small preset")
+    ap.add_argument("--cuda-graphs", action="store_true", help="the generator replays its decode steps as CUDA graphs")
     ap.add_argument("--drafter-dir", default="drafter",
                     help="folder under --data for the train and offline stages (a variant of its own; its figures go there)")
     ap.add_argument("--lr", type=float, help="train a variant: this peak learning rate instead of the preset's")

@@ -1,4 +1,5 @@
-"""Decode-step cost of the in-process generator (`corpus/slot_decoder.py`), fp32 next to bf16.
+"""Decode-step cost of the in-process generator (`corpus/slot_decoder.py`): fp32 next to bf16,
+eager steps next to CUDA-graph replays (on a GPU).
 
     python3 benchmarks/slot_decoder_step.py                    # GPU: SmolLM2-135M-shaped, 1024 slots
     python3 benchmarks/slot_decoder_step.py --smoke            # CPU: 2 layers, 8 slots
@@ -43,9 +44,9 @@ def sync(device: torch.device) -> None:
         torch.cuda.synchronize()
 
 
-def measure(model, dtype: torch.dtype, a, device: torch.device) -> dict:
+def measure(model, dtype: torch.dtype, a, device: torch.device, graphs: bool = False) -> dict:
     model = model.to(device=device, dtype=dtype).eval()
-    decoder = SlotDecoder(model, slots=a.slots, max_len=a.max_len)
+    decoder = SlotDecoder(model, slots=a.slots, max_len=a.max_len, cuda_graphs=graphs)
     g = torch.Generator().manual_seed(0)
     prompts = [torch.randint(0, 49152, (a.prompt_len,), generator=g).tolist() for _ in range(a.slots)]
     start = time.perf_counter()
@@ -65,7 +66,7 @@ def measure(model, dtype: torch.dtype, a, device: torch.device) -> dict:
     if a.profile:
         print_profile(decoder.step, device, a.profile, name_width=60)
     del decoder
-    return {"dtype": str(dtype).replace("torch.", ""), "prefill_s": prefill_s, "step_ms": step_s * 1e3,
+    return {"dtype": str(dtype).replace("torch.", ""), "graphs": graphs, "prefill_s": prefill_s, "step_ms": step_s * 1e3,
             "tokens_per_s": a.slots / step_s}  # fmt: skip
 
 
@@ -78,6 +79,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps", type=int, default=32)
     ap.add_argument("--prefill-rows", type=int, default=64)
     ap.add_argument("--profile", type=int, default=0, metavar="N")
+    ap.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"], choices=["float32", "bfloat16"])
     a = ap.parse_args(argv)
     device = torch.device("cuda" if torch.cuda.is_available() and not a.smoke else "cpu")
     layers = 30
@@ -86,13 +88,19 @@ def main(argv: list[str] | None = None) -> int:
     if device.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = False  # fp32 as the corpus stage runs it
     model = smollm2_shaped(layers)
-    dtypes = [torch.float32, torch.bfloat16]
-    rows = [measure(model, dt, a, device) for dt in dtypes]
+    dtypes = [getattr(torch, d) for d in a.dtypes]
+    modes = [False, True] if device.type == "cuda" else [False]
+    rows = [measure(model, dt, a, device, graphs) for dt in dtypes for graphs in modes]
     print(f"device {device}; {layers} layers, {a.slots} slots, {a.prompt_len} tokens in each")
-    print(f"{'dtype':>9} {'prefill s':>10} {'step ms':>9} {'tokens/s':>10}")
+    print(f"{'dtype':>9} {'step as':>10} {'prefill s':>10} {'step ms':>9} {'tokens/s':>10}")
     for r in rows:
-        print(f"{r['dtype']:>9} {r['prefill_s']:10.2f} {r['step_ms']:9.2f} {r['tokens_per_s']:10.0f}")
-    print(f"bf16 / fp32 tokens/s: {rows[1]['tokens_per_s'] / rows[0]['tokens_per_s']:.2f}x")
+        print(f"{r['dtype']:>9} {'CUDA graph' if r['graphs'] else 'eager':>10} {r['prefill_s']:10.2f} {r['step_ms']:9.2f} {r['tokens_per_s']:10.0f}")
+    by = {(r["dtype"], r["graphs"]): r["tokens_per_s"] for r in rows}
+    for d in a.dtypes:
+        if (d, True) in by:
+            print(f"{d}: CUDA graph / eager tokens/s: {by[(d, True)] / by[(d, False)]:.2f}x")
+    if ("float32", False) in by and ("bfloat16", False) in by:
+        print(f"eager bf16 / fp32 tokens/s: {by[('bfloat16', False)] / by[('float32', False)]:.2f}x")
     return 0
 
 

@@ -87,11 +87,12 @@ class LocalGenerationClient:
 
     def __init__(
         self, model, tokenizer, *, max_batch: int = 256, gather_s: float = 0.05, seed: int = 0,
-        engine: str = "auto", max_len: int | None = None,
+        engine: str = "auto", max_len: int | None = None, cuda_graphs: bool = False,
     ):  # fmt: skip
         """`max_batch`: requests decoded together (the slots). `max_len`: longest prompt plus
         answer in tokens for the `slots` engine, which preallocates its KV cache for
-        max_batch x max_len tokens (default: the model's positions, at most 2,048)."""
+        max_batch x max_len tokens (default: the model's positions, at most 2,048).
+        `cuda_graphs`: the `slots` engine replays its decode steps as CUDA graphs (`SlotDecoder`)."""
         if engine not in ENGINES:
             raise ValueError(f"engine {engine!r}: choose one of {', '.join(ENGINES)}")
         reason = unsupported_reason(model)
@@ -103,6 +104,7 @@ class LocalGenerationClient:
         self.settings = LocalSettings(concurrency=max_batch, model=getattr(model, "name_or_path", "local"))
         self.gather_s = gather_s
         self.generator_seed = seed
+        self.cuda_graphs = cuda_graphs
         eos = model.generation_config.eos_token_id
         self.eos_ids = tuple(eos if isinstance(eos, list) else [eos] if eos is not None else [])
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (self.eos_ids or (0,))[0]
@@ -121,7 +123,8 @@ class LocalGenerationClient:
     async def __aenter__(self) -> "LocalGenerationClient":
         torch.manual_seed(self.generator_seed)
         if self.engine == "slots":
-            decoder = SlotDecoder(self.model, slots=self.settings.concurrency, max_len=self.max_positions, seed=self.generator_seed)
+            decoder = SlotDecoder(self.model, slots=self.settings.concurrency, max_len=self.max_positions, seed=self.generator_seed,
+                                  cuda_graphs=self.cuda_graphs)  # fmt: skip
             self._stop.clear()
             self._thread = threading.Thread(target=self._run_slots, args=(decoder,), name="slot-decoder", daemon=True)
             self._thread.start()
