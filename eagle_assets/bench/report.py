@@ -318,6 +318,9 @@ def to_markdown(report: BenchmarkReport, plots: Mapping[str, str] | None = None)
         cs = sorted({c for v in report.speedups.values() for c in v})
         out += ["### Speedup over no speculation", "",
                 _table(["concurrency", *labels], [[str(c), *[_f(report.speedups[l].get(c), "{:.2f}x") for l in labels]] for c in cs]), ""]
+    fastest = fastest_per_concurrency(report)
+    if fastest:
+        out += ["### Fastest configuration per concurrency", "", *[f"- {line}" for line in fastest], ""]
     for name, alt in ((PLOT_THROUGHPUT, "throughput"), (PLOT_SPEEDUP, "speedup")):
         if name in plots:
             out += [f"![{alt}]({plots[name]})", ""]
@@ -326,6 +329,23 @@ def to_markdown(report: BenchmarkReport, plots: Mapping[str, str] | None = None)
     if report.notes:
         out += ["## Notes", ""] + [f"- {n}" for n in report.notes] + [""]
     return "\n".join(out)
+
+
+def fastest_per_concurrency(report: BenchmarkReport) -> list[str]:
+    """Per measured concurrency, the configuration with the most output tokens/s, and by how
+    much it beats the runner-up: what to serve at that load (speculation pays at low load and
+    can cost at high load, where verification competes with other requests for compute)."""
+    lines = []
+    for c in sorted({lv.concurrency for r in report.runs for lv in r.levels}):
+        # Ties go to no speculation: the simpler deployment.
+        measured = sorted(((lv.tokens_per_s, r.label) for r in report.runs if (lv := r.level(c)) is not None),
+                          key=lambda m: (m[0], m[1] == BASELINE), reverse=True)  # fmt: skip
+        if len(measured) < 2 or not measured[1][0] > 0:
+            continue
+        (best, label), (second, other) = measured[0], measured[1]
+        name = "no speculation" if label == BASELINE else label
+        lines.append(f"concurrency {c}: {name} ({best:.1f} tok/s, {best / second:.2f}x {other})")
+    return lines
 
 
 def summary_text(report: BenchmarkReport) -> str:
@@ -350,6 +370,9 @@ def summary_text(report: BenchmarkReport) -> str:
             cells.append(f"{'-' if lv is None else f'{lv.tokens_per_s:.1f}':>9} ({_f(s, '{:.2f}x'):>5})"
                          if r.label != BASELINE else f"{'-' if lv is None else f'{lv.tokens_per_s:.1f}':>16}")
         lines.append(f"{c:>4}  " + "  ".join(cells))
+    fastest = fastest_per_concurrency(report)
+    if fastest:
+        lines.append("fastest: " + "; ".join(fastest))
     for ch in report.checks:
         lines.append(f"[{'pass' if ch.passed else 'FAIL'}] {ch.name}: {ch.description}")
     lines.append("AL = 1 + accepted/drafts; draft acceptance = accepted/drafted; speedup = tok/s with / without speculation")

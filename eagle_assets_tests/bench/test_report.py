@@ -146,4 +146,8 @@ def test_summary_fits_one_screen():
     assert "offline: AL 2.55" in text and "served : AL 2.50" in text
     assert "80.0 (1.60x)" in text and "55.0 (1.10x)" in text
     assert "1 + accepted/drafts" in text
+    # What to serve at each load; at concurrency 8 n-gram only ties with no speculation.
+    assert ("fastest: concurrency 1: eagle3 (80.0 tok/s, 1.45x ngram); concurrency 4: eagle3 (200.0 tok/s, 1.19x ngram); "
+            "concurrency 8: no speculation (240.0 tok/s, 1.00x ngram)") in text
+    assert "- concurrency 8: no speculation (240.0 tok/s, 1.00x ngram)" in to_markdown(report)
     assert len(text.splitlines()) <= 25 and max(len(line) for line in text.splitlines()) < 240
