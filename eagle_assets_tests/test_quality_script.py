@@ -34,3 +34,16 @@ def test_script_defaults_are_the_asset_config_defaults(script, asset, config):
 def test_script_needs_no_dagster():
     code = [line for line in SCRIPT.read_text().splitlines() if line.lstrip().startswith(("import ", "from "))]
     assert not [line for line in code if "dagster" in line or "eagle_assets.defs" in line or "eagle_assets.resources" in line]
+
+
+def test_large_files_come_back_in_parts_that_join_to_the_original(script, tmp_path):
+    src = tmp_path / "export"
+    src.mkdir()
+    weights = bytes(range(256)) * 40  # 10,240 bytes: three parts of 4,000
+    (src / "model.safetensors").write_bytes(weights)
+    (src / "config.json").write_text("{}")
+    script.copy_in_parts(src, tmp_path / "out", part_bytes=4000)
+    parts = sorted((tmp_path / "out").glob("model.safetensors.part-*"))
+    assert [p.name[-3:] for p in parts] == ["000", "001", "002"] and not (tmp_path / "out" / "model.safetensors").exists()
+    assert b"".join(p.read_bytes() for p in parts) == weights  # `cat NAME.part-* > NAME`
+    assert (tmp_path / "out" / "config.json").read_text() == "{}"  # small files as they are
