@@ -13,7 +13,14 @@ test), and writes the assets' on-disk layout under `--data`:
            (`corpus/local_engine.py`, fp32 as the CPU engine serves), instead of its vLLM server
   shards   vocab mapping and hidden-state shards (bf16 forward)
   train    the drafter (one GPU, bf16 autocast), exported for vLLM and SGLang
-  offline  the reference decoder's AL and p_k on MT-Bench first turns (fp32)
+  offline  the reference decoder's AL and p_k on MT-Bench first turns (fp32), and where drafts
+           fail (per category, within vs after the answer); `--offline-workers N` splits the
+           prompts over N processes on the one GPU
+
+Variants train side by side on one corpus, each in its own folder under --data:
+
+    python3 benchmarks/quality_drafter.py --data /tmp/q --stages train,offline --drafter-dir wide --intermediate-size 4608 &
+    python3 benchmarks/quality_drafter.py --data /tmp/q --stages train,offline --drafter-dir lr3 --lr 3e-3 &
 
 Every stage resumes: a finished stage is skipped, the corpus keeps what it stored and the
 trainer resumes from its newest checkpoint, so a command cut short by `--deadline-s` (or
@@ -29,6 +36,7 @@ import asyncio
 import dataclasses
 import json
 import shutil
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -192,24 +200,53 @@ def stage_train(a, data: Path) -> dict:
 
 
 def stage_offline(a, data: Path) -> dict:
-    from eagle_assets.bench.benchmark import BenchmarkSettings, offline_results
     from eagle_assets.bench.breakdown import answers_ending_early, offline_slices
     from eagle_assets.bench.parity import AcceptanceNumbers
-    from eagle_assets.bench.served import mt_bench_categories, mt_bench_prompts
-    from eagle_assets.embedded_target import pull
+    from eagle_assets.bench.reference_decoder import Result
+
+    settings = offline_settings(a)
+    start = time.perf_counter()
+    # Prompts one at a time is the reference decoder's design (exactness); workers, each its own
+    # process on the same GPU, take every N-th prompt, so the stage takes ~1/N of the time.
+    workers = max(1, min(a.offline_workers, settings.num_prompts))
+    parts = [data / a.drafter_dir / f"offline-part-{i}-of-{workers}.json" for i in range(workers)]
+    args = [sys.executable, __file__, "--data", str(data), "--preset", a.preset, "--device", a.device, "--drafter-dir", a.drafter_dir]
+    procs = [subprocess.Popen([*args, "--offline-part", f"{i}/{workers}", "--offline-out", str(part)]) for i, part in enumerate(parts)]
+    failed = [i for i, proc in enumerate(procs) if proc.wait() != 0]
+    if failed:
+        raise RuntimeError(f"offline workers {failed} of {workers} failed (their output is above)")
+    rows = sorted((row for part in parts for row in json.loads(part.read_text())), key=lambda r: r["index"])
+    results = [Result(tokens=r["tokens"], accepted_per_step=r["accepted_per_step"], k=settings.k, answer_end=r["answer_end"]) for r in rows]
+    slices = offline_slices(results, [r["category"] for r in rows], settings.k)
+    return {**dataclasses.asdict(AcceptanceNumbers.from_results(results, settings.k)), "prompts": len(results),
+            "output_len": settings.output_len, "k": settings.k, "workers": workers, "seconds": time.perf_counter() - start,
+            "slices": {x.source: {"al": x.al, "p_k": x.per_position_acceptance, "drafts": x.num_drafts} for x in slices},
+            "answers_ending_early": answers_ending_early(results)}  # fmt: skip
+
+
+def offline_settings(a):
+    from eagle_assets.bench.benchmark import BenchmarkSettings
     from eagle_assets.targets import get_preset
 
     b = settings_of(a.preset, "benchmark_report")
     k = b["k"] or get_preset("smollm2-135m-instruct").ttt_steps
-    settings = BenchmarkSettings(num_prompts=b["num_prompts"], output_len=b["output_len"], k=k)
-    prompts = mt_bench_prompts(settings.num_prompts)
-    start = time.perf_counter()
-    results = offline_results(pull(), data / a.drafter_dir / "drafter-vllm", prompts, settings, log=lambda m: None, device=a.device)
-    slices = offline_slices(results, mt_bench_categories(settings.num_prompts), k)
-    return {**dataclasses.asdict(AcceptanceNumbers.from_results(results, k)), "prompts": len(prompts),
-            "output_len": settings.output_len, "k": settings.k, "seconds": time.perf_counter() - start,
-            "slices": {x.source: {"al": x.al, "p_k": x.per_position_acceptance, "drafts": x.num_drafts} for x in slices},
-            "answers_ending_early": answers_ending_early(results)}  # fmt: skip
+    return BenchmarkSettings(num_prompts=b["num_prompts"], output_len=b["output_len"], k=k)
+
+
+def offline_part(a, data: Path) -> None:
+    """One offline worker: the reference decoder on prompts i, i + N, ... of `--offline-part i/N`."""
+    from eagle_assets.bench.benchmark import offline_results
+    from eagle_assets.bench.served import mt_bench_categories, mt_bench_prompts
+    from eagle_assets.embedded_target import pull
+
+    i, n = (int(x) for x in a.offline_part.split("/"))
+    settings = offline_settings(a)
+    prompts, categories = mt_bench_prompts(settings.num_prompts), mt_bench_categories(settings.num_prompts)
+    mine = list(range(i, len(prompts), n))
+    results = offline_results(pull(), data / a.drafter_dir / "drafter-vllm", [prompts[j] for j in mine], settings, log=lambda m: None, device=a.device)
+    rows = [{"index": j, "category": categories[j], "tokens": r.tokens, "accepted_per_step": r.accepted_per_step, "answer_end": r.answer_end}
+            for j, r in zip(mine, results)]  # fmt: skip
+    write_json(Path(a.offline_out), rows)
 
 
 def copy_in_parts(src: Path, dest: Path, part_bytes: int = PART_BYTES) -> None:
@@ -240,6 +277,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="the generator's dtype (bf16 is faster on a GPU; the answers then drift from fp32 greedy now and then)")
     ap.add_argument("--device", default="cuda", help="cuda, or cpu for a smoke run of a small preset")
     ap.add_argument("--cuda-graphs", action="store_true", help="the generator replays its decode steps as CUDA graphs")
+    ap.add_argument("--offline-workers", type=int, default=1, help="processes sharing the offline stage's prompts (on one GPU)")
+    ap.add_argument("--offline-part", help=argparse.SUPPRESS)  # i/N: run as one offline worker
+    ap.add_argument("--offline-out", help=argparse.SUPPRESS)
     ap.add_argument("--drafter-dir", default="drafter",
                     help="folder under --data for the train and offline stages (a variant of its own; its figures go there)")
     ap.add_argument("--lr", type=float, help="train a variant: this peak learning rate instead of the preset's")
@@ -249,6 +289,9 @@ def main(argv: list[str] | None = None) -> int:
     if a.device == "cuda" and not torch.cuda.is_available():
         print("no CUDA device: on a CPU host run `eagle-assets run --preset ...`, or pass --device cpu", file=sys.stderr)
         return 2
+    if a.offline_part:
+        offline_part(a, Path(a.data))
+        return 0
     data = Path(a.data)
     data.mkdir(parents=True, exist_ok=True)
     deadline = time.time() + (a.deadline_s or 1e9)
