@@ -47,13 +47,6 @@ class BenchmarkSettings:
     min_speedup: float = 1.0
 
 
-def offline_acceptance(target_path: Path, drafter_dir: Path, prompts: Sequence[Sequence[dict]], settings: BenchmarkSettings,
-                       log: Callable[[str], None] = print, device: str = "cpu") -> AcceptanceNumbers:  # fmt: skip
-    """The reference decoder's AL and p_k on `prompts`, pooled over them (drafts weighted)."""
-    results = offline_results(target_path, drafter_dir, prompts, settings, log, device)
-    return AcceptanceNumbers.from_results(results, settings.k)
-
-
 def offline_results(target_path: Path, drafter_dir: Path, prompts: Sequence[Sequence[dict]], settings: BenchmarkSettings,
                     log: Callable[[str], None] = print, device: str = "cpu") -> list[Result]:  # fmt: skip
     """The reference decoder's result on each prompt (its tokens and accepted drafts per step).
