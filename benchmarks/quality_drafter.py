@@ -101,7 +101,7 @@ async def _corpus(a, data: Path, deadline: float, budget_end: float) -> dict:
     async with LocalGenerationClient(model, tokenizer, max_batch=a.max_batch, max_len=a.max_len, cuda_graphs=a.cuda_graphs) as client:
         if not prompts_file.is_file():
             settings = MagpieSettings(
-                num_prompts=p["num_prompts"], seed=p["seed"], temperature=p["temperature"],
+                num_prompts=a.num_prompts or p["num_prompts"], seed=p["seed"], temperature=p["temperature"],
                 max_tokens=p["max_prompt_tokens"], multi_turn_fraction=p["multi_turn_fraction"],
                 user_openings=tuple(p["user_openings"]),
             )  # fmt: skip
@@ -273,6 +273,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--deadline-s", type=float, default=None, help="stop generating after this many seconds (resumable)")
     ap.add_argument("--corpus-budget-s", type=float, default=None,
                     help="end the corpus stage (prompts, then answers) after this many seconds; the later stages use what it stored")
+    ap.add_argument("--num-prompts", type=int,
+                    help="Magpie prompts to write instead of the preset's: the corpus budget covers prompts first, then "
+                         "answers, so a short budget wants fewer prompts")  # fmt: skip
     ap.add_argument("--gen-dtype", default="float32", choices=["float32", "bfloat16"],
                     help="the generator's dtype (bf16 is faster on a GPU; the answers then drift from fp32 greedy now and then)")
     ap.add_argument("--device", default="cuda", help="cuda, or cpu for a smoke run of a small preset")
