@@ -98,9 +98,9 @@ def run_benchmark(
     chosen = mt_bench_categories(settings.num_prompts)[: len(results)]
     slices = offline_slices(results, chosen, settings.k)
     log(f"offline reference: AL {offline.al:.3f}, p_k {[round(p, 3) for p in offline.per_position_acceptance]}")
-    notes = []
-    if answers_ending_early(results):
-        notes.append(f"{answers_ending_early(results)} of {len(results)} offline answers ended before {settings.output_len} "
+    notes, ended_early = [], answers_ending_early(results)
+    if ended_early:
+        notes.append(f"{ended_early} of {len(results)} offline answers ended before {settings.output_len} "
                      "tokens and ran on past the target's end-of-answer token (EOS is ignored, served and offline alike)")  # fmt: skip
     configs: list[tuple[str, dict | None]] = [("baseline", None), ("eagle3", speculative_config(served_drafter_dir, settings.k))]
     if settings.ngram:
