@@ -54,6 +54,7 @@ from eagle_assets.bench.metrics import (
     spec_stats_between,
     spec_stats_from_sglang,
 )
+from eagle_assets.corpus.prompts import MT_BENCH_PATH
 
 log = logging.getLogger(__name__)
 
@@ -208,7 +209,7 @@ def mt_bench_categories(n: int | None = None, path: str | Path | None = None) ->
 
 
 def _mt_bench_spread(n: int | None, path: str | Path | None) -> list[dict]:
-    path = Path(path) if path else Path(__file__).resolve().parent.parent / "data" / "mt_bench_questions.jsonl"
+    path = Path(path) if path else MT_BENCH_PATH
     with open(path, encoding="utf-8") as f:
         out = [json.loads(line) for line in f if line.strip()]
     if not n or n >= len(out):
