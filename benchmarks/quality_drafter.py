@@ -189,10 +189,11 @@ def stage_train(a, data: Path) -> dict:
             target_config, aux_layer_ids=preset.default_aux_layer_ids, draft_vocab_size=n, intermediate_size=a.intermediate_size))  # fmt: skip
     cfg = TrainConfig(
         shard_dirs=(str(data / "hidden_states"),), vocab_mapping=mapping, drafter=drafter,
-        target=str(pull()), out_dir=str(out), ttt_steps=d["ttt_steps"] or preset.ttt_steps,
-        epochs=d["epochs"], max_steps=d["max_steps"], lr=a.lr or d["lr"], warmup_steps=d["warmup_steps"],
+        target=str(pull()), out_dir=str(out), ttt_steps=a.ttt_steps or d["ttt_steps"] or preset.ttt_steps,
+        epochs=a.epochs or d["epochs"], max_steps=d["max_steps"], lr=a.lr or d["lr"], warmup_steps=d["warmup_steps"],
+        target_temperature=a.target_temperature,
         micro_batch_tokens=d["micro_batch_tokens"], grad_accum=d["grad_accum"], val_fraction=d["val_fraction"],
-        val_interval=d["val_interval"], checkpoint_every=d["checkpoint_every"], seed=d["seed"],
+        val_interval=d["val_interval"], checkpoint_every=a.checkpoint_every or d["checkpoint_every"], seed=d["seed"],
         export_engines=("vllm", "sglang"),
     )  # fmt: skip
     summary = train(cfg)
@@ -288,6 +289,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--lr", type=float, help="train a variant: this peak learning rate instead of the preset's")
     ap.add_argument("--intermediate-size", type=int, help="train a variant: the drafter's MLP this wide (default the target's)")
     ap.add_argument("--draft-vocab-size", type=int, help="train a variant: this many draft-vocabulary ids (default the target preset's)")
+    ap.add_argument("--target-temperature", type=float, default=1.0,
+                    help="train a variant: learn softmax(target logits / T) (below 1 sharpens towards the greedy token)")
+    ap.add_argument("--ttt-steps", type=int, help="train a variant: this many training-time-test steps instead of the preset's")
+    ap.add_argument("--epochs", type=int, help="train a variant: this many epochs instead of the preset's")
+    ap.add_argument("--checkpoint-every", type=int,
+                    help="checkpoint this often (steps) instead of the preset's: less lost when a call's time limit cuts training")
     a = ap.parse_args(argv)
     if a.device == "cuda" and not torch.cuda.is_available():
         print("no CUDA device: on a CPU host run `eagle-assets run --preset ...`, or pass --device cpu", file=sys.stderr)

@@ -48,6 +48,9 @@ class TrainConfig:
     the target's `config.json`, the draft vocabulary size and the shards' aux layer ids."""
     ttt_steps: int = 7
     """Training-time-test unroll length K (draft tokens per step at serving time)."""
+    target_temperature: float = 1.0
+    """The drafter learns softmax(target logits / this) over the draft vocabulary; below 1
+    sharpens it towards the target's greedy token (what greedy verification accepts)."""
     mask_undraftable: bool = True
     """Train only on positions whose target argmax is in the draft vocabulary (as SpecForge):
     the drafter cannot propose the others. Needs the target lm_head's other rows on device."""
@@ -159,6 +162,8 @@ class TrainConfig:
             problems.append(f"min_lr_ratio={self.min_lr_ratio} must be in [0, 1]")
         if self.lr <= 0:
             problems.append(f"lr={self.lr} must be > 0")
+        if not self.target_temperature > 0:
+            problems.append(f"target_temperature={self.target_temperature} must be > 0 (1 = the target's distribution)")
         if len(self.betas) != 2:
             problems.append(f"betas={self.betas} must be two numbers")
         if self.grad_clip is not None and self.grad_clip <= 0:

@@ -454,7 +454,7 @@ class Trainer:
         drafter.to(env.device)
         if self.use_bf16:
             drafter.embed_tokens.to(torch.bfloat16)  # frozen lookup table: half the memory
-        self.objective = TrainObjective(drafter, cfg.ttt_steps)
+        self.objective = TrainObjective(drafter, cfg.ttt_steps, cfg.target_temperature)
         ignored = {drafter.embed_tokens.weight}
         self.model = parallelize(self.objective, cfg.parallelism, env.device, ignored_params=ignored)
         fused = env.device.type == "cuda" and cfg.parallelism == "ddp"  # FSDP2 shards: foreach update

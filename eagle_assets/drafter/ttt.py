@@ -211,12 +211,15 @@ def target_stats(
     target_head: torch.Tensor,
     outside_head: torch.Tensor | None = None,
     chunk_rows: int = 4096,
+    temperature: float = 1.0,
 ) -> TargetStats:
     """Target logits over the draft vocab from the normed final state, in row chunks.
 
     final (B, T, Ht), target_head (N, Ht) = lm_head rows of the draft vocab; outside_head
     (V - N, Ht) = the other rows, optional: with it, `in_draft` is exact (SpecForge's
-    t2d[argmax]); without it every position counts as drafted.
+    t2d[argmax]); without it every position counts as drafted. temperature: the logits are
+    divided by it (below 1 sharpens the distribution the drafter learns towards the target's
+    greedy token; the argmax and `in_draft` do not change).
     """
     flat = final.reshape(-1, final.shape[-1])
     head = target_head.to(flat.dtype)
@@ -228,11 +231,13 @@ def target_stats(
     for start in range(0, flat.shape[0], chunk_rows):
         rows = slice(start, start + chunk_rows)
         chunk = flat[rows] @ head.T  # (C, N)
+        if temperature != 1.0:
+            chunk = chunk / temperature
         logits[rows] = chunk
         lse[rows], top, best[rows] = fusion.logit_stats(chunk)
         if other_head is not None:
             other = (flat[rows] @ other_head.T).amax(dim=-1).float()  # (C,); max is exact in bf16
-            in_draft[rows] = top >= other
+            in_draft[rows] = top >= other / temperature  # both sides scaled alike
     return TargetStats(logits=logits, lse=lse, argmax=best, in_draft=in_draft)
 
 
@@ -323,6 +328,7 @@ def ttt_loss(
     attention: str = "auto",
     loss_chunk_rows: int | None = None,
     with_correct_rows: bool = False,
+    target_temperature: float = 1.0,
 ) -> TTTOutput:
     """Unroll `steps` draft steps over a right-padded batch and return the summed loss and stats.
 
@@ -334,6 +340,8 @@ def ttt_loss(
     default 0.8**i. attention: "auto" | "flash" | "math". loss_chunk_rows: rows of draft logits
     held at once (default: about 64 Mi logits). with_correct_rows: also return which rows were
     drafted right (`correct_rows`, for validation's `replay_drafting`; training steps skip it).
+    target_temperature: the target's logits are divided by it before the softmax the drafter
+    learns (`target_stats`); 1 is the target's own distribution.
     """
     cfg = model.config
     aux, final, input_ids, loss_mask = batch["aux"], batch["final"], batch["input_ids"], batch["loss_mask"]
@@ -353,7 +361,9 @@ def ttt_loss(
     H = cfg.hidden_size
     nh, nkv, D = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
 
-    stats = target_stats(final, target_head, outside_head)
+    if not target_temperature > 0:
+        raise ValueError(f"target_temperature={target_temperature} must be > 0")
+    stats = target_stats(final, target_head, outside_head, temperature=target_temperature)
     masks = step_masks(loss_mask, lengths, stats.in_draft, steps)  # (K, B, T)
 
     # Tokens: step i at row t reads x_{t+1+i}; ids past the end are padding (their rows are masked).
@@ -483,6 +493,7 @@ def ttt_loss_dense(
     *,
     outside_head: torch.Tensor | None = None,
     step_weights: list[float] | None = None,
+    target_temperature: float = 1.0,
 ) -> TTTOutput:
     """`ttt_loss` as SpecForge's SDPA path computes it: all steps' keys side by side under an
     explicit (T, T*(i+1)) mask, and every step's full draft-vocabulary logits kept for the
@@ -495,7 +506,9 @@ def ttt_loss_dense(
     lengths = batch.get("lengths")
     lengths = torch.full((B,), T, device=device) if lengths is None else lengths.to(device)
     weights = step_weights or [DEFAULT_STEP_DECAY**i for i in range(steps)]
-    stats = target_stats(final, target_head, outside_head)
+    if not target_temperature > 0:
+        raise ValueError(f"target_temperature={target_temperature} must be > 0")
+    stats = target_stats(final, target_head, outside_head, temperature=target_temperature)
     masks = step_masks(loss_mask, lengths, stats.in_draft, steps)  # (K, B, T)
     target_logp = torch.log_softmax(stats.logits.float(), -1).view(B, T, -1)  # (B, T, N)
     ids = torch.cat([input_ids[:, 1:], input_ids.new_zeros(B, steps)], dim=1)  # (B, T-1+K)

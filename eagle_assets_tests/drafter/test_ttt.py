@@ -151,6 +151,28 @@ def test_outside_head_masks_undraftable_targets():
     torch.testing.assert_close(out.loss_sum, loss, rtol=1e-5, atol=1e-5)
 
 
+def test_target_temperature_sharpens_the_target_and_keeps_the_mask():
+    """Logits are linear in the head, so temperature t is the same loss as the head divided by t;
+    the positions that train and the target's argmax stay those of temperature 1."""
+    from eagle_assets.drafter.ttt import ttt_loss_dense
+
+    cfg = tiny_config(vocab_size=80, draft_vocab_size=40)
+    model = random_drafter(cfg)
+    batch = make_batch(cfg)
+    head, outside = torch.randn(40, 64), torch.randn(40, 64)
+    plain = ttt_loss(model, batch, head, 3, outside_head=outside)
+    sharp = ttt_loss(model, batch, head, 3, outside_head=outside, target_temperature=0.5)
+    scaled = ttt_loss(model, batch, head / 0.5, 3, outside_head=outside / 0.5)
+    dense = ttt_loss_dense(model, batch, head, 3, outside_head=outside, target_temperature=0.5)
+    torch.testing.assert_close(sharp.loss_sum, scaled.loss_sum, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(sharp.loss_sum, dense.loss_sum, rtol=1e-5, atol=1e-5)
+    assert sharp.step_tokens.tolist() == plain.step_tokens.tolist()
+    assert sharp.step_correct.tolist() == plain.step_correct.tolist()
+    assert not torch.allclose(sharp.loss_sum, plain.loss_sum)
+    with pytest.raises(ValueError, match="target_temperature=0"):
+        ttt_loss(model, batch, head, 3, target_temperature=0)
+
+
 def test_padding_does_not_change_a_sequence_loss():
     cfg = tiny_config()
     model = random_drafter(cfg)
