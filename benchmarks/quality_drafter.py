@@ -53,7 +53,7 @@ ASSET_DEFAULTS: dict[str, dict] = {
     "prompts": {"num_prompts": 48, "seed": 0, "multi_turn_fraction": 0.25, "max_prompt_tokens": 96, "temperature": 1.0, "user_openings": []},
     "synthetic_corpus": {"temperature": 0.0, "max_tokens": 256, "shard_size": 64},
     "drafter_checkpoint": {
-        "ttt_steps": None, "epochs": 2, "max_steps": None, "lr": 1e-3, "warmup_steps": 20, "micro_batch_tokens": 2048,
+        "ttt_steps": None, "drafter_intermediate_size": None, "epochs": 2, "max_steps": None, "lr": 1e-3, "warmup_steps": 20, "micro_batch_tokens": 2048,
         "grad_accum": 1, "val_fraction": 0.1, "val_interval": 100, "checkpoint_every": 100, "seed": 0,
     },  # fmt: skip
     "benchmark_report": {"num_prompts": 8, "output_len": 64, "k": None},
@@ -174,11 +174,12 @@ def stage_train(a, data: Path) -> dict:
     preset, d = get_preset("smollm2-135m-instruct"), settings_of(a.preset, "drafter_checkpoint")
     out = data / a.drafter_dir
     mapping, drafter = str(data / "vocab_mapping.safetensors"), None
-    if a.draft_vocab_size or a.intermediate_size:
+    intermediate = a.intermediate_size or d["drafter_intermediate_size"]
+    if a.draft_vocab_size:
         from eagle_assets.drafter.config import DrafterConfig
         from eagle_assets.hidden_states.vocab import build_vocab_mapping, count_assistant_tokens, save_vocab_mapping
 
-        n = a.draft_vocab_size or preset.draft_vocab_size
+        n = a.draft_vocab_size
         if n != preset.draft_vocab_size:
             out.mkdir(parents=True, exist_ok=True)
             mapping = str(out / f"vocab_mapping-{n}.safetensors")
@@ -186,12 +187,13 @@ def stage_train(a, data: Path) -> dict:
             save_vocab_mapping(build_vocab_mapping(counts, preset.vocab_size, n), Path(mapping))
         target_config = json.loads((pull() / "config.json").read_text())
         drafter = dataclasses.asdict(DrafterConfig.from_target_config(
-            target_config, aux_layer_ids=preset.default_aux_layer_ids, draft_vocab_size=n, intermediate_size=a.intermediate_size))  # fmt: skip
+            target_config, aux_layer_ids=preset.default_aux_layer_ids, draft_vocab_size=n, intermediate_size=intermediate))  # fmt: skip
+        intermediate = None  # in the drafter dict
     cfg = TrainConfig(
         shard_dirs=(str(data / "hidden_states"),), vocab_mapping=mapping, drafter=drafter,
         target=str(pull()), out_dir=str(out), ttt_steps=a.ttt_steps or d["ttt_steps"] or preset.ttt_steps,
         epochs=a.epochs or d["epochs"], max_steps=d["max_steps"], lr=a.lr or d["lr"], warmup_steps=d["warmup_steps"],
-        target_temperature=a.target_temperature,
+        target_temperature=a.target_temperature, drafter_intermediate_size=intermediate,
         micro_batch_tokens=d["micro_batch_tokens"], grad_accum=d["grad_accum"], val_fraction=d["val_fraction"],
         val_interval=d["val_interval"], checkpoint_every=a.checkpoint_every or d["checkpoint_every"], seed=d["seed"],
         export_engines=("vllm", "sglang"),
@@ -280,14 +282,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--gen-dtype", default="float32", choices=["float32", "bfloat16"],
                     help="the generator's dtype (bf16 is faster on a GPU; the answers then drift from fp32 greedy now and then)")
     ap.add_argument("--device", default="cuda", help="cuda, or cpu for a smoke run of a small preset")
-    ap.add_argument("--cuda-graphs", action="store_true", help="the generator replays its decode steps as CUDA graphs")
+    ap.add_argument("--cuda-graphs", action=argparse.BooleanOptionalAction, default=None,
+                    help="the generator replays its decode steps as CUDA graphs (default: on CUDA)")
     ap.add_argument("--offline-workers", type=int, default=1, help="processes sharing the offline stage's prompts (on one GPU)")
     ap.add_argument("--offline-part", help=argparse.SUPPRESS)  # i/N: run as one offline worker
     ap.add_argument("--offline-out", help=argparse.SUPPRESS)
     ap.add_argument("--drafter-dir", default="drafter",
                     help="folder under --data for the train and offline stages (a variant of its own; its figures go there)")
     ap.add_argument("--lr", type=float, help="train a variant: this peak learning rate instead of the preset's")
-    ap.add_argument("--intermediate-size", type=int, help="train a variant: the drafter's MLP this wide (default the target's)")
+    ap.add_argument("--intermediate-size", type=int, help="train a variant: the drafter's MLP this wide (default the preset's)")
     ap.add_argument("--draft-vocab-size", type=int, help="train a variant: this many draft-vocabulary ids (default the target preset's)")
     ap.add_argument("--target-temperature", type=float, default=1.0,
                     help="train a variant: learn softmax(target logits / T) (below 1 sharpens towards the greedy token)")

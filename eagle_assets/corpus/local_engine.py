@@ -87,12 +87,13 @@ class LocalGenerationClient:
 
     def __init__(
         self, model, tokenizer, *, max_batch: int = 256, gather_s: float = 0.05, seed: int = 0,
-        engine: str = "auto", max_len: int | None = None, cuda_graphs: bool = False,
+        engine: str = "auto", max_len: int | None = None, cuda_graphs: bool | None = None,
     ):  # fmt: skip
         """`max_batch`: requests decoded together (the slots). `max_len`: longest prompt plus
         answer in tokens for the `slots` engine, which preallocates its KV cache for
         max_batch x max_len tokens (default: the model's positions, at most 2,048).
-        `cuda_graphs`: the `slots` engine replays its decode steps as CUDA graphs (`SlotDecoder`)."""
+        `cuda_graphs`: the `slots` engine replays its decode steps as CUDA graphs (`SlotDecoder`;
+        None = on CUDA)."""
         if engine not in ENGINES:
             raise ValueError(f"engine {engine!r}: choose one of {', '.join(ENGINES)}")
         reason = unsupported_reason(model)

@@ -44,12 +44,13 @@ def unsupported_reason(model) -> str | None:
 class SlotDecoder:
     """Prefill and decode over `slots` sequences of at most `max_len` tokens each."""
 
-    def __init__(self, model, *, slots: int, max_len: int, seed: int = 0, cuda_graphs: bool = False):
-        """`cuda_graphs`: replay each decode step as a captured CUDA graph (CUDA only; opt-in
-        until eagle_assets_tests/corpus/test_slot_decoder_graphs.py has passed on a GPU). A step
-        is a few hundred small kernels whose launches, not the GPU, bound it (30 ms of host time
-        against 10 ms of GPU time at 1,024 slots in bf16); a graph launches them all at once.
-        One graph per attention span (powers of two), captured on first use."""
+    def __init__(self, model, *, slots: int, max_len: int, seed: int = 0, cuda_graphs: bool | None = None):
+        """`cuda_graphs`: replay each decode step as a captured CUDA graph (CUDA only; None = on
+        when the model is on CUDA). A step is a few hundred small kernels whose launches, not the
+        GPU, bound it (30 ms of host time against 10 ms of GPU time at 1,024 slots in bf16); a
+        graph launches them all at once: 1.14x the eager step at 2,048 slots in bf16 on one H200
+        (benchmarks/slot_decoder_step.py), the same tokens (test_slot_decoder_graphs.py). One graph
+        per attention span (powers of two), captured on first use."""
         reason = unsupported_reason(model)
         if reason:
             raise ValueError(f"SlotDecoder cannot run this model: {reason}; use batched `generate` instead")
@@ -77,7 +78,7 @@ class SlotDecoder:
         """Host copy of `positions`, so that a step needs no device sync to size its attention."""
         self.sampling_slots: set[int] = set()
         self.generator = torch.Generator(device=self.device).manual_seed(seed)
-        self.cuda_graphs = bool(cuda_graphs)
+        self.cuda_graphs = self.device.type == "cuda" if cuda_graphs is None else bool(cuda_graphs)
         if self.cuda_graphs and self.device.type != "cuda":
             raise ValueError(f"cuda_graphs needs the model on a CUDA device; it is on {self.device}")
         self._graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}

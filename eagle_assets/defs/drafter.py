@@ -22,6 +22,9 @@ SMOKE_PROMPTS = ["What is the capital of France?", "Give me two tips for learnin
 class DrafterConfig(dg.Config):
     ttt_steps: Optional[int] = None
     """Training-time-test unroll K; default: the target preset's."""
+    drafter_intermediate_size: Optional[int] = None
+    """MLP width of the drafter; default: the target's. Wider learns more from a large corpus
+    (smollm2-quality: 4,608, three times SmolLM2's, replayed AL 2.70 against 2.47 at 6 epochs)."""
     epochs: int = 2
     max_steps: Optional[int] = None
     lr: float = 1e-3
@@ -70,6 +73,7 @@ def drafter_checkpoint(
         target=str(path),
         out_dir=str(out),
         ttt_steps=config.ttt_steps or preset.ttt_steps,
+        drafter_intermediate_size=config.drafter_intermediate_size,
         warm_start=config.warm_start,
         epochs=config.epochs,
         max_steps=config.max_steps,

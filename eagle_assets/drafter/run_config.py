@@ -46,6 +46,9 @@ class TrainConfig:
     drafter: dict | str | None = None
     """A `DrafterConfig` as a dict, a drafter preset name, or None to derive the drafter from
     the target's `config.json`, the draft vocabulary size and the shards' aux layer ids."""
+    drafter_intermediate_size: int | None = None
+    """MLP width of a new drafter derived from the target (`drafter` None or a preset name);
+    None = the target's own MLP width. The engines read it from the exported config."""
     ttt_steps: int = 7
     """Training-time-test unroll length K (draft tokens per step at serving time)."""
     target_temperature: float = 1.0
@@ -162,6 +165,13 @@ class TrainConfig:
             problems.append(f"min_lr_ratio={self.min_lr_ratio} must be in [0, 1]")
         if self.lr <= 0:
             problems.append(f"lr={self.lr} must be > 0")
+        if self.drafter_intermediate_size is not None:
+            if self.drafter_intermediate_size < 1:
+                problems.append(f"drafter_intermediate_size={self.drafter_intermediate_size} must be >= 1 or null")
+            if isinstance(self.drafter, dict):
+                problems.append("drafter_intermediate_size is set beside a `drafter` dict: put intermediate_size in the dict")
+            if self.warm_start:
+                problems.append("drafter_intermediate_size is set with warm_start: a warm start keeps the parent's architecture")
         if not self.target_temperature > 0:
             problems.append(f"target_temperature={self.target_temperature} must be > 0 (1 = the target's distribution)")
         if len(self.betas) != 2:

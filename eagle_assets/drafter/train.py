@@ -209,8 +209,9 @@ def resolve_drafter_config(cfg: TrainConfig, target_config: dict, aux_layer_ids,
             "intermediate_size": p.intermediate_size, "rope_theta": p.rope_theta,
             "max_position_embeddings": p.max_position_embeddings,
         }
-        return DrafterConfig.from_target_config(preset_config, aux_layer_ids=aux_layer_ids, draft_vocab_size=draft_vocab_size)
-    return DrafterConfig.from_target_config(target_config, aux_layer_ids=aux_layer_ids, draft_vocab_size=draft_vocab_size)
+        target_config = preset_config
+    return DrafterConfig.from_target_config(target_config, aux_layer_ids=aux_layer_ids, draft_vocab_size=draft_vocab_size,
+                                            intermediate_size=cfg.drafter_intermediate_size)  # fmt: skip
 
 
 def _check_fit(config: DrafterConfig, ds: ShardDataset, d2t: torch.Tensor, t2d: torch.Tensor, where: str) -> None:

@@ -23,7 +23,7 @@ def _tiny_llama() -> LlamaForCausalLM:
 def test_graphs_need_cuda():
     with pytest.raises(ValueError, match="CUDA device"):
         SlotDecoder(_tiny_llama(), slots=2, max_len=16, cuda_graphs=True)
-    assert SlotDecoder(_tiny_llama(), slots=2, max_len=16).cuda_graphs is False  # opt-in
+    assert SlotDecoder(_tiny_llama(), slots=2, max_len=16).cuda_graphs is False  # on only where the model is on CUDA
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")

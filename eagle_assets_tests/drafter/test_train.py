@@ -9,6 +9,7 @@ the target is nearly one-hot on the next token and the drafter can learn it from
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from pathlib import Path
@@ -260,6 +261,14 @@ def test_drafter_from_config_dict_or_target_preset(tmp_path):
     assert preset.aux_layer_ids == (2, 16, 29) and preset.vocab_size == 128256
     with pytest.raises(KeyError, match="unknown target preset 'llama-9'; known presets: "):
         resolve_drafter_config(cfg.replace(drafter="llama-9"), {}, AUX_IDS, 64)
+    wide = resolve_drafter_config(cfg.replace(drafter_intermediate_size=4 * derived.intermediate_size), TINY_TARGET, AUX_IDS, 64)
+    assert wide == dataclasses.replace(derived, intermediate_size=4 * derived.intermediate_size)  # only the MLP widens
+    wide_preset = resolve_drafter_config(cfg.replace(drafter="llama-3.1-8b-instruct", drafter_intermediate_size=20000), {}, (2, 16, 29), 32000)
+    assert wide_preset.intermediate_size == 20000
+    with pytest.raises(ValueError, match="put intermediate_size in the dict"):
+        cfg.replace(drafter=derived.to_dict(), drafter_intermediate_size=256)
+    with pytest.raises(ValueError, match="keeps the parent's architecture"):
+        cfg.replace(warm_start=str(tmp_path), drafter_intermediate_size=256)
 
 
 def test_warmup_cosine_schedule():
