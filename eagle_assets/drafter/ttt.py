@@ -231,13 +231,14 @@ def target_stats(
     for start in range(0, flat.shape[0], chunk_rows):
         rows = slice(start, start + chunk_rows)
         chunk = flat[rows] @ head.T  # (C, N)
-        if temperature != 1.0:
-            chunk = chunk / temperature
-        logits[rows] = chunk
         lse[rows], top, best[rows] = fusion.logit_stats(chunk)
         if other_head is not None:
             other = (flat[rows] @ other_head.T).amax(dim=-1).float()  # (C,); max is exact in bf16
-            in_draft[rows] = top >= other / temperature  # both sides scaled alike
+            in_draft[rows] = top >= other
+        if temperature != 1.0:  # after the argmax and the drafted test, on the unscaled logits
+            chunk = chunk / temperature
+            lse[rows] = torch.logsumexp(chunk.float(), dim=-1)
+        logits[rows] = chunk
     return TargetStats(logits=logits, lse=lse, argmax=best, in_draft=in_draft)
 
 
