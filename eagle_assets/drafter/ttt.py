@@ -221,6 +221,8 @@ def target_stats(
     divided by it (below 1 sharpens the distribution the drafter learns towards the target's
     greedy token; the argmax and `in_draft` do not change).
     """
+    if not temperature > 0:
+        raise ValueError(f"target_temperature={temperature} must be > 0")
     flat = final.reshape(-1, final.shape[-1])
     head = target_head.to(flat.dtype)
     other_head = None if outside_head is None or outside_head.shape[0] == 0 else outside_head.to(flat.dtype)  # cast once
@@ -362,8 +364,6 @@ def ttt_loss(
     H = cfg.hidden_size
     nh, nkv, D = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
 
-    if not target_temperature > 0:
-        raise ValueError(f"target_temperature={target_temperature} must be > 0")
     stats = target_stats(final, target_head, outside_head, temperature=target_temperature)
     masks = step_masks(loss_mask, lengths, stats.in_draft, steps)  # (K, B, T)
 
@@ -507,8 +507,6 @@ def ttt_loss_dense(
     lengths = batch.get("lengths")
     lengths = torch.full((B,), T, device=device) if lengths is None else lengths.to(device)
     weights = step_weights or [DEFAULT_STEP_DECAY**i for i in range(steps)]
-    if not target_temperature > 0:
-        raise ValueError(f"target_temperature={target_temperature} must be > 0")
     stats = target_stats(final, target_head, outside_head, temperature=target_temperature)
     masks = step_masks(loss_mask, lengths, stats.in_draft, steps)  # (K, B, T)
     target_logp = torch.log_softmax(stats.logits.float(), -1).view(B, T, -1)  # (B, T, N)
