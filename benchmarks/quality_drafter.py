@@ -188,12 +188,11 @@ def stage_train(a, data: Path) -> dict:
         target_config = json.loads((pull() / "config.json").read_text())
         drafter = dataclasses.asdict(DrafterConfig.from_target_config(
             target_config, aux_layer_ids=preset.default_aux_layer_ids, draft_vocab_size=n, intermediate_size=intermediate))  # fmt: skip
-        intermediate = None  # in the drafter dict
     cfg = TrainConfig(
         shard_dirs=(str(data / "hidden_states"),), vocab_mapping=mapping, drafter=drafter,
         target=str(pull()), out_dir=str(out), ttt_steps=a.ttt_steps or d["ttt_steps"] or preset.ttt_steps,
         epochs=a.epochs or d["epochs"], max_steps=d["max_steps"], lr=a.lr or d["lr"], warmup_steps=d["warmup_steps"],
-        target_temperature=a.target_temperature, drafter_intermediate_size=intermediate,
+        target_temperature=a.target_temperature, drafter_intermediate_size=None if drafter else intermediate,  # a drafter dict holds it
         micro_batch_tokens=d["micro_batch_tokens"], grad_accum=d["grad_accum"], val_fraction=d["val_fraction"],
         val_interval=d["val_interval"], checkpoint_every=a.checkpoint_every or d["checkpoint_every"], seed=d["seed"],
         export_engines=("vllm", "sglang"),
