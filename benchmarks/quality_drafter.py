@@ -12,7 +12,8 @@ test), and writes the assets' on-disk layout under `--data`:
            graph is who generates: the target in this process, continuously batched
            (`corpus/local_engine.py`, fp32 as the CPU engine serves), instead of its vLLM server
   shards   vocab mapping and hidden-state shards (bf16 forward)
-  train    the drafter (one GPU, bf16 autocast), exported for vLLM and SGLang
+  train    the drafter (one GPU, bf16 autocast), exported for vLLM and SGLang (vLLM alone for
+           `--num-layers` above one)
   offline  the reference decoder's AL and p_k on MT-Bench first turns (fp32), and where drafts
            fail (per category, within vs after the answer); `--offline-workers N` splits the
            prompts over N processes on the one GPU
@@ -21,6 +22,7 @@ Variants train side by side on one corpus, each in its own folder under --data:
 
     python3 benchmarks/quality_drafter.py --data /tmp/q --stages train,offline --drafter-dir wide --intermediate-size 4608 &
     python3 benchmarks/quality_drafter.py --data /tmp/q --stages train,offline --drafter-dir lr3 --lr 3e-3 &
+    python3 benchmarks/quality_drafter.py --data /tmp/q --stages train,offline --drafter-dir deep --num-layers 2 &
 
 Every stage resumes: a finished stage is skipped, the corpus keeps what it stored and the
 trainer resumes from its newest checkpoint, so a command cut short by `--deadline-s` (or
@@ -187,7 +189,8 @@ def stage_train(a, data: Path) -> dict:
             save_vocab_mapping(build_vocab_mapping(counts, preset.vocab_size, n), Path(mapping))
         target_config = json.loads((pull() / "config.json").read_text())
         drafter = dataclasses.asdict(DrafterConfig.from_target_config(
-            target_config, aux_layer_ids=preset.default_aux_layer_ids, draft_vocab_size=n, intermediate_size=intermediate))  # fmt: skip
+            target_config, aux_layer_ids=preset.default_aux_layer_ids, draft_vocab_size=n, intermediate_size=intermediate,
+            num_hidden_layers=a.num_layers))  # fmt: skip
     cfg = TrainConfig(
         shard_dirs=(str(data / "hidden_states"),), vocab_mapping=mapping, drafter=drafter,
         target=str(pull()), out_dir=str(out), ttt_steps=a.ttt_steps or d["ttt_steps"] or preset.ttt_steps,
@@ -195,7 +198,8 @@ def stage_train(a, data: Path) -> dict:
         target_temperature=a.target_temperature, drafter_intermediate_size=None if drafter else intermediate,  # a drafter dict holds it
         micro_batch_tokens=d["micro_batch_tokens"], grad_accum=d["grad_accum"], val_fraction=d["val_fraction"],
         val_interval=d["val_interval"], checkpoint_every=a.checkpoint_every or d["checkpoint_every"], seed=d["seed"],
-        export_engines=("vllm", "sglang"),
+        drafter_num_layers=1 if drafter else a.num_layers,  # a drafter dict holds it
+        export_engines=("vllm", "sglang") if a.num_layers == 1 else ("vllm",),  # SGLang serves one layer only
     )  # fmt: skip
     summary = train(cfg)
     return summary or {}
@@ -290,6 +294,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="folder under --data for the train and offline stages (a variant of its own; its figures go there)")
     ap.add_argument("--lr", type=float, help="train a variant: this peak learning rate instead of the preset's")
     ap.add_argument("--intermediate-size", type=int, help="train a variant: the drafter's MLP this wide (default the preset's)")
+    ap.add_argument("--num-layers", type=int, default=1, help="train a variant: this many decoder layers (more than one serves in vLLM only)")
     ap.add_argument("--draft-vocab-size", type=int, help="train a variant: this many draft-vocabulary ids (default the target preset's)")
     ap.add_argument("--target-temperature", type=float, default=1.0,
                     help="train a variant: learn softmax(target logits / T) (below 1 sharpens towards the greedy token)")

@@ -2,7 +2,7 @@
 
 A drafter is one Llama decoder layer whose attention takes 2H inputs (the token embedding
 and the projected target state), plus `fc` (n_aux * Ht -> H), a final norm and a
-draft-vocabulary `lm_head`. `DrafterConfig` holds everything that fixes its shapes and its
+draft-vocabulary `lm_head`; vLLM also serves further plain (H-input) layers after it. `DrafterConfig` holds everything that fixes its shapes and its
 function; it is built from a target's `config.json` (new drafter), from an existing drafter's
 `config.json` (warm start), or from JSON (the trainer reads it under torchrun):
 
@@ -41,7 +41,7 @@ def _rope_type(rope_scaling: dict | None) -> str:
 
 @dataclass(frozen=True)
 class DrafterConfig:
-    """Shapes and function of a one-layer Llama EAGLE-3 drafter (vLLM's `LlamaForCausalLMEagle3`)."""
+    """Shapes and function of a Llama EAGLE-3 drafter (vLLM's `LlamaForCausalLMEagle3`)."""
 
     hidden_size: int
     """Width H of the drafter's residual stream (the engines require H = the target's hidden size
@@ -73,6 +73,11 @@ class DrafterConfig:
     the order in which vLLM concatenates them, hence the order of `fc`'s input columns."""
     hidden_act: str = "silu"
     """MLP activation; the engines' Llama MLP supports only silu."""
+    num_hidden_layers: int = 1
+    """Decoder layers. Layer 0 takes [embedding ; hidden]; vLLM runs each later one as a plain
+    Llama layer on the running residual stream (`input_layernorm(h, residual)`). SGLang's later
+    layers drop that residual (a different function), so drafters of more than one layer are
+    exported for vLLM only (EAGLE3_SEMANTICS.md section 7, row 9)."""
     target_num_layers: int | None = None
     """Decoder layers of the target, when known: bounds the layer ids each engine can capture."""
     target_model_type: str | None = None
@@ -107,6 +112,8 @@ class DrafterConfig:
             raise ValueError(
                 f"draft_vocab_size={self.draft_vocab_size} exceeds the target vocab_size={self.vocab_size}"
             )
+        if self.num_hidden_layers < 1:
+            raise ValueError(f"num_hidden_layers={self.num_hidden_layers}: a drafter has at least one decoder layer")
         if self.hidden_act != "silu":
             raise ValueError(f"hidden_act={self.hidden_act!r}: the engines' EAGLE-3 Llama layer only runs silu")
         if _rope_type(self.rope_scaling) not in SUPPORTED_ROPE_TYPES:
@@ -146,6 +153,7 @@ class DrafterConfig:
         aux_layer_ids: tuple[int, ...] | list[int] | None = None,
         draft_vocab_size: int | None = None,
         intermediate_size: int | None = None,
+        num_hidden_layers: int = 1,
     ) -> "DrafterConfig":
         """A new drafter for the target whose HF `config.json` is `target_hf_config`.
 
@@ -181,6 +189,7 @@ class DrafterConfig:
             aux_layer_ids=tuple(sorted(ids)),
             target_num_layers=num_layers,
             target_model_type=text.get("model_type") or target_hf_config.get("model_type"),
+            num_hidden_layers=int(num_hidden_layers),
         )
 
     @classmethod
@@ -199,7 +208,7 @@ class DrafterConfig:
         if layer_id_numbering not in ("vllm", "sglang"):
             raise ValueError(f"layer_id_numbering={layer_id_numbering!r}: use 'vllm' (as ours) or 'sglang' (ours - 1)")
         eagle = cfg.get("eagle_config") or {}
-        _refuse_unsupported(cfg, eagle)
+        _refuse_unsupported(cfg, eagle, layer_id_numbering)
         hidden = int(cfg["hidden_size"])
         heads = int(cfg["num_attention_heads"])
         vocab = int(cfg["vocab_size"])
@@ -232,6 +241,7 @@ class DrafterConfig:
             aux_layer_ids=tuple(sorted(ids)),
             target_num_layers=int(n_layers) if n_layers else None,
             target_model_type=cfg.get("target_model_type"),
+            num_hidden_layers=int(cfg.get("num_hidden_layers", 1)),
             extra=extra,
         )
 
@@ -245,7 +255,7 @@ class DrafterConfig:
             "num_attention_heads": self.num_attention_heads,
             "num_key_value_heads": self.num_key_value_heads,
             "head_dim": self.head_dim,
-            "num_hidden_layers": 1,
+            "num_hidden_layers": self.num_hidden_layers,
             "hidden_act": self.hidden_act,
             "rms_norm_eps": self.rms_norm_eps,
             "rope_theta": self.rope_theta,
@@ -317,6 +327,12 @@ class DrafterConfig:
 
     def to_sglang_config(self) -> dict:
         """config.json for SGLang: layer ids minus one, read from `eagle_config` only."""
+        if self.num_hidden_layers != 1:
+            raise ValueError(
+                f"a {self.num_hidden_layers}-layer drafter does not serve in SGLang: its layers after the first "
+                "restart the residual stream from the previous layer's MLP output (vLLM keeps it), so the "
+                "drafter would compute another function there. Export it for vLLM only, or train one layer."
+            )
         cfg = self._common_hf_config()
         cfg["eagle_config"] = {
             "eagle_aux_hidden_state_layer_ids": self.sglang_layer_ids(),
@@ -388,13 +404,15 @@ def _read_rope(cfg: dict) -> tuple[float, dict | None]:
     return theta, dict(scaling) if scaling else None
 
 
-def _refuse_unsupported(cfg: dict, eagle: dict) -> None:
+def _refuse_unsupported(cfg: dict, eagle: dict, layer_id_numbering: str = "vllm") -> None:
     """Errors for drafter options whose function differs from ours (EAGLE3_SEMANTICS.md section 7)."""
     problems = []
-    if int(cfg.get("num_hidden_layers", 1)) != 1:
+    layers = int(cfg.get("num_hidden_layers", 1))
+    if layers < 1 or (layers > 1 and layer_id_numbering == "sglang"):
         problems.append(
-            f"num_hidden_layers={cfg['num_hidden_layers']}: vLLM and SGLang disagree on layers after the "
-            "first (input_layernorm vs hidden_norm), so only one-layer drafters are supported"
+            f"num_hidden_layers={layers} in an SGLang-numbered drafter: SGLang's layers after the first drop "
+            "the residual stream that vLLM's (and ours) carry, so its function is not ours; only vLLM "
+            "drafters may have more than one layer"
         )
     for key in ("norm_before_residual", "norm_before_fc", "fc_norm", "use_aux_norm", "attention_bias", "bias"):
         if cfg.get(key) or eagle.get(key):

@@ -3,7 +3,8 @@
 An export is an HF folder (DESIGN.md, "Drafter checkpoint"): `config.json` for
 `LlamaForCausalLMEagle3` and `model.safetensors` with `fc.weight`, `layers.0.*`, `norm.weight`,
 `lm_head.weight`, `d2t` (int64) and `t2d` (bool); never `embed_tokens` (the engines take the
-target's). The two engines differ only in the config:
+target's). A drafter of more layers adds `layers.1.*` ... (vLLM only). The two engines differ
+only in the config:
 
 - vLLM reads `eagle_config.eagle_aux_hidden_state_layer_ids` in our numbering, as is.
   It loads `d2t` only when the draft vocabulary is smaller than the target's and fails on a
@@ -38,20 +39,12 @@ CONFIG_FILE = "config.json"
 NUMBERING_KEY = "layer_id_numbering"
 """Extra config.json key naming the numbering of the ids written (the engines ignore it)."""
 
-LAYER_WEIGHTS = (
-    "layers.0.input_layernorm.weight",
-    "layers.0.hidden_norm.weight",
-    "layers.0.self_attn.q_proj.weight",
-    "layers.0.self_attn.k_proj.weight",
-    "layers.0.self_attn.v_proj.weight",
-    "layers.0.self_attn.o_proj.weight",
-    "layers.0.post_attention_layernorm.weight",
-    "layers.0.mlp.gate_proj.weight",
-    "layers.0.mlp.up_proj.weight",
-    "layers.0.mlp.down_proj.weight",
-)
-EXPORTED_WEIGHTS = ("fc.weight", *LAYER_WEIGHTS, "norm.weight", "lm_head.weight")
-"""Float tensors of every export, under the names vLLM's and SGLang's loaders expect."""
+
+def exported_weights(config: DrafterConfig) -> tuple[str, ...]:
+    """Float tensors of an export of this drafter, under the names vLLM's and SGLang's loaders
+    expect (`fc.weight`, `layers.0.*`, then `layers.1.*` ... for more layers, `norm`, `lm_head`)."""
+    return tuple(n for n in exported_shapes(config) if n not in ("d2t", "t2d"))
+
 
 # SGLang 0.5.23's LlamaForCausalLMEagle3 parameters for a one-layer drafter without fc bias,
 # norm_before_fc or fc_norm (sglang/srt/models/llama_eagle3.py), and its load_weights renames.
@@ -111,11 +104,12 @@ def check_vllm_names(names, config: DrafterConfig) -> list[str]:
         problems.append("d2t: vLLM has no d2t slot when draft_vocab_size == vocab_size and fails to load it")
     if "d2t" not in names and not full_vocab:
         problems.append("d2t missing: vLLM would map every draft id to itself (all-zero offsets)")
-    known = set(EXPORTED_WEIGHTS) | {"embed_tokens.weight", "d2t", "t2d"}
+    weights = exported_weights(config)
+    known = set(weights) | {"embed_tokens.weight", "d2t", "t2d"}
     for n in sorted(names):
         if n.replace("midlayer.", "layers.0.") not in known:
             problems.append(f"{n}: no such parameter in vLLM's drafter (the load fails)")
-    missing = [n for n in EXPORTED_WEIGHTS if n not in {m.replace("midlayer.", "layers.0.") for m in names}]
+    missing = [n for n in weights if n not in {m.replace("midlayer.", "layers.0.") for m in names}]
     problems += [f"{n} missing: vLLM would keep its random initialisation" for n in missing]
     return problems
 
@@ -133,8 +127,9 @@ def _state_of(model_or_state) -> dict[str, torch.Tensor]:
 
 def _export_tensors(state: dict[str, torch.Tensor], config: DrafterConfig, dtype: torch.dtype) -> dict[str, torch.Tensor]:
     state = {k.replace("midlayer.", "layers.0."): v for k, v in state.items()}
-    missing = [n for n in (*EXPORTED_WEIGHTS, "d2t", "t2d") if n not in state]
-    unknown = sorted(set(state) - set(EXPORTED_WEIGHTS) - {"d2t", "t2d"})
+    weights = exported_weights(config)
+    missing = [n for n in (*weights, "d2t", "t2d") if n not in state]
+    unknown = sorted(set(state) - set(weights) - {"d2t", "t2d"})
     if missing or unknown:
         raise ValueError(
             f"drafter state does not match an EAGLE-3 drafter: missing {missing}, unexpected {unknown}"
@@ -197,8 +192,9 @@ def export_vllm(model_or_state, config: DrafterConfig, out_dir, dtype: torch.dty
 
 
 def export_sglang(model_or_state, config: DrafterConfig, out_dir, dtype: torch.dtype = torch.bfloat16) -> Path:
-    """Write an SGLang drafter folder (ids minus one; refuses ids SGLang cannot capture)."""
-    cfg = config.to_sglang_config()  # raises for the embeddings or the last layer
+    """Write an SGLang drafter folder (ids minus one; refuses ids SGLang cannot capture and
+    drafters of more than one layer)."""
+    cfg = config.to_sglang_config()  # raises for the embeddings, the last layer, or more layers
     tensors = _export_tensors(_state_of(model_or_state), config, dtype)
     dropped = check_sglang_names(tensors)
     unfilled = sglang_unfilled_params(tensors)
@@ -253,7 +249,7 @@ def load_drafter(
     unknown = sorted(set(tensors) - expected)
     if unknown:
         raise ValueError(f"{folder}: tensors {unknown} have no place in the drafter (fc bias? extra layers?); refusing to drop them")
-    missing = [n for n in EXPORTED_WEIGHTS if n not in tensors]
+    missing = [n for n in exported_weights(config) if n not in tensors]
     if missing:
         raise ValueError(f"{folder}: the checkpoint lacks {missing}")
     if "d2t" not in tensors:

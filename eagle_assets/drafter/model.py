@@ -11,6 +11,10 @@ token x_{p+1} (EAGLE3_SEMANTICS.md sections 2-3):
     h_post = norm(h_pre)                       logits = lm_head(h_post)  (draft vocab)
     target_id = draft_id + d2t[draft_id]
 
+A drafter of more layers (vLLM only) runs each later layer as a plain Llama layer on the
+running stream: `x = input_layernorm(h)` is its attention's H-wide input and `h` its residual,
+the same two halves after it; `h_pre` is the last layer's.
+
 `h_pre` is what the engines feed back to the next step; `h_post` makes the logits. Parameter
 names are those of a vLLM drafter checkpoint (`fc.weight`, `layers.0.self_attn.q_proj.weight`,
 ...), so export is a save without renaming; `embed_tokens` is the target's, frozen, and left out
@@ -136,17 +140,17 @@ def rope_inv_freq(config: DrafterConfig) -> torch.Tensor:
 
 
 class Eagle3Attention(nn.Module):
-    """q/k/v take the 2H-wide [embedding ; hidden] input; o_proj returns to H. No biases."""
+    """q/k/v take layer 0's 2H-wide [embedding ; hidden] input (H-wide in later layers); o_proj returns to H. No biases."""
 
-    def __init__(self, config: DrafterConfig) -> None:
+    def __init__(self, config: DrafterConfig, input_size: int) -> None:
         super().__init__()
         self.num_heads = config.num_attention_heads
         self.num_kv_heads = config.num_key_value_heads
         self.head_dim = config.head_dim
         self.scale = config.head_dim**-0.5
-        self.q_proj = nn.Linear(2 * config.hidden_size, config.q_size, bias=False)
-        self.k_proj = nn.Linear(2 * config.hidden_size, config.kv_size, bias=False)
-        self.v_proj = nn.Linear(2 * config.hidden_size, config.kv_size, bias=False)
+        self.q_proj = nn.Linear(input_size, config.q_size, bias=False)
+        self.k_proj = nn.Linear(input_size, config.kv_size, bias=False)
+        self.v_proj = nn.Linear(input_size, config.kv_size, bias=False)
         self.o_proj = nn.Linear(config.q_size, config.hidden_size, bias=False)
 
 
@@ -162,26 +166,39 @@ class Eagle3MLP(nn.Module):
 
 
 class Eagle3DecoderLayer(nn.Module):
-    """vLLM's EAGLE-3 layer 0, split at the attention so that TTT can supply its own attention."""
+    """vLLM's EAGLE-3 layer `index`, split at the attention so that TTT can supply its own attention."""
 
-    def __init__(self, config: DrafterConfig) -> None:
+    def __init__(self, config: DrafterConfig, index: int = 0) -> None:
         super().__init__()
+        self.index = index
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.hidden_norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.self_attn = Eagle3Attention(config)
+        if index > 0:
+            # vLLM builds this norm in every layer and loads it strictly, but only layer 0 uses
+            # it: kept (frozen ones) so that exports carry the name.
+            self.hidden_norm.weight.requires_grad_(False)
+        self.self_attn = Eagle3Attention(config, (2 if index == 0 else 1) * config.hidden_size)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.mlp = Eagle3MLP(config)
 
+    def attention_input(self, embeds: torch.Tensor | None, hidden: torch.Tensor) -> torch.Tensor:
+        """The attention's input: [input_layernorm(embeds) ; hidden_norm(hidden)] (B, T, 2H) in
+        layer 0, input_layernorm(hidden) (B, T, H) in later layers (embeds unused there)."""
+        if self.index > 0:
+            return self.input_layernorm(hidden)
+        return torch.cat([self.input_layernorm(embeds), self.hidden_norm(hidden)], dim=-1)  # embedding first
+
     def attention_inputs(
-        self, embeds: torch.Tensor, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+        self, embeds: torch.Tensor | None, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Rotated q (B, nh, T, D), k (B, nkv, T, D) and v (B, nkv, T, D) for one slot per token.
 
-        embeds: (B, T, H) token embeddings E[x_{p+1}]; hidden: (B, T, H) g_p or fed-back h_pre.
+        embeds: (B, T, H) token embeddings E[x_{p+1}] (layer 0 only); hidden: (B, T, H) the
+        layer's input stream (g_p or fed-back h_pre in layer 0, the previous layer's h_pre after).
         """
         attn = self.self_attn
         B, T, _ = hidden.shape
-        z = torch.cat([self.input_layernorm(embeds), self.hidden_norm(hidden)], dim=-1)  # (B, T, 2H), embedding first
+        z = self.attention_input(embeds, hidden)
         q = attn.q_proj(z).view(B, T, attn.num_heads, attn.head_dim).transpose(1, 2)  # (B, nh, T, D)
         k = attn.k_proj(z).view(B, T, attn.num_kv_heads, attn.head_dim).transpose(1, 2)  # (B, nkv, T, D)
         v = attn.v_proj(z).view(B, T, attn.num_kv_heads, attn.head_dim).transpose(1, 2)  # (B, nkv, T, D)
@@ -237,7 +254,7 @@ class DrafterKVCache:
 
 
 class Eagle3Drafter(nn.Module):
-    """One-layer Llama EAGLE-3 drafter with vLLM checkpoint names (see the module docstring)."""
+    """Llama EAGLE-3 drafter with vLLM checkpoint names (see the module docstring)."""
 
     def __init__(self, config: DrafterConfig) -> None:
         super().__init__()
@@ -245,7 +262,7 @@ class Eagle3Drafter(nn.Module):
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
         self.embed_tokens.weight.requires_grad_(False)  # the target's; frozen and never exported
         self.fc = nn.Linear(config.fc_in_features, config.hidden_size, bias=False)
-        self.layers = nn.ModuleList([Eagle3DecoderLayer(config)])
+        self.layers = nn.ModuleList([Eagle3DecoderLayer(config, i) for i in range(config.num_hidden_layers)])
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.lm_head = nn.Linear(config.hidden_size, config.draft_vocab_size, bias=False)
         self.rotary = RotaryEmbedding(config)
@@ -259,6 +276,7 @@ class Eagle3Drafter(nn.Module):
 
     @property
     def layer(self) -> Eagle3DecoderLayer:
+        """Layer 0, the one that reads the token embedding."""
         return self.layers[0]
 
     def reset_parameters(self, std: float = 0.02) -> None:
@@ -318,15 +336,15 @@ class Eagle3Drafter(nn.Module):
         input_ids: torch.Tensor | None = None,
         position_ids: torch.Tensor | None = None,
         input_embeds: torch.Tensor | None = None,
-        kv_cache: DrafterKVCache | None = None,
+        kv_cache: DrafterKVCache | list[DrafterKVCache] | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """One drafter step for T slots -> (h_pre, h_post), each (B, T, H).
 
         hidden: (B, T, H) g (from `project_hidden_states`) or a fed-back h_pre; input_ids (B, T)
         the token of each slot (x_{p+1} for the slot at position p); position_ids (B, T), default
         0..T-1. Without a cache, slot t attends to the call's slots at positions <= its own. With
-        `kv_cache`, the slots' keys/values are written at their positions first, then each slot
-        attends to all cached keys at positions <= its own.
+        `kv_cache` (`new_kv_cache`: one per layer), the slots' keys/values are written at their
+        positions first, then each slot attends to all cached keys at positions <= its own.
         """
         if input_embeds is None:
             if input_ids is None:
@@ -335,28 +353,32 @@ class Eagle3Drafter(nn.Module):
         B, T, _ = hidden.shape
         if position_ids is None:
             position_ids = torch.arange(T, device=hidden.device).expand(B, T)
+        caches = [kv_cache] if isinstance(kv_cache, DrafterKVCache) else kv_cache
+        if caches is not None and len(caches) != len(self.layers):
+            raise ValueError(f"{len(caches)} KV caches for {len(self.layers)} drafter layers; use new_kv_cache")
         input_embeds = input_embeds.to(hidden.dtype)
         cos, sin = self.rotary(position_ids)  # (B, T, D) each
-        layer = self.layer
-        q, k, v = layer.attention_inputs(input_embeds, hidden, cos, sin)
         groups = self.config.num_attention_heads // self.config.num_key_value_heads
-        if kv_cache is None:
-            mask = position_ids[:, None, :, None] >= position_ids[:, None, None, :]  # (B, 1, T, T)
-            keys, values = k, v
-        else:
-            kv_cache.write(position_ids, k, v)
-            mask = kv_cache.mask(position_ids)  # (B, 1, T, L)
-            keys, values = kv_cache.k.to(q.dtype), kv_cache.v.to(q.dtype)
-        keys = keys.repeat_interleave(groups, dim=1)  # (B, nh, S, D)
-        values = values.repeat_interleave(groups, dim=1)
-        out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=layer.self_attn.scale)  # (B, nh, T, D)
-        out = out.transpose(1, 2).reshape(B, T, -1)  # (B, T, nh*D)
-        h_pre = layer.finish(out, hidden)
-        return h_pre, self.norm(h_pre)
+        h = hidden
+        for i, layer in enumerate(self.layers):
+            q, k, v = layer.attention_inputs(input_embeds, h, cos, sin)
+            if caches is None:
+                mask = position_ids[:, None, :, None] >= position_ids[:, None, None, :]  # (B, 1, T, T)
+                keys, values = k, v
+            else:
+                caches[i].write(position_ids, k, v)
+                mask = caches[i].mask(position_ids)  # (B, 1, T, L)
+                keys, values = caches[i].k.to(q.dtype), caches[i].v.to(q.dtype)
+            keys = keys.repeat_interleave(groups, dim=1)  # (B, nh, S, D)
+            values = values.repeat_interleave(groups, dim=1)
+            out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=layer.self_attn.scale)  # (B, nh, T, D)
+            h = layer.finish(out.transpose(1, 2).reshape(B, T, -1), h)  # (B, T, H) this layer's h_pre
+        return h, self.norm(h)
 
-    def new_kv_cache(self, batch: int, max_len: int) -> DrafterKVCache:
+    def new_kv_cache(self, batch: int, max_len: int) -> list[DrafterKVCache]:
+        """Empty KV caches, one per decoder layer, for `forward(..., kv_cache=)`."""
         w = self.fc.weight
-        return DrafterKVCache.empty(self.config, batch, max_len, device=w.device, dtype=w.dtype)
+        return [DrafterKVCache.empty(self.config, batch, max_len, device=w.device, dtype=w.dtype) for _ in self.layers]
 
     def trainable_state_dict(self) -> dict[str, torch.Tensor]:
         """Everything an export saves: all parameters and buffers except the target's embedding."""
@@ -366,23 +388,28 @@ class Eagle3Drafter(nn.Module):
 def exported_shapes(config: DrafterConfig) -> dict[str, tuple[int, ...]]:
     """Shape of every tensor `trainable_state_dict` holds, from the config alone (no allocation)."""
     H, I, Q, KV = config.hidden_size, config.intermediate_size, config.q_size, config.kv_size
-    return {
-        "fc.weight": (H, config.fc_in_features),
-        "layers.0.input_layernorm.weight": (H,),
-        "layers.0.hidden_norm.weight": (H,),
-        "layers.0.self_attn.q_proj.weight": (Q, 2 * H),
-        "layers.0.self_attn.k_proj.weight": (KV, 2 * H),
-        "layers.0.self_attn.v_proj.weight": (KV, 2 * H),
-        "layers.0.self_attn.o_proj.weight": (H, Q),
-        "layers.0.post_attention_layernorm.weight": (H,),
-        "layers.0.mlp.gate_proj.weight": (I, H),
-        "layers.0.mlp.up_proj.weight": (I, H),
-        "layers.0.mlp.down_proj.weight": (H, I),
+    shapes: dict[str, tuple[int, ...]] = {"fc.weight": (H, config.fc_in_features)}
+    for i in range(config.num_hidden_layers):
+        width = 2 * H if i == 0 else H
+        shapes.update({
+            f"layers.{i}.input_layernorm.weight": (H,),
+            f"layers.{i}.hidden_norm.weight": (H,),
+            f"layers.{i}.self_attn.q_proj.weight": (Q, width),
+            f"layers.{i}.self_attn.k_proj.weight": (KV, width),
+            f"layers.{i}.self_attn.v_proj.weight": (KV, width),
+            f"layers.{i}.self_attn.o_proj.weight": (H, Q),
+            f"layers.{i}.post_attention_layernorm.weight": (H,),
+            f"layers.{i}.mlp.gate_proj.weight": (I, H),
+            f"layers.{i}.mlp.up_proj.weight": (I, H),
+            f"layers.{i}.mlp.down_proj.weight": (H, I),
+        })  # fmt: skip
+    shapes.update({
         "norm.weight": (H,),
         "lm_head.weight": (config.draft_vocab_size, H),
         "d2t": (config.draft_vocab_size,),
         "t2d": (config.vocab_size,),
-    }
+    })  # fmt: skip
+    return shapes
 
 
 def check_vocab_mapping(d2t: torch.Tensor, t2d: torch.Tensor, draft_vocab_size: int, vocab_size: int) -> None:

@@ -46,6 +46,10 @@ class TrainConfig:
     drafter: dict | str | None = None
     """A `DrafterConfig` as a dict, a drafter preset name, or None to derive the drafter from
     the target's `config.json`, the draft vocabulary size and the shards' aux layer ids."""
+    drafter_num_layers: int = 1
+    """Decoder layers of a new drafter derived from the target (`drafter` None or a preset name).
+    More than one serves in vLLM only (SGLang's later layers compute another function), so
+    `export_engines` must then leave SGLang out."""
     drafter_intermediate_size: int | None = None
     """MLP width of a new drafter derived from the target (`drafter` None or a preset name);
     None = the target's own MLP width. The engines read it from the exported config."""
@@ -172,6 +176,19 @@ class TrainConfig:
                 problems.append("drafter_intermediate_size is set beside a `drafter` dict: put intermediate_size in the dict")
             if self.warm_start:
                 problems.append("drafter_intermediate_size is set with warm_start: a warm start keeps the parent's architecture")
+        if self.drafter_num_layers != 1:
+            if self.drafter_num_layers < 1:
+                problems.append(f"drafter_num_layers={self.drafter_num_layers} must be >= 1")
+            if isinstance(self.drafter, dict):
+                problems.append("drafter_num_layers is set beside a `drafter` dict: put num_hidden_layers in the dict")
+            if self.warm_start:
+                problems.append("drafter_num_layers is set with warm_start: a warm start keeps the parent's architecture")
+        layers = self.drafter.get("num_hidden_layers", 1) if isinstance(self.drafter, dict) else self.drafter_num_layers
+        if layers > 1 and "sglang" in self.export_engines:
+            problems.append(
+                f"a {layers}-layer drafter cannot be exported for SGLang (its layers after the first drop the "
+                "residual stream vLLM carries): set export_engines to ('vllm',) or train one layer"
+            )
         if not self.target_temperature > 0:
             problems.append(f"target_temperature={self.target_temperature} must be > 0 (1 = the target's distribution)")
         if len(self.betas) != 2:

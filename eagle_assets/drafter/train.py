@@ -211,7 +211,8 @@ def resolve_drafter_config(cfg: TrainConfig, target_config: dict, aux_layer_ids,
         }
         target_config = preset_config
     return DrafterConfig.from_target_config(target_config, aux_layer_ids=aux_layer_ids, draft_vocab_size=draft_vocab_size,
-                                            intermediate_size=cfg.drafter_intermediate_size)  # fmt: skip
+                                            intermediate_size=cfg.drafter_intermediate_size,
+                                            num_hidden_layers=cfg.drafter_num_layers)  # fmt: skip
 
 
 def _check_fit(config: DrafterConfig, ds: ShardDataset, d2t: torch.Tensor, t2d: torch.Tensor, where: str) -> None:
@@ -415,6 +416,11 @@ class Trainer:
         embedding, lm_head = read_target_head(cfg.target)
         drafter = build_drafter(cfg, self.ds, mapping.d2t, mapping.t2d, embedding)
         self.drafter_config = drafter.config
+        if drafter.config.num_hidden_layers > 1 and "sglang" in cfg.export_engines:  # e.g. a warm-started parent
+            raise ValueError(
+                f"the drafter has {drafter.config.num_hidden_layers} layers, which SGLang does not serve as vLLM "
+                "does: leave sglang out of export_engines (checked before training, not after it)"
+            )
 
         self.use_bf16 = cfg.bf16 and env.device.type == "cuda"
         head_dtype = torch.bfloat16 if self.use_bf16 else torch.float32

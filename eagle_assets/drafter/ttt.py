@@ -4,7 +4,7 @@ Sequence index t pairs g_t = fc(A_t) with E[x_{t+1}] at rotary position t and pr
 x_{t+2}. Step i (0..K-1) is serving's draft step i+1 (EAGLE3_SEMANTICS.md sections 3 and 6):
 
     token     E[x_{t+1+i}]                        (teacher forcing: the ground-truth token)
-    hidden    g_t at i = 0, else step i-1's h_pre at t
+    hidden    g_t at i = 0, else step i-1's h_pre at t (the last layer's, for drafters of more layers)
     position  t + i
     keys      step-0 keys at indices <= t (causal), plus index t's own key of steps 1..i
     target    softmax over the draft vocabulary of the target's logits at t+1+i
@@ -373,29 +373,39 @@ def ttt_loss(
     # q/k/v are linear in [e ; u]: the embedding half is computed once for all steps and sliced.
     w_qkv = torch.cat([attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight], dim=0)  # (Q+2KV, 2H)
     qkv_e = F.linear(e_all, w_qkv[:, :H])  # (B, T-1+K, Q+2KV)
-    w_qkv_h = w_qkv[:, H:]  # (Q+2KV, H)
+    # Per layer: the weights applied to the stream (layer 0: the hidden half) and its input norm.
+    later = model.layers[1:]
+    stream_w = [w_qkv[:, H:]] + [
+        torch.cat([m.self_attn.q_proj.weight, m.self_attn.k_proj.weight, m.self_attn.v_proj.weight], dim=0) for m in later
+    ]  # each (Q+2KV, H)
+    stream_norm = [layer.hidden_norm] + [m.input_layernorm for m in later]
     positions = torch.arange(T - 1 + steps, device=device)
     cos_all, sin_all = model.rotary(positions[None])  # (1, T-1+K, D) each
 
     h = model.project_hidden_states(aux)  # (B, T, H): g
     dtype = _compute_dtype(h)  # bf16 under autocast: the loss matmuls run in it
-    k0 = v0 = None
-    ks, vs, h_posts = [], [], []
+    n_layers = len(model.layers)
+    k0, v0 = [None] * n_layers, [None] * n_layers  # per layer: step-0 keys (B, nh, T, D)
+    ks, vs = [[] for _ in range(n_layers)], [[] for _ in range(n_layers)]  # per layer: steps 1..i diagonal keys
+    h_posts = []
     for i in range(steps):
-        qkv = qkv_e[:, i : i + T] + F.linear(layer.hidden_norm(h), w_qkv_h)  # (B, T, Q+2KV)
-        q, k, v = qkv.split([cfg.q_size, cfg.kv_size, cfg.kv_size], dim=-1)
         cos, sin = cos_all[:, i : i + T], sin_all[:, i : i + T]  # rotary position t + i
-        q = apply_rotary(q.reshape(B, T, nh, D).transpose(1, 2), cos, sin)  # (B, nh, T, D)
-        k = apply_rotary(k.reshape(B, T, nkv, D).transpose(1, 2), cos, sin)  # (B, nkv, T, D)
-        v = v.reshape(B, T, nkv, D).transpose(1, 2)  # (B, nkv, T, D)
-        if i == 0:
-            k0, v0 = expand_kv(k, nh), expand_kv(v, nh)  # (B, nh, T, D): expanded once, shared by all steps
-        else:
-            ks.append(k)
-            vs.append(v)
-        out = ttt_attention(q, k0, v0, ks, vs, attn.scale, backend=attention)  # (B, nh, T, D)
-        h = layer.finish(out.transpose(1, 2).reshape(B, T, nh * D), h)  # (B, T, H) h_pre, fed back
-        h_posts.append(model.norm(h).to(dtype))
+        for j, lay in enumerate(model.layers):
+            qkv = F.linear(stream_norm[j](h), stream_w[j])  # (B, T, Q+2KV)
+            if j == 0:
+                qkv = qkv_e[:, i : i + T] + qkv
+            q, k, v = qkv.split([cfg.q_size, cfg.kv_size, cfg.kv_size], dim=-1)
+            q = apply_rotary(q.reshape(B, T, nh, D).transpose(1, 2), cos, sin)  # (B, nh, T, D)
+            k = apply_rotary(k.reshape(B, T, nkv, D).transpose(1, 2), cos, sin)  # (B, nkv, T, D)
+            v = v.reshape(B, T, nkv, D).transpose(1, 2)  # (B, nkv, T, D)
+            if i == 0:
+                k0[j], v0[j] = expand_kv(k, nh), expand_kv(v, nh)  # expanded once, shared by all steps
+            else:
+                ks[j].append(k)
+                vs[j].append(v)
+            out = ttt_attention(q, k0[j], v0[j], ks[j], vs[j], attn.scale, backend=attention)  # (B, nh, T, D)
+            h = lay.finish(out.transpose(1, 2).reshape(B, T, nh * D), h)  # (B, T, H) this layer's h_pre
+        h_posts.append(model.norm(h).to(dtype))  # the last layer's h_pre is fed back
 
     h_all = torch.stack(h_posts).reshape(steps * B * T, H)  # (K*B*T, H), rows (i, b, t)
     del h_posts
@@ -499,7 +509,7 @@ def ttt_loss_dense(
     """`ttt_loss` as SpecForge's SDPA path computes it: all steps' keys side by side under an
     explicit (T, T*(i+1)) mask, and every step's full draft-vocabulary logits kept for the
     backward. O(T^2 K) mask memory: for cross-checks and as the benchmark baseline only."""
-    cfg, layer = model.config, model.layer
+    cfg = model.config
     aux, final, input_ids, loss_mask = batch["aux"], batch["final"], batch["input_ids"], batch["loss_mask"]
     B, T = input_ids.shape
     device = input_ids.device
@@ -514,20 +524,21 @@ def ttt_loss_dense(
     groups = cfg.num_attention_heads // cfg.num_key_value_heads
     t = torch.arange(T, device=device)
     h = model.project_hidden_states(aux)
-    ks, vs = [], []
+    ks, vs = [[] for _ in model.layers], [[] for _ in model.layers]
     loss_sum = torch.zeros((), device=device)
     step_loss, step_correct = torch.zeros(steps, device=device), torch.zeros(steps, device=device)
     for i in range(steps):
         cos, sin = model.rotary((t + i)[None].expand(B, T))
-        q, k, v = layer.attention_inputs(model.embed_input_ids(ids[:, i : i + T]), h, cos, sin)
-        ks.append(k)
-        vs.append(v)
-        keys = torch.cat(ks, dim=2).repeat_interleave(groups, 1)  # (B, nh, T*(i+1), D)
-        values = torch.cat(vs, dim=2).repeat_interleave(groups, 1)
         blocks = [t[:, None] >= t[None, :]] + [t[:, None] == t[None, :]] * i
         mask = torch.cat(blocks, dim=1)  # (T, T*(i+1))
-        out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=layer.self_attn.scale)
-        h = layer.finish(out.transpose(1, 2).reshape(B, T, -1), h)
+        for j, lay in enumerate(model.layers):
+            q, k, v = lay.attention_inputs(model.embed_input_ids(ids[:, i : i + T]), h, cos, sin)
+            ks[j].append(k)
+            vs[j].append(v)
+            keys = torch.cat(ks[j], dim=2).repeat_interleave(groups, 1)  # (B, nh, T*(i+1), D)
+            values = torch.cat(vs[j], dim=2).repeat_interleave(groups, 1)
+            out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=lay.self_attn.scale)
+            h = lay.finish(out.transpose(1, 2).reshape(B, T, -1), h)
         logp = torch.log_softmax(model.compute_logits(model.norm(h)).float(), -1)  # (B, T, N)
         tgt = target_logp[:, (t + 1 + i).clamp(max=T - 1)]  # (B, T, N)
         ce = -(tgt.exp() * logp).sum(-1)  # (B, T)

@@ -69,6 +69,28 @@ def test_export_load_roundtrip_is_exact_and_replaces_atomically(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["drafter"]
 
 
+def test_two_layer_drafter_exports_for_vllm_only_and_loads_back(tmp_path):
+    cfg = tiny_config(num_hidden_layers=2)
+    model = mapped_drafter(cfg)
+    with torch.no_grad():
+        model.layers[1].hidden_norm.weight.fill_(1.0)  # what a trained drafter holds: the frozen ones
+    out = export_vllm(model, cfg, tmp_path / "drafter", dtype=torch.float32)
+    assert json.loads((out / "config.json").read_text())["num_hidden_layers"] == 2
+    tensors = tensors_of(out)
+    later = {n.replace("layers.0.", "layers.1.") for n in VLLM_NAMES if n.startswith("layers.0.")}
+    assert set(tensors) == VLLM_NAMES | later  # vLLM loads strictly: layer 1's unused hidden_norm too
+    assert tuple(tensors["layers.1.self_attn.k_proj.weight"].shape) == (2 * 16, 64)
+    assert not check_vllm_names(tensors, cfg)
+    assert any("no such parameter" in p for p in check_vllm_names(tensors, tiny_config()))  # a 1-layer config
+    loaded, loaded_cfg = load_drafter(out)
+    assert loaded_cfg == cfg
+    for name, value in model.trainable_state_dict().items():
+        assert torch.equal(loaded.state_dict()[name], value), name
+    with pytest.raises(ValueError, match="does not serve in SGLang"):
+        export_sglang(model, cfg, tmp_path / "sg")
+    assert not (tmp_path / "sg").exists()
+
+
 def test_sglang_export_numbering_and_names(tmp_path):
     cfg = tiny_config(aux_layer_ids=(1, 2, 3), target_num_layers=4)
     model = mapped_drafter(cfg)

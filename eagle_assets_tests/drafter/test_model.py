@@ -44,13 +44,16 @@ def random_drafter(config: DrafterConfig, seed: int = 0) -> Eagle3Drafter:
 
 
 def naive_drafter_step(sd: dict, cfg: DrafterConfig, g, ids, positions):
-    """vLLM's EAGLE-3 layer 0 for one sequence, written from the math with loops, in float64.
+    """vLLM's EAGLE-3 drafter for one sequence, written from the math with loops, in float64.
 
-    g (T, H) hidden, ids (T,) tokens, positions (T,). Returns (h_pre, h_post), each (T, H).
+    Layer 0 reads [input_layernorm(E[x]) ; hidden_norm(g)] with residual g; each later layer
+    (vLLM's `input_layernorm(h, residual)`) reads input_layernorm(h) with residual h, where h is
+    the previous layer's pre-norm output. g (T, H) hidden, ids (T,) tokens, positions (T,).
+    Returns (h_pre, h_post), each (T, H).
     """
     w = {k: v.double() for k, v in sd.items() if v.is_floating_point()}
     eps, D = cfg.rms_norm_eps, cfg.head_dim
-    g = g.double()
+    stream = g.double()  # (T, H) each layer's input and residual
 
     def rms(x, weight):
         return weight * x / math.sqrt(float((x * x).mean()) + eps)
@@ -65,43 +68,46 @@ def naive_drafter_step(sd: dict, cfg: DrafterConfig, g, ids, positions):
         return out
 
     T = g.shape[0]
-    qs, ks, vs = [], [], []
-    for t in range(T):
-        e = rms(w["embed_tokens.weight"][ids[t]], w["layers.0.input_layernorm.weight"])
-        u = rms(g[t], w["layers.0.hidden_norm.weight"])
-        z = torch.cat([e, u])  # embedding first
-        q = w["layers.0.self_attn.q_proj.weight"] @ z
-        k = w["layers.0.self_attn.k_proj.weight"] @ z
-        v = w["layers.0.self_attn.v_proj.weight"] @ z
-        pos = int(positions[t])
-        qs.append([rope(q[h * D : (h + 1) * D], pos) for h in range(cfg.num_attention_heads)])
-        ks.append([rope(k[h * D : (h + 1) * D], pos) for h in range(cfg.num_key_value_heads)])
-        vs.append([v[h * D : (h + 1) * D] for h in range(cfg.num_key_value_heads)])
     group = cfg.num_attention_heads // cfg.num_key_value_heads
-    pres, posts = [], []
-    for t in range(T):
-        heads = []
-        for h in range(cfg.num_attention_heads):
-            kv = h // group
-            seen = [s for s in range(T) if positions[s] <= positions[t]]
-            scores = torch.stack([qs[t][h] @ ks[s][kv] / math.sqrt(D) for s in seen])
-            p = torch.softmax(scores, dim=0)
-            heads.append(sum(p[i] * vs[s][kv] for i, s in enumerate(seen)))
-        a = w["layers.0.self_attn.o_proj.weight"] @ torch.cat(heads)
-        s = a + g[t]  # residual = the un-normed hidden
-        m_in = rms(s, w["layers.0.post_attention_layernorm.weight"])
-        gate = w["layers.0.mlp.gate_proj.weight"] @ m_in
-        up = w["layers.0.mlp.up_proj.weight"] @ m_in
-        m = w["layers.0.mlp.down_proj.weight"] @ (gate * torch.sigmoid(gate) * up)
-        h_pre = m + s
-        pres.append(h_pre)
-        posts.append(rms(h_pre, w["norm.weight"]))
-    return torch.stack(pres), torch.stack(posts)
+    for layer in range(cfg.num_hidden_layers):
+        L = f"layers.{layer}."
+        qs, ks, vs = [], [], []
+        for t in range(T):
+            if layer == 0:
+                e = rms(w["embed_tokens.weight"][ids[t]], w[L + "input_layernorm.weight"])
+                z = torch.cat([e, rms(stream[t], w[L + "hidden_norm.weight"])])  # embedding first
+            else:
+                z = rms(stream[t], w[L + "input_layernorm.weight"])
+            q = w[L + "self_attn.q_proj.weight"] @ z
+            k = w[L + "self_attn.k_proj.weight"] @ z
+            v = w[L + "self_attn.v_proj.weight"] @ z
+            pos = int(positions[t])
+            qs.append([rope(q[h * D : (h + 1) * D], pos) for h in range(cfg.num_attention_heads)])
+            ks.append([rope(k[h * D : (h + 1) * D], pos) for h in range(cfg.num_key_value_heads)])
+            vs.append([v[h * D : (h + 1) * D] for h in range(cfg.num_key_value_heads)])
+        pres = []
+        for t in range(T):
+            heads = []
+            for h in range(cfg.num_attention_heads):
+                kv = h // group
+                seen = [s for s in range(T) if positions[s] <= positions[t]]
+                scores = torch.stack([qs[t][h] @ ks[s][kv] / math.sqrt(D) for s in seen])
+                p = torch.softmax(scores, dim=0)
+                heads.append(sum(p[i] * vs[s][kv] for i, s in enumerate(seen)))
+            a = w[L + "self_attn.o_proj.weight"] @ torch.cat(heads)
+            s = a + stream[t]  # residual = the un-normed layer input
+            m_in = rms(s, w[L + "post_attention_layernorm.weight"])
+            gate = w[L + "mlp.gate_proj.weight"] @ m_in
+            up = w[L + "mlp.up_proj.weight"] @ m_in
+            pres.append(w[L + "mlp.down_proj.weight"] @ (gate * torch.sigmoid(gate) * up) + s)
+        stream = torch.stack(pres)
+    return stream, torch.stack([rms(x, w["norm.weight"]) for x in stream])
 
 
-def test_forward_equals_naive_math():
+@pytest.mark.parametrize("layers", [1, 2])
+def test_forward_equals_naive_math(layers):
     cfg = tiny_config(hidden_size=32, intermediate_size=48, num_attention_heads=4, num_key_value_heads=2,
-                      head_dim=8, target_hidden_size=24, vocab_size=40, draft_vocab_size=40)
+                      head_dim=8, target_hidden_size=24, vocab_size=40, draft_vocab_size=40, num_hidden_layers=layers)
     model = random_drafter(cfg)
     torch.manual_seed(1)
     aux = torch.randn(1, 6, 3 * 24)
@@ -116,9 +122,10 @@ def test_forward_equals_naive_math():
     torch.testing.assert_close(g[0], aux[0] @ model.fc.weight.T)
 
 
-def test_kv_cache_decode_equals_full_forward():
-    """Token-by-token decoding through the explicit KV cache gives the causal full-sequence result."""
-    model = random_drafter(tiny_config())
+@pytest.mark.parametrize("layers", [1, 2])
+def test_kv_cache_decode_equals_full_forward(layers):
+    """Token-by-token decoding through the explicit KV caches gives the causal full-sequence result."""
+    model = random_drafter(tiny_config(num_hidden_layers=layers))
     torch.manual_seed(2)
     g = torch.randn(2, 7, 64)
     ids = torch.randint(0, 256, (2, 7))
@@ -151,6 +158,24 @@ def test_parameter_names_are_vllm_checkpoint_names():
     assert not any(n.endswith("bias") for n, _ in model.named_parameters())
     trainable = {n for n, p in model.named_parameters() if p.requires_grad}
     assert "embed_tokens.weight" not in trainable and "fc.weight" in trainable
+
+
+def test_later_layers_are_plain_llama_layers_under_vllm_names():
+    cfg = tiny_config(num_hidden_layers=2)
+    model = Eagle3Drafter(cfg)
+    shapes = {k: tuple(v.shape) for k, v in model.trainable_state_dict().items()}
+    assert shapes == exported_shapes(cfg)
+    assert shapes["layers.0.self_attn.q_proj.weight"] == (4 * 16, 2 * 64)  # [embedding ; hidden]
+    assert shapes["layers.1.self_attn.q_proj.weight"] == (4 * 16, 64)  # the stream only
+    # vLLM builds and strictly loads layer 1's hidden_norm but never uses it: exported, not trained.
+    trainable = {n for n, p in model.named_parameters() if p.requires_grad}
+    assert "layers.1.hidden_norm.weight" in shapes and "layers.1.hidden_norm.weight" not in trainable
+    assert "layers.0.hidden_norm.weight" in trainable
+    assert cfg.to_vllm_config()["num_hidden_layers"] == 2
+    with pytest.raises(ValueError, match="does not serve in SGLang"):
+        cfg.to_sglang_config()
+    with pytest.raises(ValueError, match="at least one decoder layer"):
+        tiny_config(num_hidden_layers=0)
 
 
 def test_vocab_mapping_and_draft_to_target():
@@ -215,9 +240,14 @@ def test_config_from_existing_drafter():
     with pytest.raises(ValueError, match="pass target_num_layers"):
         DrafterConfig.from_hf_drafter_config(no_ids)
     assert DrafterConfig.from_hf_drafter_config(no_ids, target_num_layers=30).aux_layer_ids == (2, 15, 27)
-    for bad in ({"norm_before_residual": True}, {"attention_bias": True}, {"num_hidden_layers": 2}, {"bias": True}):
+    for bad in ({"norm_before_residual": True}, {"attention_bias": True}, {"bias": True}):
         with pytest.raises(ValueError, match=next(iter(bad))):
             DrafterConfig.from_hf_drafter_config({**vllm_style, **bad})
+    # More layers: vLLM's function is ours; SGLang's later layers drop the residual stream.
+    two = {**vllm_style, "num_hidden_layers": 2}
+    assert DrafterConfig.from_hf_drafter_config(two) == tiny_config(num_hidden_layers=2)
+    with pytest.raises(ValueError, match="num_hidden_layers=2 in an SGLang-numbered drafter"):
+        DrafterConfig.from_hf_drafter_config(two, layer_id_numbering="sglang")
     with pytest.warns(UserWarning, match="norm_output"):
         DrafterConfig.from_hf_drafter_config({**vllm_style, "norm_output": True})
 

@@ -269,6 +269,14 @@ def test_drafter_from_config_dict_or_target_preset(tmp_path):
         cfg.replace(drafter=derived.to_dict(), drafter_intermediate_size=256)
     with pytest.raises(ValueError, match="keeps the parent's architecture"):
         cfg.replace(warm_start=str(tmp_path), drafter_intermediate_size=256)
+    deep = resolve_drafter_config(cfg.replace(drafter_num_layers=2), TINY_TARGET, AUX_IDS, 64)
+    assert deep == dataclasses.replace(derived, num_hidden_layers=2)
+    with pytest.raises(ValueError, match="cannot be exported for SGLang"):
+        cfg.replace(drafter_num_layers=2, export_engines=("vllm", "sglang"))
+    with pytest.raises(ValueError, match="cannot be exported for SGLang"):
+        cfg.replace(drafter={**derived.to_dict(), "num_hidden_layers": 2}, export_engines=("sglang",))
+    with pytest.raises(ValueError, match="put num_hidden_layers in the dict"):
+        cfg.replace(drafter=derived.to_dict(), drafter_num_layers=2)
 
 
 def test_warmup_cosine_schedule():
@@ -338,6 +346,25 @@ def test_training_overfits_a_fixed_batch_and_exports(tmp_path, one_thread):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_two_layer_drafter_trains_exports_for_vllm_and_warm_starts(tmp_path, one_thread):
+    from eagle_assets.drafter.export import load_drafter
+    from eagle_assets.drafter.train import train
+
+    cfg = write_tiny_run(tmp_path, num_samples=4, num_shards=1, micro_batch_samples=4, max_steps=20, lr=1e-2,
+                         warmup_steps=3, export_engines=("vllm",), val_fraction=0.0, drafter_num_layers=2)
+    summary = train(cfg)
+    losses = [r["loss"] for r in read_metrics(cfg.out_dir)]
+    assert losses[-1] < losses[0] / 4, losses[::5]
+    model, config = load_drafter(summary["exports"]["vllm"])
+    assert config.num_hidden_layers == 2 and len(model.layers) == 2
+    assert torch.equal(model.layers[1].hidden_norm.weight, torch.ones(64))  # frozen: exported as built
+    child = cfg.replace(out_dir=str(tmp_path / "child"), warm_start=summary["exports"]["vllm"], drafter_num_layers=1,
+                        max_steps=1, export_engines=("vllm", "sglang"))
+    with pytest.raises(ValueError, match="leave sglang out of export_engines"):
+        train(child)
+    assert not list((tmp_path / "child").glob("checkpoint*"))  # refused before any step
+
+
 def test_bf16_training_on_gpu(tmp_path):
     """The same fixed-batch run on CUDA under bf16 autocast (bf16 embedding and teacher heads)."""
     from eagle_assets.drafter.train import train

@@ -59,11 +59,10 @@ def test_merged_attention_equals_dense_mask(dtype):
 
 def naive_ttt(model, batch, head, steps, weights, outside=None):
     """The TTT loss written from its definition: dense masks, full logits, loops over (b, t, i)."""
-    cfg, layer = model.config, model.layer
     aux, final, ids, loss_mask, lengths = (batch[k] for k in ("aux", "final", "input_ids", "loss_mask", "lengths"))
     B, T = ids.shape
     h = model.project_hidden_states(aux)
-    ks, vs, logits = [], [], []
+    ks, vs, logits = [[] for _ in model.layers], [[] for _ in model.layers], []
     for i in range(steps):
         tok = torch.zeros(B, T, dtype=torch.long)
         for t in range(T):
@@ -71,11 +70,12 @@ def naive_ttt(model, batch, head, steps, weights, outside=None):
                 tok[:, t] = ids[:, t + 1 + i]
         pos = torch.arange(T).expand(B, T) + i
         cos, sin = model.rotary(pos)
-        q, k, v = layer.attention_inputs(model.embed_input_ids(tok), h, cos, sin)
-        ks.append(k)
-        vs.append(v)
-        out = dense_attention(q, ks, vs, layer.self_attn.scale).to(q.dtype)
-        h = layer.finish(out.transpose(1, 2).reshape(B, T, -1), h)
+        for j, layer in enumerate(model.layers):  # each layer attends over its own keys of all steps
+            q, k, v = layer.attention_inputs(model.embed_input_ids(tok), h, cos, sin)
+            ks[j].append(k)
+            vs[j].append(v)
+            out = dense_attention(q, ks[j], vs[j], layer.self_attn.scale).to(q.dtype)
+            h = layer.finish(out.transpose(1, 2).reshape(B, T, -1), h)
         logits.append(model.compute_logits(model.norm(h)))
     loss = torch.zeros(())
     step_sum, step_n, step_ok = torch.zeros(steps), torch.zeros(steps), torch.zeros(steps)
@@ -108,9 +108,10 @@ def make_batch(cfg, B=2, T=10, seed=0, lengths=(10, 7)):
     )
 
 
-def test_ttt_loss_equals_naive_unroll():
+@pytest.mark.parametrize("layers", [1, 2])
+def test_ttt_loss_equals_naive_unroll(layers):
     cfg = tiny_config(hidden_size=32, intermediate_size=48, num_attention_heads=4, num_key_value_heads=2, head_dim=8,
-                      target_hidden_size=24, vocab_size=80, draft_vocab_size=40)
+                      target_hidden_size=24, vocab_size=80, draft_vocab_size=40, num_hidden_layers=layers)
     model = random_drafter(cfg)
     batch = make_batch(cfg)
     head = torch.randn(40, 24) * 0.5
@@ -207,9 +208,10 @@ def test_replayed_drafting_walks_rounds_as_the_engine_does():
     assert replay_drafting(correct, loss_mask).tolist() == [2, 1, 1, 0]
 
 
-def test_ttt_steps_are_serving_draft_steps():
-    """Step i at index t = serving's draft step i+1 at p = t (teacher-forced), through the KV cache."""
-    cfg = tiny_config()
+@pytest.mark.parametrize("layers", [1, 2])
+def test_ttt_steps_are_serving_draft_steps(layers):
+    """Step i at index t = serving's draft step i+1 at p = t (teacher-forced), through the KV caches."""
+    cfg = tiny_config(num_hidden_layers=layers)
     model = random_drafter(cfg)
     B, T, steps = 1, 9, 3
     batch = make_batch(cfg, B=B, T=T, lengths=(T,))
@@ -301,14 +303,15 @@ def test_dense_formulation_and_benchmark_smoke(capsys):
     """The dense baseline equals the fused path, and the GPU benchmark script runs in its CPU smoke size."""
     from eagle_assets.drafter.ttt import _bench, ttt_loss_dense
 
-    cfg = tiny_config(vocab_size=80, draft_vocab_size=40)
-    model = random_drafter(cfg)
-    batch = make_batch(cfg)
-    head, outside = torch.randn(40, 64), torch.randn(40, 64)
-    fused = ttt_loss(model, batch, head, 3, outside_head=outside)
-    dense = ttt_loss_dense(model, batch, head, 3, outside_head=outside)
-    torch.testing.assert_close(fused.loss_sum, dense.loss_sum, rtol=1e-5, atol=1e-5)
-    assert fused.step_correct.tolist() == dense.step_correct.tolist()
+    for layers in (1, 2):
+        cfg = tiny_config(vocab_size=80, draft_vocab_size=40, num_hidden_layers=layers)
+        model = random_drafter(cfg)
+        batch = make_batch(cfg)
+        head, outside = torch.randn(40, 64), torch.randn(40, 64)
+        fused = ttt_loss(model, batch, head, 3, outside_head=outside)
+        dense = ttt_loss_dense(model, batch, head, 3, outside_head=outside)
+        torch.testing.assert_close(fused.loss_sum, dense.loss_sum, rtol=1e-5, atol=1e-5)
+        assert fused.step_correct.tolist() == dense.step_correct.tolist()
     _bench(["--smoke"])
     assert "speedup" in capsys.readouterr().out
 
