@@ -244,6 +244,8 @@ def load_drafter(
         raise ValueError(f"{cfg_path} says its ids are {raw[NUMBERING_KEY]!r}-numbered, caller says {layer_id_numbering!r}")
     config = DrafterConfig.from_hf_drafter_config(raw, layer_id_numbering=numbering, target_num_layers=target_num_layers)
     tensors = {k.replace("midlayer.", "layers.0."): v for k, v in read_drafter_tensors(folder).items()}
+    for i in range(1, config.num_hidden_layers):  # vLLM builds it in later layers but never reads it
+        tensors.pop(f"layers.{i}.hidden_norm.weight", None)
     model = Eagle3Drafter(config)
     expected = set(model.state_dict())
     unknown = sorted(set(tensors) - expected)

@@ -172,11 +172,8 @@ class Eagle3DecoderLayer(nn.Module):
         super().__init__()
         self.index = index
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.hidden_norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        if index > 0:
-            # vLLM builds this norm in every layer and loads it strictly, but only layer 0 uses
-            # it: kept (frozen ones) so that exports carry the name.
-            self.hidden_norm.weight.requires_grad_(False)
+        # Only layer 0 norms the hidden half (vLLM builds the norm in later layers too, unused).
+        self.hidden_norm = RMSNorm(config.hidden_size, config.rms_norm_eps) if index == 0 else None
         self.self_attn = Eagle3Attention(config, (2 if index == 0 else 1) * config.hidden_size)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.mlp = Eagle3MLP(config)
@@ -393,7 +390,7 @@ def exported_shapes(config: DrafterConfig) -> dict[str, tuple[int, ...]]:
         width = 2 * H if i == 0 else H
         shapes.update({
             f"layers.{i}.input_layernorm.weight": (H,),
-            f"layers.{i}.hidden_norm.weight": (H,),
+            **({f"layers.{i}.hidden_norm.weight": (H,)} if i == 0 else {}),
             f"layers.{i}.self_attn.q_proj.weight": (Q, width),
             f"layers.{i}.self_attn.k_proj.weight": (KV, width),
             f"layers.{i}.self_attn.v_proj.weight": (KV, width),

@@ -167,10 +167,8 @@ def test_later_layers_are_plain_llama_layers_under_vllm_names():
     assert shapes == exported_shapes(cfg)
     assert shapes["layers.0.self_attn.q_proj.weight"] == (4 * 16, 2 * 64)  # [embedding ; hidden]
     assert shapes["layers.1.self_attn.q_proj.weight"] == (4 * 16, 64)  # the stream only
-    # vLLM builds and strictly loads layer 1's hidden_norm but never uses it: exported, not trained.
-    trainable = {n for n, p in model.named_parameters() if p.requires_grad}
-    assert "layers.1.hidden_norm.weight" in shapes and "layers.1.hidden_norm.weight" not in trainable
-    assert "layers.0.hidden_norm.weight" in trainable
+    assert "layers.0.hidden_norm.weight" in shapes and "layers.1.hidden_norm.weight" not in shapes  # only layer 0 norms g
+    assert "layers.1.input_layernorm.weight" in shapes and all(p.requires_grad for p in model.layers[1].parameters())
     assert cfg.to_vllm_config()["num_hidden_layers"] == 2
     with pytest.raises(ValueError, match="does not serve in SGLang"):
         cfg.to_sglang_config()

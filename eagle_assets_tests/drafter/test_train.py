@@ -357,7 +357,6 @@ def test_two_layer_drafter_trains_exports_for_vllm_and_warm_starts(tmp_path, one
     assert losses[-1] < losses[0] / 4, losses[::5]
     model, config = load_drafter(summary["exports"]["vllm"])
     assert config.num_hidden_layers == 2 and len(model.layers) == 2
-    assert torch.equal(model.layers[1].hidden_norm.weight, torch.ones(64))  # frozen: exported as built
     child = cfg.replace(out_dir=str(tmp_path / "child"), warm_start=summary["exports"]["vllm"], drafter_num_layers=1,
                         max_steps=1, export_engines=("vllm", "sglang"))
     with pytest.raises(ValueError, match="leave sglang out of export_engines"):

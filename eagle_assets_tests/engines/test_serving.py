@@ -64,6 +64,31 @@ def test_eagle3_greedy_output_equals_plain_greedy(vllm_server, smollm2_config, t
     assert drafts and float(drafts[0].rsplit(" ", 1)[1]) > 0, "the drafter was never consulted"
 
 
+def test_two_layer_export_serves_with_unchanged_greedy_output(vllm_server, smollm2_config, tmp_path):
+    """vLLM loads our 2-layer export (layer 1's attention takes the H-wide stream) and
+    speculation keeps greedy output."""
+    import torch
+
+    from eagle_assets.drafter.config import DrafterConfig
+    from eagle_assets.drafter.export import export_vllm
+    from eagle_assets.drafter.model import Eagle3Drafter
+
+    cfg = DrafterConfig.from_target_config(smollm2_config, draft_vocab_size=1024, intermediate_size=256, num_hidden_layers=2)
+    torch.manual_seed(0)
+    model = Eagle3Drafter(cfg)
+    t2d = torch.zeros(cfg.vocab_size, dtype=torch.bool)
+    t2d[: cfg.draft_vocab_size] = True
+    model.set_vocab_mapping(torch.zeros(cfg.draft_vocab_size, dtype=torch.long), t2d)
+    drafter = export_vllm(model, cfg, tmp_path / "deep")
+    plain = [chat(vllm_server.base_url, vllm_server.model, p) for p in PROMPTS[:2]]
+    with launch_vllm(EMBEDDED_TARGET, drafter=drafter, k=3, log=lambda m: None) as spec_server:
+        speculative = [chat(spec_server.base_url, spec_server.model, p) for p in PROMPTS[:2]]
+        metrics = urllib.request.urlopen(f"{spec_server.base_url}/metrics").read().decode()
+    assert [r["choices"][0]["message"]["content"] for r in speculative] == [r["choices"][0]["message"]["content"] for r in plain]
+    drafts = [line for line in metrics.splitlines() if line.startswith("vllm:spec_decode_num_drafts_total")]
+    assert drafts and float(drafts[0].rsplit(" ", 1)[1]) > 0, "the drafter was never consulted"
+
+
 def test_cli_serve_answers_and_ctrl_c_leaves_nothing_running(smollm2_path, engine_python):
     port = free_port()
     shm_before = shm_entries()
