@@ -11,6 +11,7 @@ from eagle_assets.defs.common import GROUP, check_result, hash_tree, metadata, s
 from eagle_assets.defs.hidden_states import hidden_state_shards, vocab_mapping
 from eagle_assets.drafter.export import check_sglang_names, read_drafter_tensors
 from eagle_assets.drafter.run_config import TrainConfig
+from eagle_assets.drafter.warm_start import parent_num_layers
 from eagle_assets.engines.serving import chat_once
 from eagle_assets.resources.inference_server import InferenceServerResource
 from eagle_assets.resources.storage import StorageResource
@@ -70,6 +71,8 @@ def drafter_checkpoint(
     SGLang and smoke-loaded in the real vLLM server."""
     preset, path = target_of(inference_server)
     out = storage.drafter(preset.name)
+    # A warm start keeps its parent's layers; SGLang serves one-layer drafters only.
+    num_layers = parent_num_layers(config.warm_start) if config.warm_start else config.drafter_num_layers
     train_config = TrainConfig(
         shard_dirs=(str(storage.hidden_states(preset.name)),),
         vocab_mapping=str(storage.vocab_mapping(preset.name)),
@@ -91,7 +94,7 @@ def drafter_checkpoint(
         parallelism=config.parallelism,
         seed=config.seed,
         tensorboard_dir=str(out / "tensorboard"),
-        export_engines=("vllm", "sglang") if config.drafter_num_layers == 1 else ("vllm",),
+        export_engines=("vllm", "sglang") if num_layers == 1 else ("vllm",),
     )
     summary = trainer.train(context, train_config)
     vllm_dir = Path(summary["exports"]["vllm"])
@@ -123,7 +126,7 @@ def drafter_checkpoint(
     yield check_result(got == expected, {"prompts": SMOKE_PROMPTS, "plain": expected, "speculative": got}, check_name="serves_in_vllm")
 
     if sglang_dir is None:
-        note = f"a {config.drafter_num_layers}-layer drafter is exported for vLLM only: SGLang's later layers compute another function"
+        note = f"a {num_layers}-layer drafter is exported for vLLM only: SGLang's later layers compute another function"
         yield check_result(True, {"note": note}, check_name="sglang_names")
     else:
         dropped = check_sglang_names(list(read_drafter_tensors(sglang_dir)))

@@ -12,8 +12,8 @@ token x_{p+1} (EAGLE3_SEMANTICS.md sections 2-3):
     target_id = draft_id + d2t[draft_id]
 
 A drafter of more layers (vLLM only) runs each later layer as a plain Llama layer on the
-running stream: `x = input_layernorm(h)` is its attention's H-wide input and `h` its residual,
-the same two halves after it; `h_pre` is the last layer's.
+running stream h (the previous layer's h_pre): its attention reads input_layernorm(h), H wide,
+its residual is h, and its post-attention half is layer 0's; `h_pre` is the last layer's.
 
 `h_pre` is what the engines feed back to the next step; `h_post` makes the logits. Parameter
 names are those of a vLLM drafter checkpoint (`fc.weight`, `layers.0.self_attn.q_proj.weight`,
