@@ -344,8 +344,6 @@ def test_training_overfits_a_fixed_batch_and_exports(tmp_path, one_thread):
         train(child.replace(vocab_mapping=str(other), out_dir=str(tmp_path / "child2")))
 
 
-@pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_two_layer_drafter_trains_exports_for_vllm_and_warm_starts(tmp_path, one_thread):
     from eagle_assets.drafter.export import load_drafter
     from eagle_assets.drafter.train import train
@@ -367,6 +365,8 @@ def test_two_layer_drafter_trains_exports_for_vllm_and_warm_starts(tmp_path, one
     assert not list((tmp_path / "child").glob("checkpoint*"))  # refused before any step
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_bf16_training_on_gpu(tmp_path):
     """The same fixed-batch run on CUDA under bf16 autocast (bf16 embedding and teacher heads)."""
     from eagle_assets.drafter.train import train
