@@ -80,6 +80,13 @@ def _drafter_tensors(folder: Path) -> dict[str, dict]:
     return tensors
 
 
+def _drafter_layers(drafter: Path) -> int:
+    try:
+        return int(json.loads((drafter / "config.json").read_text()).get("num_hidden_layers", 1))
+    except (OSError, ValueError, AttributeError):
+        return 1  # check_drafter reports the unreadable config
+
+
 def check_drafter(target_cfg: dict, drafter: Path, report: PreflightReport) -> None:
     """Our own drafter-vs-target checks (DESIGN.md contracts; EAGLE3_SEMANTICS.md §7)."""
     shape = preset_from_hf_config("target", target_cfg)  # reads llama- and gpt2-style key names
@@ -224,6 +231,15 @@ def preflight(
         report.engine = answer.get("engine", {})
     elif engine == "sglang":
         from eagle_assets.engines.sglang_launch import run_sglang_preflight
+
+        layers = _drafter_layers(Path(drafter)) if drafter is not None else 1
+        if layers > 1:
+            report.add(
+                "error", "sglang_layers",
+                f"the drafter has {layers} decoder layers: SGLang's layers after the first restart the residual "
+                "stream from the previous layer's MLP output (vLLM carries it), so it would draft with another "
+                "function than the one trained. Serve it with vLLM, or train one layer for SGLang.",
+            )  # fmt: skip
 
         answer = run_sglang_preflight(Path(target), Path(drafter) if drafter else None, num_speculative_tokens)
         for f in answer.get("findings", []):

@@ -69,3 +69,23 @@ def test_architecture_without_eagle3_is_refused_before_any_weights(smollm2_path,
     assert refusal and "GPT2LMHeadModel" in refusal[0]["message"]
     assert not list(target.glob("*.safetensors"))
     assert took < 120, f"preflight took {took:.0f} s"
+
+
+def test_two_layer_drafter_passes_for_vllm_and_is_refused_for_sglang(smollm2_config, engine_python, tmp_path):
+    import torch
+
+    from eagle_assets.drafter.config import DrafterConfig
+    from eagle_assets.drafter.export import export_vllm
+    from eagle_assets.drafter.model import Eagle3Drafter
+
+    cfg = DrafterConfig.from_target_config(smollm2_config, draft_vocab_size=1024, intermediate_size=256, num_hidden_layers=2)
+    model = Eagle3Drafter(cfg)
+    t2d = torch.zeros(cfg.vocab_size, dtype=torch.bool)
+    t2d[: cfg.draft_vocab_size] = True
+    model.set_vocab_mapping(torch.zeros(cfg.draft_vocab_size, dtype=torch.long), t2d)
+    drafter = export_vllm(model, cfg, tmp_path / "deep")
+    code, answer, _ = run_preflight("--target", "smollm2-135m-instruct", "--drafter", str(drafter))
+    assert code == 0 and answer["ok"] and not messages(answer, "error"), answer
+    code, answer, _ = run_preflight("--engine", "sglang", "--target", "smollm2-135m-instruct", "--drafter", str(drafter))
+    assert code == 1
+    assert any("2 decoder layers" in m and "Serve it with vLLM" in m for m in messages(answer, "error")), answer
