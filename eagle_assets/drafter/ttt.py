@@ -579,6 +579,7 @@ def _bench(argv: list[str] | None = None) -> None:
     ap.add_argument("--seq", type=int, default=4096)
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--steps", type=int, default=7)
+    ap.add_argument("--layers", type=int, default=1, help="drafter decoder layers (more than one: vLLM's later layers)")
     ap.add_argument("--iters", type=int, default=5)
     ap.add_argument("--mask-undraftable", action="store_true", help="pass the outside-draft lm_head rows")
     ap.add_argument("--skip-dense", action="store_true", help="do not run the dense baseline (it needs O(T^2 K) memory)")
@@ -592,7 +593,7 @@ def _bench(argv: list[str] | None = None) -> None:
         num_key_value_heads=args.kv_heads, head_dim=args.hidden // args.heads, rms_norm_eps=1e-5,
         rope_theta=500000.0, rope_scaling=None, max_position_embeddings=max(8192, args.seq + args.steps),
         vocab_size=args.vocab, draft_vocab_size=args.draft_vocab, target_hidden_size=args.hidden,
-        aux_layer_ids=(2, 16, 29),
+        aux_layer_ids=(2, 16, 29), num_hidden_layers=args.layers,
     )
     torch.manual_seed(0)
     model = Eagle3Drafter(cfg).to(device)
@@ -635,7 +636,7 @@ def _bench(argv: list[str] | None = None) -> None:
               f"loss {out.loss.item():.5f}  acc {[round(a, 3) for a in out.step_accuracy.tolist()]}")
         return sec, out, grad
 
-    print(f"device {device}, hidden {cfg.hidden_size}, T {T}, batch {B}, steps {args.steps}, "
+    print(f"device {device}, layers {cfg.num_hidden_layers}, hidden {cfg.hidden_size}, T {T}, batch {B}, steps {args.steps}, "
           f"draft vocab {cfg.draft_vocab_size}, vocab {cfg.vocab_size}")
     fast_s, fast, fast_grad = timed(ttt_loss, "fused")
     if args.skip_dense:

@@ -312,8 +312,9 @@ def test_dense_formulation_and_benchmark_smoke(capsys):
         dense = ttt_loss_dense(model, batch, head, 3, outside_head=outside)
         torch.testing.assert_close(fused.loss_sum, dense.loss_sum, rtol=1e-5, atol=1e-5)
         assert fused.step_correct.tolist() == dense.step_correct.tolist()
-    _bench(["--smoke"])
-    assert "speedup" in capsys.readouterr().out
+    _bench(["--smoke", "--layers", "2"])
+    out = capsys.readouterr().out
+    assert "layers 2" in out and "speedup" in out  # and the fused and dense losses agreed (else SystemExit)
 
 
 def test_no_grad_evaluation_gives_the_same_numbers():
