@@ -9,9 +9,9 @@ import dagster as dg
 
 from eagle_assets.defs.common import GROUP, check_result, hash_tree, metadata, stage_version, target_of
 from eagle_assets.defs.hidden_states import hidden_state_shards, vocab_mapping
+from eagle_assets.drafter.config import folder_num_layers
 from eagle_assets.drafter.export import check_sglang_names, read_drafter_tensors
 from eagle_assets.drafter.run_config import TrainConfig
-from eagle_assets.drafter.warm_start import parent_num_layers
 from eagle_assets.engines.serving import chat_once
 from eagle_assets.resources.inference_server import InferenceServerResource
 from eagle_assets.resources.storage import StorageResource
@@ -72,7 +72,7 @@ def drafter_checkpoint(
     preset, path = target_of(inference_server)
     out = storage.drafter(preset.name)
     # A warm start keeps its parent's layers; SGLang serves one-layer drafters only.
-    num_layers = parent_num_layers(config.warm_start) if config.warm_start else config.drafter_num_layers
+    num_layers = folder_num_layers(config.warm_start) if config.warm_start else config.drafter_num_layers
     train_config = TrainConfig(
         shard_dirs=(str(storage.hidden_states(preset.name)),),
         vocab_mapping=str(storage.vocab_mapping(preset.name)),

@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import warnings
 from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
 
 DRAFTER_ARCHITECTURE = "LlamaForCausalLMEagle3"
 """The `architectures[0]` both vLLM and SGLang resolve to their Llama EAGLE-3 drafter."""
@@ -362,6 +363,15 @@ class DrafterConfig:
     @classmethod
     def from_json(cls, text: str) -> "DrafterConfig":
         return cls.from_dict(json.loads(text))
+
+
+def folder_num_layers(folder) -> int:
+    """Decoder layers of a drafter folder, from its config.json; 1 when it cannot be read (the
+    warm start or the preflight reading that folder then names what is wrong with it)."""
+    try:
+        return int(json.loads((Path(folder) / "config.json").read_text()).get("num_hidden_layers", 1))
+    except (OSError, ValueError, AttributeError):
+        return 1
 
 
 def tiny_config(**overrides) -> DrafterConfig:

@@ -32,15 +32,6 @@ def _target_dict(target_config) -> dict:
     return cfg.get("text_config") or cfg
 
 
-def parent_num_layers(parent_folder) -> int:
-    """Decoder layers of a parent drafter, from its config.json; 1 when it cannot be read (the
-    warm start itself then names what is wrong with the folder)."""
-    try:
-        return int(json.loads((Path(parent_folder) / "config.json").read_text()).get("num_hidden_layers", 1))
-    except (OSError, ValueError, AttributeError):
-        return 1
-
-
 def warm_start(
     parent_folder,
     target_config,

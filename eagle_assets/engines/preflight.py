@@ -80,13 +80,6 @@ def _drafter_tensors(folder: Path) -> dict[str, dict]:
     return tensors
 
 
-def _drafter_layers(drafter: Path) -> int:
-    try:
-        return int(json.loads((drafter / "config.json").read_text()).get("num_hidden_layers", 1))
-    except (OSError, ValueError, AttributeError):
-        return 1  # check_drafter reports the unreadable config
-
-
 def check_drafter(target_cfg: dict, drafter: Path, report: PreflightReport) -> None:
     """Our own drafter-vs-target checks (DESIGN.md contracts; EAGLE3_SEMANTICS.md §7)."""
     shape = preset_from_hf_config("target", target_cfg)  # reads llama- and gpt2-style key names
@@ -230,9 +223,10 @@ def preflight(
             report.add(f["level"], f["code"], f["message"])
         report.engine = answer.get("engine", {})
     elif engine == "sglang":
+        from eagle_assets.drafter.config import folder_num_layers
         from eagle_assets.engines.sglang_launch import run_sglang_preflight
 
-        layers = _drafter_layers(Path(drafter)) if drafter is not None else 1
+        layers = folder_num_layers(drafter) if drafter is not None else 1
         if layers > 1:
             report.add(
                 "error", "sglang_layers",

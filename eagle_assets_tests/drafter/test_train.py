@@ -347,7 +347,7 @@ def test_training_overfits_a_fixed_batch_and_exports(tmp_path, one_thread):
 def test_two_layer_drafter_trains_exports_for_vllm_and_warm_starts(tmp_path, one_thread):
     from eagle_assets.drafter.export import load_drafter
     from eagle_assets.drafter.train import train
-    from eagle_assets.drafter.warm_start import parent_num_layers
+    from eagle_assets.drafter.config import folder_num_layers
 
     cfg = write_tiny_run(tmp_path, num_samples=4, num_shards=1, micro_batch_samples=4, max_steps=20, lr=1e-2,
                          warmup_steps=3, export_engines=("vllm",), val_fraction=0.0, drafter_num_layers=2)
@@ -356,8 +356,8 @@ def test_two_layer_drafter_trains_exports_for_vllm_and_warm_starts(tmp_path, one
     assert losses[-1] < losses[0] / 4, losses[::5]
     model, config = load_drafter(summary["exports"]["vllm"])
     assert config.num_hidden_layers == 2 and len(model.layers) == 2
-    assert parent_num_layers(summary["exports"]["vllm"]) == 2  # what the asset reads to leave SGLang out
-    assert parent_num_layers(tmp_path / "no-such-parent") == 1  # the warm start itself names that problem
+    assert folder_num_layers(summary["exports"]["vllm"]) == 2  # what the asset reads to leave SGLang out
+    assert folder_num_layers(tmp_path / "no-such-parent") == 1  # the warm start itself names that problem
     child = cfg.replace(out_dir=str(tmp_path / "child"), warm_start=summary["exports"]["vllm"], drafter_num_layers=1,
                         max_steps=1, export_engines=("vllm", "sglang"))
     with pytest.raises(ValueError, match="leave sglang out of export_engines"):
