@@ -490,6 +490,13 @@ class Trainer:
                     f"{c.path} was written with {key}={saved.get(key)!r}, this run has {getattr(self.cfg, key)!r}: "
                     "the data order would differ. Restore the setting, or start afresh with resume=false"
                 )
+        # Older checkpoints have no entry: they were all written at the default temperature.
+        if saved.get("target_temperature", 1.0) != self.cfg.target_temperature:
+            raise ValueError(
+                f"{c.path} was written with target_temperature={saved.get('target_temperature', 1.0)!r}, this run "
+                f"has {self.cfg.target_temperature!r}: the loss would change objective mid-run. Restore the "
+                "setting, or start afresh with resume=false"
+            )
 
     def _restore(self, c: ckpt.Checkpoint) -> None:
         from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict

@@ -155,3 +155,17 @@ def test_killed_run_resumes_to_the_same_trajectory(tmp_path, one_thread):
     for name in (ckpt.MODEL_FILE, ckpt.OPTIMIZER_FILE):
         a, b = load_file(str(final_ref / name)), load_file(str(final_got / name))
         assert set(a) == set(b) and all(torch.equal(a[k], b[k]) for k in a), name
+
+
+def test_resume_refuses_settings_that_would_change_the_run(tmp_path, one_thread):
+    from eagle_assets.drafter.train import train
+
+    cfg = write_tiny_run(tmp_path, num_samples=12, max_steps=3, checkpoint_every=3, val_fraction=0.0)
+    train(cfg)
+    longer = cfg.replace(max_steps=6)
+    with pytest.raises(ValueError, match=r"target_temperature=1\.0, this run has 0\.5: the loss would change objective"):
+        train(longer.replace(target_temperature=0.5))
+    with pytest.raises(ValueError, match=r"seed=0, this run has 1: the data order would differ"):
+        train(longer.replace(seed=1))
+    assert [s for s, _ in ckpt.list_checkpoints(cfg.checkpoint_dir)] == [3]  # nothing was overwritten
+    assert train(longer)["resumed_from_step"] == 3  # the same settings resume
