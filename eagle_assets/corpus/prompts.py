@@ -283,6 +283,28 @@ TASK_OPENINGS: tuple[str, ...] = (
     "What were the causes of", "Compare", "Give me advice on", "What are the pros and cons of", "Suggest",
 )  # fmt: skip
 
+# Openings with a subject (`{topic}`, one of `user_topics` drawn per candidate): the target left
+# to an opening alone writes about its few favourite subjects; naming one moves its prompts, and
+# so its answers, over the subjects a served model is asked about (`load_topics()`).
+TOPIC_OPENINGS: tuple[str, ...] = (
+    "Write a blog post about {topic}", "Write a short story about {topic}", "Write a poem about {topic}",
+    "Write a persuasive essay about {topic}", "Compose an email to a friend about {topic}", "Draft a speech about {topic}",
+    "Imagine you are an expert on {topic}.", "Pretend to be a teacher explaining {topic}", "Explain {topic} to",
+    "Describe the history of {topic}", "Discuss the impact of {topic} on", "What are the pros and cons of {topic}",
+    "Give me advice on {topic}", "Compare {topic} and", "What are common misconceptions about {topic}",
+    "Summarize what is known about {topic}", "Create a lesson plan about {topic}", "Write a quiz about {topic}",
+    "Outline a presentation on {topic}", "List five facts about {topic}", "Write a Python program about {topic}",
+    "Solve this problem about {topic}:", "Extract the key facts from this text about {topic}:",
+)  # fmt: skip
+TOPICS_PATH = Path(__file__).resolve().parent.parent / "data" / "topics.txt"
+
+
+def load_topics(path: str | Path = TOPICS_PATH) -> tuple[str, ...]:
+    """Subjects for `{topic}` openings, one per line (`#` comments and blank lines skipped)."""
+    lines = Path(path).read_text(encoding="utf-8").splitlines()
+    return tuple(t for t in (line.split("#", 1)[0].strip() for line in lines) if t)
+
+
 @dataclass(frozen=True)
 class MagpieSettings:
     """How the target writes its own prompts."""
@@ -317,6 +339,9 @@ class MagpieSettings:
     """Words a first user turn starts with, one drawn per candidate (seeded); the target writes
     the rest. Steers a small target's prompts across task types (`TASK_OPENINGS`); empty: the
     template alone, whose prompts follow the target's favourite topics."""
+    user_topics: tuple[str, ...] = ()
+    """Subjects put into an opening's `{topic}` (one drawn per candidate, seeded), e.g.
+    `load_topics()`; needed when an opening has `{topic}`."""
 
     def __post_init__(self) -> None:
         problems = []
@@ -328,6 +353,10 @@ class MagpieSettings:
             problems.append(f"multi_turn_fraction {self.multi_turn_fraction} outside [0, 1]")
         if any(not o.strip() for o in self.user_openings):
             problems.append("user_openings has an empty opening")
+        if any(not t.strip() for t in self.user_topics):
+            problems.append("user_topics has an empty topic")
+        if not self.user_topics and any("{topic}" in o for o in self.user_openings):
+            problems.append("an opening has {topic} but user_topics is empty: give topics (load_topics()) or drop those openings")
         if self.max_tokens < 1 or self.min_chars > self.max_chars:
             problems.append(f"max_tokens {self.max_tokens} / min_chars {self.min_chars} / max_chars {self.max_chars} leave no room")
         if problems:
@@ -366,6 +395,9 @@ async def _candidate(
     turns: list[str] = []
     openings = s.user_openings
     opening = openings[random.Random(_request_seed(s.seed, index, -2)).randrange(len(openings))] if openings else ""
+    if "{topic}" in opening:
+        topic = s.user_topics[random.Random(_request_seed(s.seed, index, -3)).randrange(len(s.user_topics))]
+        opening = opening.replace("{topic}", topic)
     for turn in range(s.num_turns if multi else 1):
         params = {
             "max_tokens": s.max_tokens,

@@ -35,6 +35,9 @@ class PromptsConfig(dg.Config):
     user_openings: list[str] = []
     """Words a Magpie user turn starts with, one drawn per prompt, to spread the prompts over
     task types (eagle_assets.corpus.prompts.TASK_OPENINGS is a ready list); empty: none."""
+    user_topics: list[str] = []
+    """Subjects put into the `{topic}` of an opening, one drawn per prompt (TOPIC_OPENINGS and
+    eagle_assets.corpus.prompts.load_topics() are a ready pair); needed by such openings."""
 
 
 @dg.asset(group_name=GROUP, code_version=stage_version("corpus/prompts.py", "defs/corpus.py", PromptsConfig))
@@ -63,6 +66,7 @@ def prompts(
             max_tokens=config.max_prompt_tokens,
             multi_turn_fraction=config.multi_turn_fraction,
             user_openings=tuple(config.user_openings),
+            user_topics=tuple(config.user_topics),
         )
         tokenizer = load_tokenizer(path)
         with inference_server.serve(log=context.log.info) as server:

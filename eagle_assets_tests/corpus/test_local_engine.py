@@ -136,3 +136,23 @@ def test_magpie_openings_start_every_prompt_and_the_target_writes_the_rest(smoll
         assert len(p.turns[0]) > len(opening) + 1  # the target continued it
     with pytest.raises(ValueError, match="empty opening"):
         MagpieSettings(user_openings=("Explain", " "))
+
+
+def test_topic_openings_get_a_subject_from_the_topics_and_the_target_writes_the_rest(smollm2):
+    model, tokenizer = smollm2
+    topics = ("volcanoes", "the Roman Empire", "jazz music")
+    openings = ("Write a blog post about {topic}", "Explain how")
+    settings = MagpieSettings(num_prompts=4, seed=5, max_tokens=32, user_openings=openings, user_topics=topics, max_requests=16)
+
+    async def run():
+        async with LocalGenerationClient(model, tokenizer, max_batch=4, max_len=256) as client:
+            return await synthesize_prompts_async(client, ChatTemplate(tokenizer), settings)
+
+    prompts, stats = asyncio.run(run())
+    starts = [f"Write a blog post about {t}" for t in topics] + ["Explain how"]
+    assert prompts, stats
+    assert any(p.turns[0].startswith(starts[0][:24]) for p in prompts)  # the seed draws both kinds here
+    for p in prompts:
+        assert "{topic}" not in p.turns[0]
+        opening = next(o for o in starts if p.turns[0].startswith(o))
+        assert len(p.turns[0]) > len(opening) + 1  # the target continued it

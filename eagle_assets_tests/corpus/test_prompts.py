@@ -12,12 +12,15 @@ import pytest
 
 from eagle_assets.corpus.prompts import (
     MT_BENCH_PATH,
+    TOPIC_OPENINGS,
     EvaluationDataError,
+    MagpieSettings,
     Prompt,
     PromptFileError,
     ensure_training_prompts,
     load_mt_bench,
     load_prompt_file,
+    load_topics,
     write_prompts,
 )
 from eagle_assets.formats import stable_id
@@ -110,3 +113,18 @@ def test_mt_bench_is_for_evaluation_only(tmp_path):
     with pytest.raises(EvaluationDataError):
         ensure_training_prompts(questions[:1])
     ensure_training_prompts([Prompt.make(["a fine prompt"])])  # no error
+
+
+def test_topics_file_and_topic_openings_fit_together(tmp_path):
+    topics = load_topics()
+    assert len(topics) >= 100 and len(set(topics)) == len(topics)
+    assert all(t.strip() == t and t and "#" not in t for t in topics)
+    assert all("{topic}" in o for o in TOPIC_OPENINGS)
+    ensure_training_prompts([Prompt.make([o.format(topic=t)]) for o in TOPIC_OPENINGS for t in topics])
+    f = tmp_path / "topics.txt"
+    f.write_text("# mine\nsailing  # a comment\n\n  knots\n", encoding="utf-8")
+    assert load_topics(f) == ("sailing", "knots")
+    with pytest.raises(ValueError, match="has \\{topic\\} but user_topics is empty"):
+        MagpieSettings(user_openings=TOPIC_OPENINGS)
+    with pytest.raises(ValueError, match="empty topic"):
+        MagpieSettings(user_openings=TOPIC_OPENINGS, user_topics=("sailing", ""))
