@@ -17,6 +17,8 @@ test), and writes the assets' on-disk layout under `--data`:
   offline  the reference decoder's AL and p_k on MT-Bench first turns (fp32), and where drafts
            fail (per category, within vs after the answer); `--offline-workers N` splits the
            prompts over N processes on the one GPU
+  held_out the same on as many single-turn prompts of the corpus's validation split (the
+           corpus's own kind of prompt, never trained on)
 
 Variants train side by side on one corpus, each in its own folder under --data:
 
@@ -52,7 +54,8 @@ from eagle_assets.run_presets import RUN_PRESETS  # noqa: E402
 # The asset configs' defaults for what a preset leaves unset (defs/*.py; this script must not
 # import Dagster). eagle_assets_tests/test_quality_script.py keeps them equal.
 ASSET_DEFAULTS: dict[str, dict] = {
-    "prompts": {"num_prompts": 48, "seed": 0, "multi_turn_fraction": 0.25, "max_prompt_tokens": 96, "temperature": 1.0, "user_openings": []},
+    "prompts": {"num_prompts": 48, "seed": 0, "multi_turn_fraction": 0.25, "max_prompt_tokens": 96, "temperature": 1.0, "user_openings": [],
+                "user_topics": []},
     "synthetic_corpus": {"temperature": 0.0, "max_tokens": 256, "shard_size": 64},
     "drafter_checkpoint": {
         "ttt_steps": None, "drafter_intermediate_size": None, "epochs": 2, "max_steps": None, "lr": 1e-3, "warmup_steps": 20, "micro_batch_tokens": 2048,
@@ -62,7 +65,7 @@ ASSET_DEFAULTS: dict[str, dict] = {
 }
 NUM_SHARDS = 4  # the asset graph's default partitions
 PART_BYTES = 15_000_000
-STAGES = ("target", "corpus", "shards", "train", "offline")
+STAGES = ("target", "corpus", "shards", "train", "offline", "held_out")
 
 
 def settings_of(preset: str, asset: str) -> dict:
@@ -105,7 +108,8 @@ async def _corpus(a, data: Path, deadline: float, budget_end: float) -> dict:
             settings = MagpieSettings(
                 num_prompts=a.num_prompts or p["num_prompts"], seed=p["seed"], temperature=p["temperature"],
                 max_tokens=p["max_prompt_tokens"], multi_turn_fraction=p["multi_turn_fraction"],
-                user_openings=tuple(p["user_openings"]),
+                user_openings=tuple(o for o in p["user_openings"] if not (a.no_topics and "{topic}" in o)),
+                user_topics=() if a.no_topics else tuple(p["user_topics"]),
             )  # fmt: skip
             start = time.perf_counter()
             items, stats = await synthesize_prompts_async(client, template, settings, progress=log)
@@ -205,7 +209,7 @@ def stage_train(a, data: Path) -> dict:
     return summary or {}
 
 
-def stage_offline(a, data: Path) -> dict:
+def stage_offline(a, data: Path, prompt_set: str = "mt_bench") -> dict:
     from eagle_assets.bench.breakdown import answers_ending_early, offline_slices
     from eagle_assets.bench.parity import AcceptanceNumbers
     from eagle_assets.bench.reference_decoder import Result
@@ -215,8 +219,9 @@ def stage_offline(a, data: Path) -> dict:
     # Prompts one at a time is the reference decoder's design (exactness); workers, each its own
     # process on the same GPU, take every N-th prompt, so the stage takes ~1/N of the time.
     workers = max(1, min(a.offline_workers, settings.num_prompts))
-    parts = [data / a.drafter_dir / f"offline-part-{i}-of-{workers}.json" for i in range(workers)]
-    args = [sys.executable, __file__, "--data", str(data), "--preset", a.preset, "--device", a.device, "--drafter-dir", a.drafter_dir]
+    parts = [data / a.drafter_dir / f"{prompt_set}-part-{i}-of-{workers}.json" for i in range(workers)]
+    args = [sys.executable, __file__, "--data", str(data), "--preset", a.preset, "--device", a.device, "--drafter-dir", a.drafter_dir,
+            "--offline-set", prompt_set]  # fmt: skip
     procs = [subprocess.Popen([*args, "--offline-part", f"{i}/{workers}", "--offline-out", str(part)]) for i, part in enumerate(parts)]
     failed = [i for i, proc in enumerate(procs) if proc.wait() != 0]
     if failed:
@@ -247,12 +252,31 @@ def offline_part(a, data: Path) -> None:
 
     i, n = (int(x) for x in a.offline_part.split("/"))
     settings = offline_settings(a)
-    prompts, categories = mt_bench_prompts(settings.num_prompts), mt_bench_categories(settings.num_prompts)
+    if a.offline_set == "held_out":
+        prompts = held_out_prompts(data, settings.num_prompts, settings_of(a.preset, "drafter_checkpoint")["val_fraction"])
+        categories = ["held-out"] * len(prompts)
+    else:
+        prompts, categories = mt_bench_prompts(settings.num_prompts), mt_bench_categories(settings.num_prompts)
     mine = list(range(i, len(prompts), n))
     results = offline_results(pull(), data / a.drafter_dir / "drafter-vllm", [prompts[j] for j in mine], settings, log=lambda m: None, device=a.device)
     rows = [{"index": j, "category": categories[j], "tokens": r.tokens, "accepted_per_step": r.accepted_per_step, "answer_end": r.answer_end}
             for j, r in zip(mine, results)]  # fmt: skip
     write_json(Path(a.offline_out), rows)
+
+
+def held_out_prompts(data: Path, n: int, val_fraction: float) -> list[list[dict]]:
+    """Up to `n` single-turn corpus prompts of the trainer's validation split: the corpus's own
+    distribution, never trained on; against MT-Bench they separate how far the prompts' kind
+    moves the AL from what the drafter learnt."""
+    from eagle_assets.corpus.store import CorpusStore
+    from eagle_assets.drafter.data import is_validation
+
+    prompts = []
+    for row in CorpusStore(str(data / "corpus"), mode="r").iter_rows(["sample_id", "messages"]):
+        messages = [m for m in json.loads(row["messages"]) if m["role"] in ("system", "user")]
+        if is_validation(row["sample_id"], val_fraction) and sum(m["role"] == "user" for m in messages) == 1:
+            prompts.append([{"role": m["role"], "content": m["content"]} for m in messages])
+    return sorted(prompts, key=json.dumps)[:n]  # a fixed choice, whatever the corpus's shard order
 
 
 def copy_in_parts(src: Path, dest: Path, part_bytes: int = PART_BYTES) -> None:
@@ -282,6 +306,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--num-prompts", type=int,
                     help="Magpie prompts to write instead of the preset's: the corpus budget covers prompts first, then "
                          "answers, so a short budget wants fewer prompts")  # fmt: skip
+    ap.add_argument("--no-topics", action="store_true",
+                    help="a corpus variant: the preset's openings without those that name a subject ({topic})")
     ap.add_argument("--gen-dtype", default="float32", choices=["float32", "bfloat16"],
                     help="the generator's dtype (bf16 is faster on a GPU; the answers then drift from fp32 greedy now and then)")
     ap.add_argument("--device", default="cuda", help="cuda, or cpu for a smoke run of a small preset")
@@ -290,6 +316,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--offline-workers", type=int, default=1, help="processes sharing the offline stage's prompts (on one GPU)")
     ap.add_argument("--offline-part", help=argparse.SUPPRESS)  # i/N: run as one offline worker
     ap.add_argument("--offline-out", help=argparse.SUPPRESS)
+    ap.add_argument("--offline-set", default="mt_bench", choices=["mt_bench", "held_out"], help=argparse.SUPPRESS)
     ap.add_argument("--drafter-dir", default="drafter",
                     help="folder under --data for the train and offline stages (a variant of its own; its figures go there)")
     ap.add_argument("--lr", type=float, help="train a variant: this peak learning rate instead of the preset's")
@@ -334,8 +361,10 @@ def main(argv: list[str] | None = None) -> int:
             result = stage_shards(a, data)
         elif stage == "train":
             result = stage_train(a, data)
-        else:
+        elif stage == "offline":
             result = stage_offline(a, data)
+        else:
+            result = stage_offline(a, data, prompt_set="held_out")
         result.setdefault("done", True)
         result["stage_seconds"] = time.perf_counter() - start
         figures[stage] = result

@@ -1,6 +1,7 @@
 """benchmarks/quality_drafter.py runs without Dagster: its copy of the asset defaults must stay true."""
 
 import importlib.util
+import json
 from pathlib import Path
 
 import pytest
@@ -47,3 +48,25 @@ def test_large_files_come_back_in_parts_that_join_to_the_original(script, tmp_pa
     assert [p.name[-3:] for p in parts] == ["000", "001", "002"] and not (tmp_path / "out" / "model.safetensors").exists()
     assert b"".join(p.read_bytes() for p in parts) == weights  # `cat NAME.part-* > NAME`
     assert (tmp_path / "out" / "config.json").read_text() == "{}"  # small files as they are
+
+
+def test_held_out_prompts_are_the_validation_splits_single_turn_prompts(script, tmp_path):
+    from eagle_assets.corpus.store import CorpusStore
+    from eagle_assets.drafter.data import is_validation
+    from eagle_assets_tests.corpus.test_store import row
+
+    rows = []
+    for i in range(40):
+        r = row(i)
+        turns = [{"role": "user", "content": f"q{i}"}, {"role": "assistant", "content": f"a{i}"}]
+        if i % 4 == 0:  # a two-turn conversation, with a system message
+            turns = [{"role": "system", "content": "be brief"}, *turns, {"role": "user", "content": "more"}, {"role": "assistant", "content": "ok"}]
+        rows.append({**r, "messages": json.dumps(turns)})
+    with CorpusStore(str(tmp_path / "corpus"), shard_size=7) as store:
+        for r in rows:
+            store.append(r)
+    held = script.held_out_prompts(tmp_path, 100, val_fraction=0.5)
+    expected = [[{"role": "user", "content": f"q{i}"}] for i, r in enumerate(rows) if i % 4 and is_validation(r["sample_id"], 0.5)]
+    assert 3 <= len(expected) < 30  # the split holds some, not all
+    assert held == sorted(expected, key=json.dumps)  # no answers, no multi-turn, no training prompt
+    assert script.held_out_prompts(tmp_path, 2, val_fraction=0.5) == held[:2]
