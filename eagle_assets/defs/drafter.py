@@ -27,8 +27,9 @@ class DrafterConfig(dg.Config):
     """Decoder layers of the drafter. More than one serves in vLLM only (SGLang's later layers
     compute another function), so the SGLang export is then left out."""
     drafter_intermediate_size: Optional[int] = None
-    """MLP width of the drafter; default: the target's. Wider keeps learning from a large corpus
-    over more epochs (smollm2-quality: 4,608, three times SmolLM2's; README gives the figures)."""
+    """MLP width of the drafter; default: the target's. Wider accepts a little more but makes
+    every draft step dearer: where the target is small next to the drafter (SmolLM2 on CPU), the
+    target's width serves faster (README gives the figures)."""
     epochs: int = 2
     max_steps: Optional[int] = None
     lr: float = 1e-3
