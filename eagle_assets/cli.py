@@ -268,6 +268,9 @@ def _raise_interrupt(signum, frame):
 
 def main() -> None:
     signal.signal(signal.SIGTERM, _raise_interrupt)
+    # Python keeps an inherited "ignore" for SIGINT (a script's background job has one), which
+    # would leave `serve` deaf to the Ctrl-C it promises: handle it whatever was inherited.
+    signal.signal(signal.SIGINT, _raise_interrupt)
     try:
         app()
     except KeyboardInterrupt:

@@ -92,7 +92,10 @@ def test_two_layer_export_serves_with_unchanged_greedy_output(vllm_server, smoll
 def test_cli_serve_answers_and_ctrl_c_leaves_nothing_running(smollm2_path, engine_python):
     port = free_port()
     shm_before = shm_entries()
-    proc = subprocess.Popen([CLI, "serve", "--port", str(port)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    # Started as a script's background job is: SIGINT inherited as ignored, which Python keeps.
+    ignore_sigint = lambda: signal.signal(signal.SIGINT, signal.SIG_IGN)  # noqa: E731
+    proc = subprocess.Popen([CLI, "serve", "--port", str(port)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            preexec_fn=ignore_sigint)  # fmt: skip
     lines = []
     try:
         for line in proc.stdout:
@@ -107,7 +110,11 @@ def test_cli_serve_answers_and_ctrl_c_leaves_nothing_running(smollm2_path, engin
         assert proc.wait(timeout=60) == 130
     finally:
         if proc.poll() is None:
-            proc.kill()
+            proc.terminate()  # SIGTERM tears the server down too; a bare kill would orphan it
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
     # Killed children of a dead server wait for init to reap them: a zombie is not running.
     deadline = time.monotonic() + 5
     while time.monotonic() < deadline and [p for p in tree if _alive(p)]:
