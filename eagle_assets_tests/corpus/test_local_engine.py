@@ -120,16 +120,20 @@ def test_slot_decoder_refuses_an_architecture_it_does_not_implement(smollm2):
         model.config.model_type = saved
 
 
+def _magpie(model, tokenizer, settings):
+    async def run():
+        async with LocalGenerationClient(model, tokenizer, max_batch=4, max_len=256) as client:
+            return await synthesize_prompts_async(client, ChatTemplate(tokenizer), settings)
+
+    return asyncio.run(run())
+
+
 def test_magpie_openings_start_every_prompt_and_the_target_writes_the_rest(smollm2):
     model, tokenizer = smollm2
     openings = ("Write a Python function that", "Explain how")
     settings = MagpieSettings(num_prompts=3, seed=3, max_tokens=32, user_openings=openings, max_requests=16)
 
-    async def run():
-        async with LocalGenerationClient(model, tokenizer, max_batch=4, max_len=256) as client:
-            return await synthesize_prompts_async(client, ChatTemplate(tokenizer), settings)
-
-    prompts, stats = asyncio.run(run())
+    prompts, stats = _magpie(model, tokenizer, settings)
     assert prompts, stats
     for p in prompts:
         opening = next(o for o in openings if p.turns[0].startswith(o))
@@ -144,14 +148,10 @@ def test_topic_openings_get_a_subject_from_the_topics_and_the_target_writes_the_
     openings = ("Write a blog post about {topic}", "Explain how")
     settings = MagpieSettings(num_prompts=4, seed=5, max_tokens=32, user_openings=openings, user_topics=topics, max_requests=16)
 
-    async def run():
-        async with LocalGenerationClient(model, tokenizer, max_batch=4, max_len=256) as client:
-            return await synthesize_prompts_async(client, ChatTemplate(tokenizer), settings)
-
-    prompts, stats = asyncio.run(run())
+    prompts, stats = _magpie(model, tokenizer, settings)
     starts = [f"Write a blog post about {t}" for t in topics] + ["Explain how"]
     assert prompts, stats
-    assert any(p.turns[0].startswith(starts[0][:24]) for p in prompts)  # the seed draws both kinds here
+    assert any(p.turns[0].startswith(starts[0][:24]) for p in prompts)  # this seed draws a {topic} opening
     for p in prompts:
         assert "{topic}" not in p.turns[0]
         opening = next(o for o in starts if p.turns[0].startswith(o))
