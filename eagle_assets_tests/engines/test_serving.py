@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -17,6 +18,7 @@ import pytest
 
 from eagle_assets.engines.process import PortBusy, ServerFailed, ServerProcess, _alive, descendants, free_port, port_in_use, shm_entries, stop_recorded
 from eagle_assets.engines.serving import launch_vllm
+from eagle_assets.engines.vllm_launch import SMALL_CPU_HOST, cpu_threads_bind, engine_environment
 from eagle_assets.targets import EMBEDDED_TARGET
 from eagle_assets_tests.drafters import write_random_drafter
 
@@ -62,6 +64,25 @@ def test_eagle3_greedy_output_equals_plain_greedy(vllm_server, smollm2_config, t
         assert a["usage"]["completion_tokens"] == b["usage"]["completion_tokens"]
     drafts = [line for line in metrics.splitlines() if line.startswith("vllm:spec_decode_num_drafts_total")]
     assert drafts and float(drafts[0].rsplit(" ", 1)[1]) > 0, "the drafter was never consulted"
+
+
+def test_the_model_worker_runs_on_every_core_of_a_small_host(vllm_server):
+    # vLLM keeps one core for its front end; on a small host we give its model worker them all.
+    # The engine's own log says what it bound.
+    cpus = sorted(os.sched_getaffinity(0))
+    log = vllm_server.log_path.read_text()
+    bound = re.findall(r"core ids=\[([\d, ]*)\]", log)
+    if len(cpus) <= SMALL_CPU_HOST:
+        assert bound == [", ".join(map(str, cpus))], bound
+    else:
+        assert "VLLM_CPU_OMP_THREADS_BIND='auto'" in log
+
+
+def test_thread_binding_keeps_the_users_and_vllms_own_on_large_hosts(tmp_path):
+    assert engine_environment(tmp_path, base={"VLLM_CPU_OMP_THREADS_BIND": "1"})["VLLM_CPU_OMP_THREADS_BIND"] == "1"
+    assert cpu_threads_bind({1, 0}) == "0,1"
+    assert cpu_threads_bind(range(SMALL_CPU_HOST + 1)) is None
+    assert "VLLM_CPU_OMP_THREADS_BIND" not in engine_environment(tmp_path, device="cuda", base={})
 
 
 def test_two_layer_export_serves_with_unchanged_greedy_output(vllm_server, smollm2_config, tmp_path):

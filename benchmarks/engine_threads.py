@@ -1,0 +1,106 @@
+"""Served tokens/s on this CPU host: vLLM's own thread binding against ours, side by side.
+
+    python benchmarks/engine_threads.py --drafter DIR                  # 8 MT-Bench prompts, K=2 and 3
+    python benchmarks/engine_threads.py --drafter DIR --num-prompts 16 -k 3 --concurrency 1 --concurrency 8
+
+vLLM keeps one core out of its model worker's OpenMP threads for its front end; on a host of
+`SMALL_CPU_HOST` CPUs or fewer, `engines/vllm_launch.py: cpu_threads_bind` gives the worker every
+core. For each binding this starts the real vLLM CPU server without speculation, with the
+EAGLE-3 drafter at each K and with n-gram speculation (the last K), sends the same MT-Bench first
+turns (greedy, a fixed output length), and prints tokens/s, each method's speedup over the
+baseline of the same binding and ours against vLLM's. Served acceptance comes from the engine's counters and should not move with the binding
+(the same fp32 greedy decoding, on one thread or two).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+from eagle_assets.bench.served import SweepSettings, mt_bench_prompts, run_served
+from eagle_assets.engines.serving import launch_vllm
+from eagle_assets.engines.vllm_launch import cpu_threads_bind, ngram_config, speculative_config
+from eagle_assets.targets import EMBEDDED_TARGET
+
+BINDINGS = {
+    "vLLM's": "auto",  # vLLM's default: one core kept for the API server and scheduler
+    "ours": None,  # unset: engine_environment applies cpu_threads_bind
+}
+
+
+def configs(drafter: Path, ks: list[int]) -> dict[str, dict | None]:
+    """{label: speculative config}: no speculation, EAGLE-3 at each K, n-gram at the last K."""
+    out: dict[str, dict | None] = {"no speculation": None}
+    out.update({f"EAGLE-3 K={k}": speculative_config(drafter, k) for k in ks})
+    out[f"n-gram K={ks[-1]}"] = ngram_config(ks[-1])
+    return out
+
+
+def measure(drafter: Path, ks: list[int], prompts, sweep: SweepSettings) -> dict[str, dict[str, object]]:
+    """{binding: {config label: ServedRun}}."""
+    runs: dict[str, dict[str, object]] = {}
+    saved = os.environ.get("VLLM_CPU_OMP_THREADS_BIND")
+    try:
+        for name, value in BINDINGS.items():
+            if value is None:
+                os.environ.pop("VLLM_CPU_OMP_THREADS_BIND", None)
+            else:
+                os.environ["VLLM_CPU_OMP_THREADS_BIND"] = value
+            for label, spec in configs(drafter, ks).items():
+                with launch_vllm(EMBEDDED_TARGET, speculative=spec, device="cpu", log=lambda m: None) as server:
+                    run = run_served(label, server.base_url, server.model, prompts, sweep, api_key=server.api_key, config={"speculative": spec})
+                runs.setdefault(name, {})[label] = run
+                level = run.level(sweep.concurrencies[0])
+                print(f"  {name} binding, {label}: {level.tokens_per_s:.1f} tok/s at concurrency {level.concurrency}", flush=True)
+    finally:
+        if saved is None:
+            os.environ.pop("VLLM_CPU_OMP_THREADS_BIND", None)
+        else:
+            os.environ["VLLM_CPU_OMP_THREADS_BIND"] = saved
+    return runs
+
+
+def table(runs: dict[str, dict[str, object]], concurrencies: tuple[int, ...]) -> str:
+    theirs, ours = runs["vLLM's"], runs["ours"]
+    base = "no speculation"
+    lines = [f"{'':>24} {'vLLM binding':>18} {'ours':>18} {'ours / vLLM':>12}"]
+    for c in concurrencies:
+        for label in theirs:
+            a, b = theirs[label].level(c), ours[label].level(c)
+            cells = [f"{x.tokens_per_s:.1f}" for x in (a, b)]
+            if label != base:
+                sa, sb = a.tokens_per_s / theirs[base].level(c).tokens_per_s, b.tokens_per_s / ours[base].level(c).tokens_per_s
+                cells = [f"{cells[0]} ({sa:.2f}x)", f"{cells[1]} ({sb:.2f}x)"]
+            lines.append(f"{'c=' + str(c) + ' ' + label:>24} {cells[0]:>18} {cells[1]:>18} {b.tokens_per_s / a.tokens_per_s:>11.2f}x")
+    for label in theirs:
+        if label.startswith("EAGLE-3"):
+            al = [runs[n][label].level(concurrencies[0]).spec.al for n in runs]
+            lines.append(f"served AL, {label}: vLLM binding {al[0]:.3f}, ours {al[1]:.3f}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--drafter", type=Path, required=True, help="the drafter's vLLM export folder")
+    ap.add_argument("--num-prompts", type=int, default=8)
+    ap.add_argument("--output-len", type=int, default=128)
+    ap.add_argument("-k", type=int, action="append", help="draft tokens per step (repeat); default 2 and 3")
+    ap.add_argument("--concurrency", type=int, action="append", help="concurrency levels (repeat); default 1")
+    a = ap.parse_args(argv)
+    if not (a.drafter / "config.json").is_file():
+        sys.exit(f"{a.drafter} has no config.json: pass the drafter's vLLM export folder (drafter-vllm/)")
+    cpus = sorted(os.sched_getaffinity(0))
+    if cpu_threads_bind(cpus) is None:
+        sys.exit(f"this host has {len(cpus)} CPUs: ours is vLLM's own binding here, nothing to compare")
+    ks = a.k or [2, 3]
+    sweep = SweepSettings(output_len=a.output_len, concurrencies=tuple(a.concurrency or [1]), progress=False)
+    print(f"{len(cpus)} CPUs; {a.num_prompts} MT-Bench first turns, {a.output_len} tokens each, greedy; drafter {a.drafter}", flush=True)
+    runs = measure(a.drafter.resolve(), ks, mt_bench_prompts(a.num_prompts), sweep)
+    print(table(runs, sweep.concurrencies))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
