@@ -87,10 +87,10 @@ def cpu_threads_bind(cpus: Iterable[int]) -> str | None:
 
     vLLM keeps one core out of the model worker's OpenMP threads for its API server and
     scheduler. On a small host that core is a large share of the compute, and the worker's
-    steps are what the benchmark times: on 2 cores (16 MT-Bench prompts, 128 tokens,
-    `eagle-assets bench`, the two bindings back to back) giving the worker both cores raised
-    every configuration's tokens/s, most of all EAGLE-3's, whose verification pass of K+1
-    tokens per request is compute-bound there while a single-token step waits on memory.
+    steps are what serving waits on: on 2 cores (`benchmarks/engine_threads.py`, and
+    `eagle-assets bench` with each binding back to back) giving the worker both cores served
+    EAGLE-3 1.3-1.5x faster at concurrency 1 and 8 (its verification pass computes K+1 tokens
+    per request) and plain decoding ~1.2x faster at concurrency 1; README.md has the figures.
     On larger hosts one core is little and vLLM's choice (one CPU per physical core) stands.
     """
     cpus = sorted(set(cpus))
