@@ -19,7 +19,7 @@ import os
 import sys
 from pathlib import Path
 
-from eagle_assets.bench.served import SweepSettings, mt_bench_prompts, run_served
+from eagle_assets.bench.served import ServedRun, SweepSettings, mt_bench_prompts, run_served
 from eagle_assets.engines.serving import launch_vllm
 from eagle_assets.engines.vllm_launch import cpu_threads_bind, ngram_config, speculative_config
 from eagle_assets.targets import EMBEDDED_TARGET
@@ -38,9 +38,9 @@ def configs(drafter: Path, ks: list[int]) -> dict[str, dict | None]:
     return out
 
 
-def measure(drafter: Path, ks: list[int], prompts, sweep: SweepSettings) -> dict[str, dict[str, object]]:
+def measure(drafter: Path, ks: list[int], prompts, sweep: SweepSettings) -> dict[str, dict[str, ServedRun]]:
     """{binding: {config label: ServedRun}}."""
-    runs: dict[str, dict[str, object]] = {}
+    runs: dict[str, dict[str, ServedRun]] = {}
     saved = os.environ.get("VLLM_CPU_OMP_THREADS_BIND")
     try:
         for name, value in BINDINGS.items():
@@ -62,7 +62,7 @@ def measure(drafter: Path, ks: list[int], prompts, sweep: SweepSettings) -> dict
     return runs
 
 
-def table(runs: dict[str, dict[str, object]], concurrencies: tuple[int, ...]) -> str:
+def table(runs: dict[str, dict[str, ServedRun]], concurrencies: tuple[int, ...]) -> str:
     theirs, ours = runs["vLLM's"], runs["ours"]
     base = "no speculation"
     lines = [f"{'':>24} {'vLLM binding':>18} {'ours':>18} {'ours / vLLM':>12}"]
