@@ -8,8 +8,9 @@ vLLM keeps one core out of its model worker's OpenMP threads for its front end; 
 core. For each binding this starts the real vLLM CPU server without speculation, with the
 EAGLE-3 drafter at each K and with n-gram speculation (the last K), sends the same MT-Bench first
 turns (greedy, a fixed output length), and prints tokens/s, each method's speedup over the
-baseline of the same binding and ours against vLLM's. Served acceptance comes from the engine's counters and should not move with the binding
-(the same fp32 greedy decoding, on one thread or two).
+baseline of the same binding and ours against vLLM's. Served acceptance comes from the engine's
+counters and should not move with the binding (the same fp32 greedy decoding, on one thread or
+two).
 """
 
 from __future__ import annotations
@@ -38,16 +39,21 @@ def configs(drafter: Path, ks: list[int]) -> dict[str, dict | None]:
     return out
 
 
+def _set_binding(value: str | None) -> None:
+    """Set VLLM_CPU_OMP_THREADS_BIND for the servers started next; None unsets it."""
+    if value is None:
+        os.environ.pop("VLLM_CPU_OMP_THREADS_BIND", None)
+    else:
+        os.environ["VLLM_CPU_OMP_THREADS_BIND"] = value
+
+
 def measure(drafter: Path, ks: list[int], prompts, sweep: SweepSettings) -> dict[str, dict[str, ServedRun]]:
     """{binding: {config label: ServedRun}}."""
     runs: dict[str, dict[str, ServedRun]] = {}
     saved = os.environ.get("VLLM_CPU_OMP_THREADS_BIND")
     try:
         for name, value in BINDINGS.items():
-            if value is None:
-                os.environ.pop("VLLM_CPU_OMP_THREADS_BIND", None)
-            else:
-                os.environ["VLLM_CPU_OMP_THREADS_BIND"] = value
+            _set_binding(value)
             for label, spec in configs(drafter, ks).items():
                 with launch_vllm(EMBEDDED_TARGET, speculative=spec, device="cpu", log=lambda m: None) as server:
                     run = run_served(label, server.base_url, server.model, prompts, sweep, api_key=server.api_key, config={"speculative": spec})
@@ -55,10 +61,7 @@ def measure(drafter: Path, ks: list[int], prompts, sweep: SweepSettings) -> dict
                 level = run.level(sweep.concurrencies[0])
                 print(f"  {name} binding, {label}: {level.tokens_per_s:.1f} tok/s at concurrency {level.concurrency}", flush=True)
     finally:
-        if saved is None:
-            os.environ.pop("VLLM_CPU_OMP_THREADS_BIND", None)
-        else:
-            os.environ["VLLM_CPU_OMP_THREADS_BIND"] = saved
+        _set_binding(saved)
     return runs
 
 
