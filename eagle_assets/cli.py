@@ -136,6 +136,7 @@ def bench(
     output_len: int = typer.Option(64, help="Tokens per answer, exact (EOS ignored)."),
     concurrency: list[int] = typer.Option([1, 4, 8], help="Concurrency levels of the sweep (repeat the option)."),
     k: Optional[int] = typer.Option(None, "-k", help="Draft tokens per step; default: the K the drafter was trained with, else 3."),
+    also_k: list[int] = typer.Option([], "--also-k", help="Also serve the drafter at this K, to find the fastest (repeat the option)."),
     ngram: bool = typer.Option(True, help="Also serve vLLM's n-gram speculation on the same prompts."),
     parent_al: Optional[float] = typer.Option(None, help="A parent drafter's AL to check against."),
 ) -> None:
@@ -155,8 +156,9 @@ def bench(
     summary = json.loads(summary_file.read_text()) if summary_file.is_file() else {}
     preset, path = resolve_target(target)
     k = k or summary.get("drafter_config", {}).get("ttt_steps") or preset.ttt_steps
-    settings = BenchmarkSettings(num_prompts=num_prompts, output_len=output_len, concurrencies=tuple(concurrency), k=k, ngram=ngram)
     try:
+        settings = BenchmarkSettings(num_prompts=num_prompts, output_len=output_len, concurrencies=tuple(concurrency), k=k,
+                                     also_k=tuple(also_k), ngram=ngram)  # fmt: skip
         report, paths = run_benchmark(
             settings, preset.name, path, drafter, lambda spec: launch_vllm(target, speculative=spec), out,
             trained_aux_layer_ids=summary.get("aux_layer_ids"), target_num_layers=preset.num_layers, parent_al=parent_al,

@@ -5,8 +5,9 @@
 `serve(speculative)` is a context-manager factory giving a server for a speculative config
 (None = no speculation); the Dagster asset passes its InferenceServer resource, tests pass
 `engines.serving.launch_vllm`. The same prompts go to the offline reference decoder and to
-three served configurations in one run: baseline, our EAGLE-3 drafter, and vLLM's n-gram
-speculation (what a user would pick without training).
+the served configurations of one run (`served_configs`): baseline, our EAGLE-3 drafter at K
+(and at each `also_k`, to find the K to deploy), and vLLM's n-gram speculation (what a user
+would pick without training).
 """
 
 from __future__ import annotations
@@ -38,13 +39,32 @@ class BenchmarkSettings:
     """Tokens per answer, exact (ignore_eos), served and offline alike."""
     concurrencies: tuple[int, ...] = (1, 4, 8)
     k: int = 3
-    """Draft tokens per step for EAGLE-3 and n-gram alike."""
+    """Draft tokens per step for EAGLE-3 and n-gram alike; parity and the checks are judged at it."""
+    also_k: tuple[int, ...] = ()
+    """Also serve the drafter at these K, each its own run (`eagle3 k=2`, ...): which K serves
+    fastest depends on the engine's cost of verifying K+1 tokens, so it is measured, not assumed."""
     ngram: bool = True
     """Also serve vLLM's n-gram speculation on the same prompts."""
     offline_prompts: int | None = None
     """Prompts for the offline reference (default: all of them)."""
     tolerance: ParityTolerance = field(default_factory=ParityTolerance)
     min_speedup: float = 1.0
+
+    def __post_init__(self) -> None:
+        ks = (self.k, *self.also_k)
+        if min(ks) < 1:
+            raise ValueError(f"draft tokens per step must be at least 1; got k={self.k}, also_k={list(self.also_k)}")
+        if len(set(ks)) != len(ks):
+            raise ValueError(f"k={self.k} and also_k={list(self.also_k)} repeat a K: give each K once (k is served anyway)")
+
+
+def served_configs(settings: BenchmarkSettings, drafter_dir: Path) -> list[tuple[str, dict | None]]:
+    """(label, vLLM speculative config) of each served run, in the order they are served."""
+    configs: list[tuple[str, dict | None]] = [("baseline", None), ("eagle3", speculative_config(drafter_dir, settings.k))]
+    configs += [(f"eagle3 k={k}", speculative_config(drafter_dir, k)) for k in settings.also_k]
+    if settings.ngram:
+        configs.append(("ngram", ngram_config(settings.k)))
+    return configs
 
 
 def offline_results(target_path: Path, drafter_dir: Path, prompts: Sequence[Sequence[dict]], settings: BenchmarkSettings,
@@ -102,11 +122,8 @@ def run_benchmark(
     if ended_early:
         notes.append(f"{ended_early} of {len(results)} offline answers ended before {settings.output_len} "
                      "tokens and ran on past the target's end-of-answer token (EOS is ignored, served and offline alike)")  # fmt: skip
-    configs: list[tuple[str, dict | None]] = [("baseline", None), ("eagle3", speculative_config(served_drafter_dir, settings.k))]
-    if settings.ngram:
-        configs.append(("ngram", ngram_config(settings.k)))
     runs = []
-    for label, spec in configs:
+    for label, spec in served_configs(settings, served_drafter_dir):
         with serve(spec) as server:
             log(f"served sweep: {label} at concurrency {list(settings.concurrencies)}")
             runs.append(run_served(label, server.base_url, server.model, prompts, sweep, api_key=server.api_key, config={"speculative": spec}))

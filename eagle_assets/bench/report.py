@@ -264,6 +264,9 @@ def to_markdown(report: BenchmarkReport, plots: Mapping[str, str] | None = None)
     if first:
         out.append(f"- load: {first.num_prompts} prompts, greedy, exactly {first.output_len} output tokens each, "
                    f"concurrency {', '.join(str(lv.concurrency) for lv in first.levels)}")
+    ks = [f"{r.label} {k}" for r in report.runs if (k := draft_tokens_per_step(r)) is not None]
+    if ks:
+        out.append(f"- draft tokens per step (K): {', '.join(ks)}; parity and checks at `{report.spec_label}`'s")
     out.append(f"- created: {time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime(report.created_at))}")
     out.append("")
 
@@ -292,6 +295,8 @@ def to_markdown(report: BenchmarkReport, plots: Mapping[str, str] | None = None)
         out += [_table(["", "AL", "drafts", *[f"p_{i + 1}" for i in range(k)]], rows), ""]
     else:
         out += ["No acceptance measured (no speculative run with drafts, no offline numbers).", ""]
+    if others := other_served_al(report):
+        out += ["Other speculative runs, from the engine's counters: " + "; ".join(others) + ".", ""]
     if report.offline_slices:
         k = max(len(x.per_position_acceptance) for x in report.offline_slices)
         rows = [[x.source, _f(x.al), _f(x.num_drafts, "{:d}") if x.num_drafts is not None else "-",
@@ -331,6 +336,37 @@ def to_markdown(report: BenchmarkReport, plots: Mapping[str, str] | None = None)
     return "\n".join(out)
 
 
+def draft_tokens_per_step(run: ServedRun) -> int | None:
+    """The K a run served with (from its speculative config); None without speculation."""
+    spec = (run.config or {}).get("speculative") or {}
+    k = spec.get("num_speculative_tokens")
+    return int(k) if k is not None else None
+
+
+def drafted_share(run: ServedRun) -> float | None:
+    """Share of the run's decode steps that drafted. Each streamed chunk is one engine step of one
+    request and a request's first chunk comes from its prefill, which drafts nothing. n-gram
+    drafts only where the context repeats, so its AL (over drafts) alone overstates it."""
+    stats = pooled_spec_stats(run)
+    steps = sum(lv.output_tokens / lv.tokens_per_chunk - lv.num_requests for lv in run.levels if lv.tokens_per_chunk > 0)
+    if stats is None or not steps > 0:
+        return None
+    return min(1.0, stats.drafts / steps)
+
+
+def other_served_al(report: BenchmarkReport) -> list[str]:
+    """AL from the engine's counters of every speculative run but `spec_label`'s, pooled over its
+    levels, with the share of steps it drafted at."""
+    out = []
+    for run in report.runs:
+        pooled = pooled_spec_stats(run) if run.label != report.spec_label else None
+        if pooled and pooled.drafts:
+            share = drafted_share(run)
+            drafted = f"; drafted at {share:.0%} of steps" if share is not None else ""
+            out.append(f"{run.label} {pooled.al:.2f} (p_k {', '.join(f'{p:.2f}' for p in pooled.per_position_acceptance)}{drafted})")
+    return out
+
+
 def fastest_per_concurrency(report: BenchmarkReport) -> list[str]:
     """Per measured concurrency, the configuration with the most output tokens/s, and by how
     much it beats the runner-up: what to serve at that load (speculation pays at low load and
@@ -350,7 +386,9 @@ def fastest_per_concurrency(report: BenchmarkReport) -> list[str]:
 
 def summary_text(report: BenchmarkReport) -> str:
     """A one-screen console summary: verdict, checks, acceptance and the speedup table."""
-    lines = [f"benchmark: {report.drafter} on {report.target} ({report.engine})"]
+    spec_run = report.run(report.spec_label)
+    k = draft_tokens_per_step(spec_run) if spec_run else None
+    lines = [f"benchmark: {report.drafter} on {report.target} ({report.engine}{f', K={k}' if k else ''})"]
     if report.parity:
         lines.append(f"verdict: {report.parity.verdict} - {report.parity.sentence}")
     if report.offline or report.served:
@@ -360,6 +398,8 @@ def summary_text(report: BenchmarkReport) -> str:
             return f"AL {_f(x.al)}  p_k [{', '.join(_f(p) for p in x.per_position_acceptance)}]"
         lines.append(f"offline: {fmt(report.offline)}")
         lines.append(f"served : {fmt(report.served)}")
+    if others := other_served_al(report):
+        lines.append(f"served AL of the other runs: {'; '.join(others)}")
     header = f"{'conc':>4}  " + "  ".join(f"{r.label:>16}" for r in report.runs)
     lines += ["tokens/s (speedup):", header]
     for c in sorted({lv.concurrency for r in report.runs for lv in r.levels}):

@@ -23,6 +23,8 @@ class BenchmarkConfig(dg.Config):
     concurrencies: list[int] = [1, 4, 8]
     k: Optional[int] = None
     """Draft tokens per step; default: the drafter's training unroll K."""
+    also_k: list[int] = []
+    """Also serve the drafter at these K (each its own run), to find the fastest K to deploy."""
     ngram: bool = True
     al_tolerance: float = 0.15
     """Parity holds when |served AL - offline AL| <= this share of the offline AL."""
@@ -54,6 +56,7 @@ def benchmark_report(context: dg.AssetExecutionContext, config: BenchmarkConfig,
         output_len=config.output_len,
         concurrencies=tuple(config.concurrencies),
         k=k,
+        also_k=tuple(config.also_k),
         ngram=config.ngram,
         tolerance=ParityTolerance(al_rel=config.al_tolerance),
     )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -151,3 +152,25 @@ def test_summary_fits_one_screen():
             "concurrency 8: no speculation (240.0 tok/s, 1.00x ngram)") in text
     assert "- concurrency 8: no speculation (240.0 tok/s, 1.00x ngram)" in to_markdown(report)
     assert len(text.splitlines()) <= 25 and max(len(line) for line in text.splitlines()) < 240
+
+
+def test_other_ks_are_compared_and_the_fastest_named():
+    def with_k(run: ServedRun, k: int) -> ServedRun:
+        return dataclasses.replace(run, config={"speculative": {"method": run.label.split()[0], "num_speculative_tokens": k}})
+
+    k2 = SpecStats(100, 200, 120, (70, 50))  # AL 2.2
+    runs = [RUNS[0], with_k(RUNS[1], 3), with_k(_run("eagle3 k=2", {1: 88.0, 4: 190.0, 8: 230.0}, k2), 2), with_k(RUNS[2], 3)]
+    report = build_report("smollm2-135m-instruct", "d", runs, offline=OFFLINE)
+    assert report.served.al == 2.5  # parity and checks stay with eagle3, at its K
+    assert report.speedups["eagle3 k=2"] == {1: 88.0 / 50.0, 4: 190.0 / 160.0, 8: 230.0 / 240.0}
+    text = summary_text(report)
+    assert text.splitlines()[0].endswith("(vllm, K=3)")
+    # Steps per level: 512 tokens / tokens per chunk (the AL here) - 8 prefill chunks; n-gram: 50 drafts of 312.
+    others = "eagle3 k=2 2.20 (p_k 0.70, 0.50; drafted at 44% of steps); ngram 1.60 (p_k 0.40, 0.14, 0.06; drafted at 16% of steps)"
+    assert f"served AL of the other runs: {others}" in text
+    assert "concurrency 1: eagle3 k=2 (88.0 tok/s, 1.10x eagle3)" in text
+    assert "88.0 (1.76x)" in text and len(text.splitlines()) <= 25 and max(len(line) for line in text.splitlines()) < 240
+    md = to_markdown(report)
+    assert "- draft tokens per step (K): eagle3 3, eagle3 k=2 2, ngram 3; parity and checks at `eagle3`'s" in md
+    assert "| 1 | eagle3 k=2 | 88.0 |" in md
+    assert f"Other speculative runs, from the engine's counters: {others}." in md

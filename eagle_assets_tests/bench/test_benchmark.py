@@ -1,0 +1,33 @@
+"""What one benchmark serves: its configurations, in order, and the K settings it refuses."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from eagle_assets.bench.benchmark import BenchmarkSettings, served_configs
+
+DRAFTER = Path("/drafters/smollm2/drafter-vllm")
+
+
+def test_every_k_is_served_with_the_same_drafter_and_ngram_at_the_main_k():
+    configs = served_configs(BenchmarkSettings(k=3, also_k=(2, 4)), DRAFTER)
+    assert [label for label, _ in configs] == ["baseline", "eagle3", "eagle3 k=2", "eagle3 k=4", "ngram"]
+    specs = dict(configs)
+    assert specs["baseline"] is None
+    for label, k in (("eagle3", 3), ("eagle3 k=2", 2), ("eagle3 k=4", 4)):
+        assert specs[label] == {"method": "eagle3", "model": str(DRAFTER), "num_speculative_tokens": k}
+    assert specs["ngram"]["method"] == "ngram" and specs["ngram"]["num_speculative_tokens"] == 3
+    assert [label for label, _ in served_configs(BenchmarkSettings(k=2, ngram=False), DRAFTER)] == ["baseline", "eagle3"]
+
+
+@pytest.mark.parametrize(("k", "also_k", "message"), [
+    (3, (2, 3), "repeat a K"),
+    (3, (2, 2), "repeat a K"),
+    (0, (), "at least 1"),
+    (3, (0,), "at least 1"),
+])  # fmt: skip
+def test_settings_refuse_a_k_that_cannot_be_served_or_is_given_twice(k, also_k, message):
+    with pytest.raises(ValueError, match=message):
+        BenchmarkSettings(k=k, also_k=also_k)
