@@ -4,7 +4,7 @@
 watches the log while it starts (a traceback, an ERROR line or the process's exit raises
 `ServerFailed` within seconds, with the root cause, not a 60-second sleep and a truncated
 uvloop frame), waits until HTTP endpoints answer, and on every way out (success, failure,
-Ctrl-C) kills the whole process tree and removes the shared-memory files it left behind.
+Ctrl-C, `kill`) kills the whole process tree and removes the shared-memory files it left behind.
 
 Before starting it refuses a busy port, naming the process that holds it, and recognises a
 stale server of ours from the record kept in the runs folder.
@@ -17,6 +17,7 @@ import os
 import signal
 import socket
 import subprocess
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -173,6 +174,41 @@ def shm_entries() -> set[str]:
         return set()
 
 
+# --- SIGTERM while a server lives -------------------------------------------------------------
+
+_servers_holding_sigterm = 0
+
+
+def _terminate_as_interrupt(signum, frame):
+    raise KeyboardInterrupt
+
+
+def _hold_sigterm() -> bool:
+    """While a server of ours lives, SIGTERM to this process takes Ctrl-C's path.
+
+    By default SIGTERM ends the interpreter at once: no `finally` runs, and the server, in its
+    own process group, outlives the script that started it, holding its port and memory. Only
+    the default disposition is replaced (a handler of the caller's, Dagster's or the CLI's
+    stands), and only from the main thread, the one Python lets set handlers."""
+    global _servers_holding_sigterm
+    if threading.current_thread() is not threading.main_thread():
+        return False
+    if _servers_holding_sigterm == 0:
+        if signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+            return False
+        signal.signal(signal.SIGTERM, _terminate_as_interrupt)
+    _servers_holding_sigterm += 1
+    return True
+
+
+def _release_sigterm() -> None:
+    """Undo `_hold_sigterm` once the last server holding it has stopped."""
+    global _servers_holding_sigterm
+    _servers_holding_sigterm -= 1
+    if _servers_holding_sigterm == 0 and signal.getsignal(signal.SIGTERM) is _terminate_as_interrupt:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
 # --- the supervised process -------------------------------------------------------------------
 
 
@@ -189,6 +225,7 @@ class ServerProcess:
     """Where a JSON record of the running server is kept, to recognise it later as ours."""
     proc: subprocess.Popen | None = field(default=None, init=False)
     watcher: LogWatcher | None = field(default=None, init=False)
+    _holds_sigterm: bool = field(default=False, init=False, repr=False)
 
     # -- start
 
@@ -225,6 +262,7 @@ class ServerProcess:
             start_new_session=True,  # its own process group: one signal reaches every worker
         )
         log.close()
+        self._holds_sigterm = _hold_sigterm()
         self.watcher = LogWatcher(self.log_path)
         record = self._record_path()
         if record:
@@ -330,6 +368,9 @@ class ServerProcess:
         record = self._record_path()
         if record and record.is_file():
             record.unlink()
+        if self._holds_sigterm:
+            self._holds_sigterm = False
+            _release_sigterm()
 
     def _remove_leaked_shm(self, ours: set[str]) -> None:
         leaked = ours & shm_entries()

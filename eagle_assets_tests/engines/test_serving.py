@@ -182,6 +182,64 @@ def test_cli_refuses_a_missing_drafter_before_launch(smollm2_path, engine_python
     assert "no drafter config" in proc.stderr and "nope" in proc.stderr
 
 
+KILLED_SCRIPT = """
+import os, sys, time
+from pathlib import Path
+from eagle_assets.engines.process import ServerProcess, free_port
+port = free_port()
+with ServerProcess([sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1"], dict(os.environ),
+                   Path(sys.argv[1]), port, name="test server") as server:
+    server.start()
+    server.wait_ready([f"http://127.0.0.1:{port}/"], 30)
+    print(server.proc.pid, port, flush=True)
+    time.sleep(300)
+"""
+
+
+def test_a_killed_script_takes_its_server_down_with_it(tmp_path):
+    # `kill PID` of a script that started a server (no handler of its own): the server goes too.
+    script = subprocess.Popen([sys.executable, "-c", KILLED_SCRIPT, str(tmp_path / "server.log")], cwd=ROOT,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    server_pid, port = map(int, script.stdout.readline().split())
+    try:
+        assert _alive(server_pid) and port_in_use(port)
+        script.send_signal(signal.SIGTERM)
+        script.wait(timeout=60)
+        assert "KeyboardInterrupt" in script.stderr.read()
+        assert not _alive(server_pid) and not port_in_use(port)
+    finally:
+        for pid in (script.pid, server_pid):  # nothing outlives a failed test
+            if _alive(pid):
+                os.kill(pid, signal.SIGKILL)
+
+
+def test_sigterm_is_taken_only_while_a_server_lives_and_only_from_the_default(tmp_path):
+    def start(name: str) -> ServerProcess:
+        server = ServerProcess([sys.executable, "-c", "import time; time.sleep(60)"], dict(os.environ), tmp_path / f"{name}.log", free_port())
+        server.start()
+        return server
+
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+    first, second = start("a"), start("b")
+    taken = signal.getsignal(signal.SIGTERM)
+    assert taken is not signal.SIG_DFL
+    first.stop()
+    assert signal.getsignal(signal.SIGTERM) is taken  # the second server still lives
+    second.stop()
+    second.stop()  # a second stop releases nothing twice
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+
+    def own_handler(signum, frame):
+        pass
+
+    signal.signal(signal.SIGTERM, own_handler)
+    try:
+        start("c").stop()
+        assert signal.getsignal(signal.SIGTERM) is own_handler  # the caller's handler stands
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
 def test_busy_port_names_the_holder_and_a_stale_server_of_ours(tmp_path):
     port = free_port()
     with socket.socket() as s:
