@@ -219,25 +219,26 @@ def test_sigterm_is_taken_only_while_a_server_lives_and_only_from_the_default(tm
         server.start()
         return server
 
-    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
-    first, second = start("a"), start("b")
-    taken = signal.getsignal(signal.SIGTERM)
-    assert taken is not signal.SIG_DFL
-    first.stop()
-    assert signal.getsignal(signal.SIGTERM) is taken  # the second server still lives
-    second.stop()
-    second.stop()  # a second stop releases nothing twice
-    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
-
     def own_handler(signum, frame):
         pass
 
-    signal.signal(signal.SIGTERM, own_handler)
+    # Another test's Dagster run may have left its own handler: start from the default.
+    inherited = signal.signal(signal.SIGTERM, signal.SIG_DFL)
     try:
+        first, second = start("a"), start("b")
+        taken = signal.getsignal(signal.SIGTERM)
+        assert taken is not signal.SIG_DFL
+        first.stop()
+        assert signal.getsignal(signal.SIGTERM) is taken  # the second server still lives
+        second.stop()
+        second.stop()  # a second stop releases nothing twice
+        assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+
+        signal.signal(signal.SIGTERM, own_handler)
         start("c").stop()
         assert signal.getsignal(signal.SIGTERM) is own_handler  # the caller's handler stands
     finally:
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        signal.signal(signal.SIGTERM, inherited)
 
 
 def test_busy_port_names_the_holder_and_a_stale_server_of_ours(tmp_path):
