@@ -100,7 +100,8 @@ def cpu_threads_bind(cpus: Iterable[int]) -> str | None:
 
 
 def engine_environment(venv: Path, device: str = "cpu", kv_cache_gib: int = 1, base: dict | None = None) -> dict[str, str]:
-    """The engine process's environment: offline hub, CPU KV cache size and thread binding, Intel OpenMP."""
+    """The engine process's environment: offline hub, CPU KV cache size and thread binding, Intel
+    OpenMP and numba's threading layer."""
     env = dict(base if base is not None else os.environ)
     env["HF_HUB_OFFLINE"] = "1"
     env["TRANSFORMERS_OFFLINE"] = "1"
@@ -119,6 +120,11 @@ def engine_environment(venv: Path, device: str = "cpu", kv_cache_gib: int = 1, b
         iomp = venv / "lib" / "libiomp5.so"
         if iomp.is_file():
             env["LD_PRELOAD"] = str(iomp)
+            # vLLM's n-gram proposer runs numba parallel loops after `set_num_threads(1)`. On
+            # numba's OpenMP layer, over this same Intel OpenMP, that leaves the model worker's
+            # thread with a team of one: every forward after the first proposal ran on one core.
+            # numba's own thread pool leaves OpenMP alone.
+            env.setdefault("NUMBA_THREADING_LAYER", "workqueue")
     return env
 
 

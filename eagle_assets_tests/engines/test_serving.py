@@ -18,7 +18,8 @@ import pytest
 
 from eagle_assets.engines.process import PortBusy, ServerFailed, ServerProcess, _alive, descendants, free_port, port_in_use, shm_entries, stop_recorded
 from eagle_assets.engines.serving import launch_vllm
-from eagle_assets.engines.vllm_launch import SMALL_CPU_HOST, cpu_threads_bind, engine_environment
+from eagle_assets.engines.vllm_launch import SMALL_CPU_HOST, cpu_threads_bind, engine_environment, engine_python
+from eagle_assets.paths import engine_venv
 from eagle_assets.targets import EMBEDDED_TARGET
 from eagle_assets_tests.drafters import write_random_drafter
 
@@ -83,6 +84,42 @@ def test_thread_binding_keeps_the_users_and_vllms_own_on_large_hosts(tmp_path):
     assert cpu_threads_bind({1, 0}) == "0,1"
     assert cpu_threads_bind(range(SMALL_CPU_HOST + 1)) is None
     assert "VLLM_CPU_OMP_THREADS_BIND" not in engine_environment(tmp_path, device="cuda", base={})
+
+
+NGRAM_PROPOSAL = """
+import numpy as np, torch
+from vllm.v1.spec_decode.ngram_proposer import NgramProposer
+proposer = object.__new__(NgramProposer)  # the engine's own proposal code, without a whole engine config
+proposer.min_n, proposer.max_n, proposer.k, proposer.max_model_len = 2, 4, 3, 64
+proposer.valid_ngram_draft, proposer.valid_ngram_num_drafts = np.zeros((1, 3), np.int32), np.zeros(1, np.int32)
+proposer.num_tokens_threshold, proposer.num_numba_thread_available = 8192, 1
+tokens = np.zeros((1, 64), np.int32)
+tokens[0, :12] = [5, 6, 7, 8, 9, 1, 2, 5, 6, 7, 8, 9]
+before = torch.get_num_threads()
+drafts = proposer.batch_propose(1, [0], np.array([12], np.int32), tokens, 3)
+print(before, torch.get_num_threads(), drafts)
+"""
+
+
+def test_ngram_proposals_leave_the_model_worker_its_threads(tmp_path):
+    # vLLM's n-gram proposer, run with the engine's environment: the torch threads it found stay.
+    cpus = sorted(os.sched_getaffinity(0))[:2]
+    if len(cpus) < 2:
+        pytest.skip("needs two CPUs")
+    venv = engine_venv("vllm")
+    # Two threads pinned as vLLM's CPU worker pins its bound cores.
+    worker = {"OMP_NUM_THREADS": "2", "KMP_AFFINITY": f"granularity=fine,explicit,proclist=[{cpus[0]},{cpus[1]}]"}
+
+    def threads_before_and_after(**extra) -> list[str]:
+        env = {**engine_environment(venv, base=dict(os.environ)), **worker, **extra}
+        proc = subprocess.run([str(engine_python(venv)), "-c", NGRAM_PROPOSAL], env=env, cwd=tmp_path,
+                              capture_output=True, text=True, timeout=300)  # fmt: skip
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        return proc.stdout.strip().split(maxsplit=2)
+
+    assert threads_before_and_after() == ["2", "2", "[[1, 2, 5]]"]
+    # The hazard is real in this engine: numba's OpenMP layer leaves the thread a team of one.
+    assert threads_before_and_after(NUMBA_THREADING_LAYER="omp")[:2] == ["2", "1"]
 
 
 def test_two_layer_export_serves_with_unchanged_greedy_output(vllm_server, smollm2_config, tmp_path):
