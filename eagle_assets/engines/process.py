@@ -193,10 +193,11 @@ def _hold_sigterm() -> bool:
     global _servers_holding_sigterm
     if threading.current_thread() is not threading.main_thread():
         return False
-    if _servers_holding_sigterm == 0:
-        if signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
-            return False
+    current = signal.getsignal(signal.SIGTERM)
+    if current is signal.SIG_DFL:
         signal.signal(signal.SIGTERM, _terminate_as_interrupt)
+    elif current is not _terminate_as_interrupt:
+        return False
     _servers_holding_sigterm += 1
     return True
 

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from eagle_assets.engines import process
 from eagle_assets.engines.process import PortBusy, ServerFailed, ServerProcess, _alive, descendants, free_port, port_in_use, shm_entries, stop_recorded
 from eagle_assets.engines.serving import launch_vllm
 from eagle_assets.engines.vllm_launch import SMALL_CPU_HOST, cpu_threads_bind, engine_environment, engine_python
@@ -250,7 +251,7 @@ def test_a_killed_script_takes_its_server_down_with_it(tmp_path):
                 os.kill(pid, signal.SIGKILL)
 
 
-def test_sigterm_is_taken_only_while_a_server_lives_and_only_from_the_default(tmp_path):
+def test_sigterm_is_taken_only_while_a_server_lives_and_only_from_the_default(tmp_path, monkeypatch):
     def start(name: str) -> ServerProcess:
         server = ServerProcess([sys.executable, "-c", "import time; time.sleep(60)"], dict(os.environ), tmp_path / f"{name}.log", free_port())
         server.start()
@@ -259,7 +260,9 @@ def test_sigterm_is_taken_only_while_a_server_lives_and_only_from_the_default(tm
     def own_handler(signum, frame):
         pass
 
-    # Another test's Dagster run may have left its own handler: start from the default.
+    # Start from no server of ours and the default disposition: the session's server counts as
+    # one, and another test's Dagster run may have left its own handler.
+    monkeypatch.setattr(process, "_servers_holding_sigterm", 0)
     inherited = signal.signal(signal.SIGTERM, signal.SIG_DFL)
     try:
         first, second = start("a"), start("b")
