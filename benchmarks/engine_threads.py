@@ -20,6 +20,8 @@ import os
 import sys
 from pathlib import Path
 
+from env_override import environment_variable
+
 from eagle_assets.bench.served import ServedRun, SweepSettings, mt_bench_prompts, run_served
 from eagle_assets.engines.serving import launch_vllm
 from eagle_assets.engines.vllm_launch import cpu_threads_bind, ngram_config, speculative_config
@@ -39,29 +41,17 @@ def configs(drafter: Path, ks: list[int]) -> dict[str, dict | None]:
     return out
 
 
-def _set_binding(value: str | None) -> None:
-    """Set VLLM_CPU_OMP_THREADS_BIND for the servers started next; None unsets it."""
-    if value is None:
-        os.environ.pop("VLLM_CPU_OMP_THREADS_BIND", None)
-    else:
-        os.environ["VLLM_CPU_OMP_THREADS_BIND"] = value
-
-
 def measure(drafter: Path, ks: list[int], prompts, sweep: SweepSettings) -> dict[str, dict[str, ServedRun]]:
     """{binding: {config label: ServedRun}}."""
     runs: dict[str, dict[str, ServedRun]] = {}
-    saved = os.environ.get("VLLM_CPU_OMP_THREADS_BIND")
-    try:
-        for name, value in BINDINGS.items():
-            _set_binding(value)
+    for name, value in BINDINGS.items():
+        with environment_variable("VLLM_CPU_OMP_THREADS_BIND", value):
             for label, spec in configs(drafter, ks).items():
                 with launch_vllm(EMBEDDED_TARGET, speculative=spec, device="cpu", log=lambda m: None) as server:
                     run = run_served(label, server.base_url, server.model, prompts, sweep, api_key=server.api_key, config={"speculative": spec})
                 runs.setdefault(name, {})[label] = run
                 level = run.level(sweep.concurrencies[0])
                 print(f"  {name} binding, {label}: {level.tokens_per_s:.1f} tok/s at concurrency {level.concurrency}", flush=True)
-    finally:
-        _set_binding(saved)
     return runs
 
 

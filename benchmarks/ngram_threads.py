@@ -17,6 +17,8 @@ from __future__ import annotations
 import argparse
 import os
 
+from env_override import environment_variable
+
 from eagle_assets.bench.served import ServedRun, SweepSettings, mt_bench_prompts, run_served
 from eagle_assets.engines.serving import launch_vllm
 from eagle_assets.engines.vllm_launch import ngram_config
@@ -29,16 +31,9 @@ LAYERS = {
 
 
 def serve_and_measure(label: str, spec: dict | None, layer: str | None, prompts, sweep: SweepSettings) -> ServedRun:
-    saved = os.environ.pop("NUMBA_THREADING_LAYER", None)
-    if layer is not None:
-        os.environ["NUMBA_THREADING_LAYER"] = layer
-    try:
+    with environment_variable("NUMBA_THREADING_LAYER", layer):
         with launch_vllm(EMBEDDED_TARGET, speculative=spec, device="cpu", log=lambda m: None) as server:
             run = run_served(label, server.base_url, server.model, prompts, sweep, api_key=server.api_key, config={"speculative": spec})
-    finally:
-        os.environ.pop("NUMBA_THREADING_LAYER", None)
-        if saved is not None:
-            os.environ["NUMBA_THREADING_LAYER"] = saved
     for lv in run.levels:
         print(f"  {label}: {lv.tokens_per_s:.1f} tok/s at concurrency {lv.concurrency}", flush=True)
     return run

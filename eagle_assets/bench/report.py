@@ -34,7 +34,7 @@ from eagle_assets.bench.checks import (
     speedup_check,
     speedups,
 )
-from eagle_assets.bench.metrics import METRIC_DEFINITIONS
+from eagle_assets.bench.metrics import METRIC_DEFINITIONS, SpecStats
 from eagle_assets.bench.parity import AcceptanceNumbers, ParityTolerance, Verdict, judge_parity
 from eagle_assets.bench.plots import plot_acceptance, plot_speedup, plot_throughput
 from eagle_assets.bench.served import ServedRun
@@ -343,11 +343,11 @@ def draft_tokens_per_step(run: ServedRun) -> int | None:
     return int(k) if k is not None else None
 
 
-def drafted_share(run: ServedRun) -> float | None:
-    """Share of the run's decode steps that drafted. Each streamed chunk is one engine step of one
-    request and a request's first chunk comes from its prefill, which drafts nothing. n-gram
-    drafts only where the context repeats, so its AL (over drafts) alone overstates it."""
-    stats = pooled_spec_stats(run)
+def drafted_share(run: ServedRun, stats: SpecStats | None) -> float | None:
+    """Share of the run's decode steps that drafted, given `stats`, the run's spec statistics
+    pooled over its levels. Each streamed chunk is one engine step of one request and a request's
+    first chunk comes from its prefill, which drafts nothing. n-gram drafts only where the context
+    repeats, so its AL (over drafts) alone overstates it."""
     steps = sum(lv.output_tokens / lv.tokens_per_chunk - lv.num_requests for lv in run.levels if lv.tokens_per_chunk > 0)
     if stats is None or not steps > 0:
         return None
@@ -361,7 +361,7 @@ def other_served_al(report: BenchmarkReport) -> list[str]:
     for run in report.runs:
         pooled = pooled_spec_stats(run) if run.label != report.spec_label else None
         if pooled and pooled.drafts:
-            share = drafted_share(run)
+            share = drafted_share(run, pooled)
             drafted = f"; drafted at {share:.0%} of steps" if share is not None else ""
             out.append(f"{run.label} {pooled.al:.2f} (p_k {', '.join(f'{p:.2f}' for p in pooled.per_position_acceptance)}{drafted})")
     return out
