@@ -45,6 +45,20 @@ def test_every_asset_materialised_with_blocking_checks_passed(materialized_graph
         assert execution.event.dagster_event.event_specific_data.passed, (name, check)
 
 
+def test_the_benchmark_serves_on_the_servers_the_drafter_check_left_running(materialized_graph):
+    """The drafter's check starts the speculative and the plain server; on a CPU host both stay
+    warm, so the benchmark of the same run starts no vLLM of its own (the tiny preset serves
+    no n-gram and one K)."""
+    instance, _, _ = materialized_graph
+    run_id = instance.get_latest_materialization_event(dg.AssetKey("benchmark_report")).run_id
+    assert instance.get_latest_materialization_event(dg.AssetKey("drafter_checkpoint")).run_id == run_id
+    messages = {step: [e.user_message for e in instance.all_logs(run_id) if e.step_key == step]
+                for step in ("drafter_checkpoint", "benchmark_report")}  # fmt: skip
+    assert sum(m.startswith("starting vLLM") for m in messages["drafter_checkpoint"]) == 2
+    assert not any(m.startswith("starting vLLM") for m in messages["benchmark_report"]), messages["benchmark_report"]
+    assert sum(m.startswith("reusing the running server") for m in messages["benchmark_report"]) == 2
+
+
 def test_report_served_figures_come_from_the_engine_counters(materialized_graph):
     _, data, _ = materialized_graph
     report = json.loads((_base(data) / "report" / "report.json").read_text())

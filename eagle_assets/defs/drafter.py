@@ -119,7 +119,8 @@ def drafter_checkpoint(
     )
 
     # The vLLM export must serve, and speculation must not change greedy output.
-    # Speculative first: the plain server started second stays warm for the benchmark's baseline.
+    # Both servers stay warm for the benchmark of the same run (two on a CPU host; on a GPU the
+    # plain one, started second, for the benchmark's baseline).
     with inference_server.serve(drafter=vllm_dir, k=train_config.ttt_steps, log=context.log.info) as spec:
         got = [chat_once(spec, p) for p in SMOKE_PROMPTS]
     with inference_server.serve(log=context.log.info) as plain:

@@ -9,6 +9,7 @@ from the target preset in its own environment and torn down when the stage ends.
 from __future__ import annotations
 
 import json
+from collections import OrderedDict
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Callable, Iterator, Optional
@@ -16,8 +17,14 @@ from typing import Callable, Iterator, Optional
 import dagster as dg
 from pydantic import PrivateAttr
 
+from eagle_assets.engines.envs import host_device
 from eagle_assets.engines.serving import InferenceServer, api_key_from_env, connect, launch_vllm
+from eagle_assets.engines.vllm_launch import speculative_config
 from eagle_assets.targets import EMBEDDED_TARGET
+
+# The drafter's check serves plain and speculative, then the benchmark serves both again: two
+# warm servers save a vLLM start-up (~50 s on 2 cores) in every run of the graph.
+WARM_SERVERS_ON_CPU = 2
 
 
 class InferenceServerResource(dg.ConfigurableResource):
@@ -39,20 +46,26 @@ class InferenceServerResource(dg.ConfigurableResource):
     max_num_seqs: Optional[int] = None
     startup_timeout_s: float = 600
     keep_warm: bool = True
-    """Keep the last launched server for the next asset of the same run that asks for the same
-    configuration (one server at a time: a different configuration stops it first)."""
+    """Keep launched servers for the next asset of the same run that asks for the same
+    configuration: on a CPU host the last two (the drafter's check and the benchmark both want
+    the plain and the speculative server), on a GPU the last one (each vLLM takes most of its
+    memory). A server only ever serves one stage at a time; an idle one costs memory, not cores."""
 
-    _warm_key: Optional[str] = PrivateAttr(default=None)
-    _warm_server: Optional[InferenceServer] = PrivateAttr(default=None)
-    _warm_stack: Optional[ExitStack] = PrivateAttr(default=None)
+    _warm: "OrderedDict[str, tuple[InferenceServer, ExitStack]]" = PrivateAttr(default_factory=OrderedDict)
 
     def teardown_after_execution(self, context) -> None:
         self.stop_warm()
 
     def stop_warm(self) -> None:
-        if self._warm_stack is not None:
-            self._warm_stack.close()
-        self._warm_stack = self._warm_server = self._warm_key = None
+        while self._warm:
+            self._stop_oldest()
+
+    def _stop_oldest(self) -> None:
+        _, (_, stack) = self._warm.popitem(last=False)
+        stack.close()
+
+    def _warm_capacity(self) -> int:
+        return WARM_SERVERS_ON_CPU if (self.device or host_device()) == "cpu" else 1
 
     @contextmanager
     def serve(
@@ -71,12 +84,20 @@ class InferenceServerResource(dg.ConfigurableResource):
                 )
             yield connect(self.url, self.model, api_key_from_env(self.api_key_env))
             return
-        key = json.dumps([str(drafter) if drafter else None, k if drafter else None, speculative], sort_keys=True)
-        if self.keep_warm and key == self._warm_key and self._warm_server is not None:
-            log(f"reusing the running server at {self._warm_server.base_url}")
-            yield self._warm_server
+        key = server_key(drafter, k, speculative)
+        if self.keep_warm and key in self._warm:
+            self._warm.move_to_end(key)
+            server, _ = self._warm[key]
+            log(f"reusing the running server at {server.base_url}")
+            try:
+                yield server
+            except BaseException:
+                self._warm.pop(key)[1].close()  # a failure inside may have left the server in any state
+                raise
             return
-        self.stop_warm()  # one server at a time: two would share the CPU and the measurements
+        capacity = self._warm_capacity() if self.keep_warm else 0
+        while self._warm and len(self._warm) >= max(capacity, 1):
+            self._stop_oldest()
         stack = ExitStack()
         try:
             server = stack.enter_context(
@@ -100,9 +121,17 @@ class InferenceServerResource(dg.ConfigurableResource):
             with stack:
                 yield server
             return
-        self._warm_key, self._warm_server, self._warm_stack = key, server, stack
+        self._warm[key] = (server, stack)
         try:
             yield server
         except BaseException:
-            self.stop_warm()  # a failure inside may have left the server in any state
+            self._warm.pop(key)[1].close()
             raise
+
+
+def server_key(drafter: str | Path | None, k: int, speculative: dict | None) -> str:
+    """One key per served configuration: a drafter folder and K name the same server as the
+    speculative config they expand to, so the drafter's check and the benchmark share one."""
+    if drafter is not None:
+        speculative = speculative_config(Path(drafter).expanduser().resolve(), k)
+    return json.dumps(speculative, sort_keys=True)
