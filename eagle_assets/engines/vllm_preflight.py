@@ -96,7 +96,10 @@ def preflight(request: dict) -> dict:
         facts["engine_aux_layer_ids"] = list(ids) if ids else None
         facts["num_speculative_tokens"] = vllm_config.speculative_config.num_speculative_tokens
     if spec is not None:
-        _probe_speculative_sampling(findings, facts)
+        try:
+            _probe_speculative_sampling(findings, facts)
+        except Exception as exc:  # a probe of engine internals must never refuse a launch
+            findings.append(_finding("info", "speculative_sampling_probe", f"could not probe sampling under speculation: {_root_cause(exc)}"))
     ok = not any(f["level"] == "error" for f in findings)
     return {"ok": ok, "findings": findings, "engine": facts, "seconds": time.monotonic() - started}
 

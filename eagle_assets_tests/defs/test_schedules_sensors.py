@@ -14,6 +14,7 @@ from datetime import datetime, timezone
 
 import dagster as dg
 import pytest
+from dagster._core.storage.defs_state.base import set_defs_state_storage
 
 from eagle_assets.defs import build_definitions
 from eagle_assets.defs.schedules import RETRAIN_TAG, build_retrain_schedule
@@ -141,7 +142,11 @@ def test_automation_rebuilds_on_new_content_or_code_and_not_on_identical_content
     assets = with_automation(make_assets(data))
 
     def requested(assets, cursor):
-        result = dg.evaluate_automation_conditions(defs=assets, instance=instance, cursor=cursor)
+        # Resolving the definitions reads Dagster's current defs-state storage, a context variable
+        # the last instance entered in this process set; it may belong to an instance another
+        # test has dropped ("undefined DagsterInstance weakref", once in a clean-clone run): name ours.
+        with set_defs_state_storage(instance.defs_state_storage):
+            result = dg.evaluate_automation_conditions(defs=assets, instance=instance, cursor=cursor)
         return sorted(r.key.to_user_string() for r in result.results if r.true_subset.size), result.cursor
 
     asked, cursor = requested(assets, None)
