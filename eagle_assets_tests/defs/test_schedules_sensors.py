@@ -14,7 +14,6 @@ from datetime import datetime, timezone
 
 import dagster as dg
 import pytest
-from dagster._core.storage.defs_state.base import set_defs_state_storage
 
 from eagle_assets.defs import build_definitions
 from eagle_assets.defs.schedules import RETRAIN_TAG, build_retrain_schedule
@@ -32,13 +31,17 @@ def _repo(assets):
     return dg.Definitions(assets=assets, schedules=[SCHEDULE], sensors=[FOLLOWUP]).get_repository_def()
 
 
+# Evaluation contexts are closed as the daemon closes them: one left open can enter an instance
+# of its own and leave Dagster's current defs-state storage pointing at it after it is collected
+# ("Attempted to resolve undefined DagsterInstance weakref" in a later test).
 def _schedule_tick(assets, instance):
-    context = dg.build_schedule_context(instance=instance, repository_def=_repo(assets), scheduled_execution_time=SUNDAY)
-    return SCHEDULE.evaluate_tick(context)
+    with dg.build_schedule_context(instance=instance, repository_def=_repo(assets), scheduled_execution_time=SUNDAY) as context:
+        return SCHEDULE.evaluate_tick(context)
 
 
 def _followup_tick(assets, instance):
-    return FOLLOWUP.evaluate_tick(dg.build_sensor_context(instance=instance, repository_def=_repo(assets)))
+    with dg.build_sensor_context(instance=instance, repository_def=_repo(assets)) as context:
+        return FOLLOWUP.evaluate_tick(context)
 
 
 def _launch(assets, instance, requests, fail_partition=None):
@@ -104,7 +107,8 @@ def test_prompt_file_sensor_grows_the_corpus_one_new_file_at_a_time(tmp_path, in
     graph = build_definitions(automation=False).resolve_asset_graph()
 
     def tick(cursor=None):
-        return sensor.evaluate_tick(dg.build_sensor_context(instance=instance, cursor=cursor))
+        with dg.build_sensor_context(instance=instance, cursor=cursor) as context:
+            return sensor.evaluate_tick(context)
 
     assert "no new prompt files" in tick().skip_message
     (folder / "week1.jsonl").write_text(json.dumps({"prompt": "Name three rivers."}) + "\n")
@@ -131,10 +135,10 @@ def test_prompt_file_sensor_grows_the_corpus_one_new_file_at_a_time(tmp_path, in
 
 
 def test_prompt_file_sensor_names_a_missing_folder_and_an_unset_url(tmp_path, instance):
-    context = dg.build_sensor_context(instance=instance)
-    assert "EAGLE_ASSETS_PROMPTS_URL is not set" in build_prompt_files_sensor(None).evaluate_tick(context).skip_message
-    with pytest.raises(Exception, match=r"prompt folder .*nowhere does not exist: create it or fix EAGLE_ASSETS_PROMPTS_URL"):
-        build_prompt_files_sensor(str(tmp_path / "nowhere")).evaluate_tick(context)
+    with dg.build_sensor_context(instance=instance) as context:
+        assert "EAGLE_ASSETS_PROMPTS_URL is not set" in build_prompt_files_sensor(None).evaluate_tick(context).skip_message
+        with pytest.raises(Exception, match=r"prompt folder .*nowhere does not exist: create it or fix EAGLE_ASSETS_PROMPTS_URL"):
+            build_prompt_files_sensor(str(tmp_path / "nowhere")).evaluate_tick(context)
 
 
 def test_automation_rebuilds_on_new_content_or_code_and_not_on_identical_content(built):
@@ -142,11 +146,7 @@ def test_automation_rebuilds_on_new_content_or_code_and_not_on_identical_content
     assets = with_automation(make_assets(data))
 
     def requested(assets, cursor):
-        # Resolving the definitions reads Dagster's current defs-state storage, a context variable
-        # the last instance entered in this process set; it may belong to an instance another
-        # test has dropped ("undefined DagsterInstance weakref", once in a clean-clone run): name ours.
-        with set_defs_state_storage(instance.defs_state_storage):
-            result = dg.evaluate_automation_conditions(defs=assets, instance=instance, cursor=cursor)
+        result = dg.evaluate_automation_conditions(defs=assets, instance=instance, cursor=cursor)
         return sorted(r.key.to_user_string() for r in result.results if r.true_subset.size), result.cursor
 
     asked, cursor = requested(assets, None)
