@@ -234,15 +234,28 @@ with ServerProcess([sys.executable, "-m", "http.server", str(port), "--bind", "1
 """
 
 
+def _as_a_shell_starts_it():
+    # What a script run from a shell starts with: SIGTERM at its default and not blocked. Both
+    # are inherited through exec, and this test process's may differ (a library of an earlier
+    # test can leave the main thread's mask changed), which is not the case under test.
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
+
+
 def test_a_killed_script_takes_its_server_down_with_it(tmp_path):
     # `kill PID` of a script that started a server (no handler of its own): the server goes too.
     script = subprocess.Popen([sys.executable, "-c", KILLED_SCRIPT, str(tmp_path / "server.log")], cwd=ROOT,
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=_as_a_shell_starts_it)  # fmt: skip
     server_pid, port = map(int, script.stdout.readline().split())
     try:
         assert _alive(server_pid) and port_in_use(port)
         script.send_signal(signal.SIGTERM)
-        script.wait(timeout=60)
+        try:
+            script.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            status = Path(f"/proc/{script.pid}/status").read_text()
+            state = [line for line in status.splitlines() if line.startswith(("State", "SigBlk", "SigIgn", "SigCgt", "SigPnd", "ShdPnd"))]
+            pytest.fail(f"the script outlived SIGTERM by 60 s: {state}")
         assert "KeyboardInterrupt" in script.stderr.read()
         assert not _alive(server_pid) and not port_in_use(port)
     finally:
