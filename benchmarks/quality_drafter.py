@@ -65,6 +65,7 @@ ASSET_DEFAULTS: dict[str, dict] = {
 }
 NUM_SHARDS = 4  # the asset graph's default partitions
 PART_BYTES = 15_000_000
+COVERAGE_SIZES = (2000, 4000, 8000, 12000, 16000, 24000, 32000)
 STAGES = ("target", "corpus", "shards", "train", "offline", "held_out")
 
 
@@ -162,13 +163,17 @@ def stage_shards(a, data: Path) -> dict:
     mapping = build_vocab_mapping(counts, preset.vocab_size, preset.draft_vocab_size)
     save_vocab_mapping(mapping, data / "vocab_mapping.safetensors")
     coverage = float(counts[mapping.t2d].sum()) / max(1, int(counts.sum()))
+    # What a smaller draft vocabulary would cover: its head is most of a small drafter's weights.
+    top = torch.sort(torch.as_tensor(counts, dtype=torch.int64), descending=True).values.cumsum(0)
+    coverage_by_size = {n: float(top[n - 1]) / max(1, int(top[-1])) for n in COVERAGE_SIZES if n <= len(top)}
     model, tokenizer = load_target(path, device=a.device, dtype=torch.bfloat16 if a.device == "cuda" else torch.float32)
     settings = ExtractSettings(aux_layer_ids=preset.default_aux_layer_ids, num_shards=NUM_SHARDS, batch_tokens=65536, progress=False)
     start = time.perf_counter()
     results = extract_all(model, str(data / "corpus"), data / "hidden_states", settings, tokenizer=tokenizer, target_fingerprint=target_fingerprint(path))
     tokens = sum(sum(r.manifest.token_counts) for r in results)
     return {"tokens": tokens, "samples": sum(len(r.manifest.sample_ids) for r in results),
-            "draft_vocab_coverage": coverage, "seconds": time.perf_counter() - start}  # fmt: skip
+            "draft_vocab_coverage": coverage, "coverage_by_draft_vocab_size": coverage_by_size,
+            "seconds": time.perf_counter() - start}  # fmt: skip
 
 
 def stage_train(a, data: Path) -> dict:
