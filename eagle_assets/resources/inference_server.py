@@ -17,6 +17,7 @@ from typing import Callable, Iterator, Optional
 import dagster as dg
 from pydantic import PrivateAttr
 
+from eagle_assets.embedded_target import resolve_target
 from eagle_assets.engines.envs import host_device
 from eagle_assets.engines.serving import InferenceServer, api_key_from_env, connect, launch_vllm
 from eagle_assets.engines.vllm_launch import speculative_config
@@ -25,6 +26,13 @@ from eagle_assets.targets import EMBEDDED_TARGET
 # The drafter's check serves plain and speculative, then the benchmark serves both again: two
 # warm servers save a vLLM start-up (~50 s on 2 cores) in every run of the graph.
 WARM_SERVERS_ON_CPU = 2
+# What a launched vLLM holds on a CPU host beyond its float32 weights and its KV cache: the API
+# server, the engine core and the worker with their libraries. Measured on SmolLM2 (0.5 GB of
+# float32 weights, 1 GiB of cache): a started server took 3.2 GB of MemAvailable, its processes
+# 4.0 GB resident together (shared libraries counted in each).
+ENGINE_OVERHEAD_BYTES = 2 << 30
+# Memory left to the rest of the run (the pipeline's own process, the page cache) after a start.
+HEADROOM_BYTES = 1 << 30
 
 
 class InferenceServerResource(dg.ConfigurableResource):
@@ -70,6 +78,21 @@ class InferenceServerResource(dg.ConfigurableResource):
         if held is not None:
             held[1].close()
 
+    def _make_room(self, needed_bytes: int, log: Callable[[str], None]) -> None:
+        """Stop warm servers, oldest first, until a new one of `needed_bytes` fits in the memory
+        this host has available: a warm server saves a start-up, never worth the kernel's
+        out-of-memory killer taking a server or the run itself."""
+        while self._warm:
+            available = available_memory_bytes()
+            if available is None or available >= needed_bytes + HEADROOM_BYTES:
+                return
+            oldest = next(iter(self._warm.values()))[0]
+            log(
+                f"stopping the warm server at {oldest.base_url} to make room: {available / 2**30:.1f} GiB available, "
+                f"the next server needs ~{needed_bytes / 2**30:.1f} GiB and {HEADROOM_BYTES / 2**30:.0f} GiB stay free"
+            )
+            self._stop_oldest()
+
     def _warm_capacity(self) -> int:
         return WARM_SERVERS_ON_CPU if (self.device or host_device()) == "cpu" else 1
 
@@ -104,6 +127,10 @@ class InferenceServerResource(dg.ConfigurableResource):
         capacity = self._warm_capacity() if self.keep_warm else 0
         while self._warm and len(self._warm) >= max(capacity, 1):
             self._stop_oldest()
+        if self._warm and (self.device or host_device()) == "cpu":
+            folder = resolve_target(self.target, log=lambda m: None)[1]  # launch_vllm resolves it again, and says so
+            drafter_folder = drafter or (speculative or {}).get("model")  # the benchmark passes the config
+            self._make_room(server_footprint_bytes(folder, drafter_folder, self.kv_cache_gib), log)
         stack = ExitStack()
         try:
             server = stack.enter_context(
@@ -141,3 +168,33 @@ def server_key(drafter: str | Path | None, k: int, speculative: dict | None) -> 
     if drafter is not None:
         speculative = speculative_config(Path(drafter).expanduser().resolve(), k)
     return json.dumps(speculative, sort_keys=True)
+
+
+def available_memory_bytes() -> int | None:
+    """The kernel's estimate of memory available for new work (MemAvailable), or None where
+    /proc/meminfo does not give it."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None
+
+
+def server_footprint_bytes(target_folder: Path, drafter: str | Path | None, kv_cache_gib: int) -> int:
+    """Host memory a vLLM server of this target takes on a CPU host: the target's (and drafter's)
+    weights as float32, which the CPU engine serves whatever their stored dtype, the KV cache, and
+    the engine's own."""
+    weights = _float32_bytes(Path(target_folder))
+    if drafter is not None:
+        weights += _float32_bytes(Path(drafter).expanduser())
+    return weights + (kv_cache_gib << 30) + ENGINE_OVERHEAD_BYTES
+
+
+def _float32_bytes(folder: Path) -> int:
+    config_path = folder / "config.json"
+    config = json.loads(config_path.read_text()) if config_path.is_file() else {}
+    stored = str(config.get("torch_dtype") or config.get("dtype") or (config.get("text_config") or {}).get("torch_dtype") or "bfloat16")
+    per_param = {"float32": 4, "float16": 2, "bfloat16": 2, "float8_e4m3fn": 1}.get(stored.replace("torch.", ""), 2)
+    return sum(f.stat().st_size for f in folder.glob("*.safetensors")) * 4 // per_param

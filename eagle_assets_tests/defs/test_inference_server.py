@@ -1,7 +1,12 @@
 """Which launched servers the resource keeps warm, and which request names which server."""
 
+import json
+from contextlib import ExitStack
+from types import SimpleNamespace
+
 from eagle_assets.engines.vllm_launch import ngram_config, speculative_config
-from eagle_assets.resources.inference_server import InferenceServerResource, server_key
+from eagle_assets.resources import inference_server
+from eagle_assets.resources.inference_server import ENGINE_OVERHEAD_BYTES, InferenceServerResource, server_footprint_bytes, server_key
 
 
 def test_a_drafter_folder_and_k_name_the_server_of_the_config_they_expand_to(tmp_path, monkeypatch):
@@ -17,3 +22,42 @@ def test_a_drafter_folder_and_k_name_the_server_of_the_config_they_expand_to(tmp
 def test_two_warm_servers_on_a_cpu_host_one_on_a_gpu():
     assert InferenceServerResource(device="cpu")._warm_capacity() == 2
     assert InferenceServerResource(device="cuda")._warm_capacity() == 1  # each vLLM takes most of the GPU's memory
+
+
+def test_server_footprint_counts_the_weights_as_float32_the_cache_and_the_engine(tmp_path):
+    target, drafter = tmp_path / "target", tmp_path / "drafter"
+    for folder, size in ((target, 3_000_000), (drafter, 500_000)):
+        folder.mkdir()
+        (folder / "config.json").write_text(json.dumps({"torch_dtype": "bfloat16"}))
+        (folder / "model.safetensors").write_bytes(b"\0" * size)
+    plain = server_footprint_bytes(target, None, kv_cache_gib=2)
+    assert plain == 2 * 3_000_000 + (2 << 30) + ENGINE_OVERHEAD_BYTES  # bf16 on disk, float32 served
+    assert server_footprint_bytes(target, drafter, kv_cache_gib=2) == plain + 2 * 500_000
+
+
+def test_warm_servers_are_stopped_oldest_first_until_the_next_one_fits(monkeypatch):
+    resource = InferenceServerResource(device="cpu")
+    available = {"bytes": 3 << 30}
+    stopped = []
+
+    def warm(name: str, frees_gib: int) -> None:
+        stack = ExitStack()
+
+        def stop():
+            stopped.append(name)
+            available["bytes"] += frees_gib << 30
+
+        stack.callback(stop)
+        resource._warm[name] = (SimpleNamespace(base_url=f"http://{name}"), stack)
+
+    warm("older", 2)
+    warm("newer", 2)
+    monkeypatch.setattr(inference_server, "available_memory_bytes", lambda: available["bytes"])
+    lines = []
+    resource._make_room(3 << 30, lines.append)  # 3 GiB + 1 GiB headroom against 3 available: one must go
+    assert stopped == ["older"] and list(resource._warm) == ["newer"]
+    assert "3.0 GiB available" in lines[0] and "needs ~3.0 GiB" in lines[0]
+    resource._make_room(3 << 30, lines.append)  # 5 GiB available now: the newer one stays
+    assert stopped == ["older"]
+    resource._make_room(64 << 30, lines.append)  # nothing fits: every warm server goes, none is left to stop
+    assert stopped == ["older", "newer"] and not resource._warm
