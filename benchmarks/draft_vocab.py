@@ -19,10 +19,10 @@ import json
 import sys
 from pathlib import Path
 
-from eagle_assets.bench.served import ServedRun, SweepSettings, mt_bench_prompts, run_served
-from eagle_assets.engines.serving import launch_vllm
+from served_on_cpu import served_on_cpu
+
+from eagle_assets.bench.served import ServedRun, SweepSettings, mt_bench_prompts
 from eagle_assets.engines.vllm_launch import speculative_config
-from eagle_assets.targets import EMBEDDED_TARGET
 
 BASELINE = "no speculation"
 
@@ -42,8 +42,7 @@ def measure(drafters: list[Path], k: int, prompts, sweep: SweepSettings) -> dict
     configs.update({label_of(d): speculative_config(d, k) for d in drafters})
     runs: dict[str, ServedRun] = {}
     for label, spec in configs.items():
-        with launch_vllm(EMBEDDED_TARGET, speculative=spec, device="cpu", log=lambda m: None) as server:
-            runs[label] = run_served(label, server.base_url, server.model, prompts, sweep, api_key=server.api_key, config={"speculative": spec})
+        runs[label] = served_on_cpu(label, spec, prompts, sweep)
         level = runs[label].level(sweep.concurrencies[0])
         print(f"  {label}: {level.tokens_per_s:.1f} tok/s at concurrency {level.concurrency}", flush=True)
     return runs

@@ -21,11 +21,10 @@ import sys
 from pathlib import Path
 
 from env_override import environment_variable
+from served_on_cpu import served_on_cpu
 
-from eagle_assets.bench.served import ServedRun, SweepSettings, mt_bench_prompts, run_served
-from eagle_assets.engines.serving import launch_vllm
+from eagle_assets.bench.served import ServedRun, SweepSettings, mt_bench_prompts
 from eagle_assets.engines.vllm_launch import cpu_threads_bind, ngram_config, speculative_config
-from eagle_assets.targets import EMBEDDED_TARGET
 
 BINDINGS = {
     "vLLM's": "auto",  # vLLM's default: one core kept for the API server and scheduler
@@ -47,8 +46,7 @@ def measure(drafter: Path, ks: list[int], prompts, sweep: SweepSettings) -> dict
     for name, value in BINDINGS.items():
         with environment_variable("VLLM_CPU_OMP_THREADS_BIND", value):
             for label, spec in configs(drafter, ks).items():
-                with launch_vllm(EMBEDDED_TARGET, speculative=spec, device="cpu", log=lambda m: None) as server:
-                    run = run_served(label, server.base_url, server.model, prompts, sweep, api_key=server.api_key, config={"speculative": spec})
+                run = served_on_cpu(label, spec, prompts, sweep)
                 runs.setdefault(name, {})[label] = run
                 level = run.level(sweep.concurrencies[0])
                 print(f"  {name} binding, {label}: {level.tokens_per_s:.1f} tok/s at concurrency {level.concurrency}", flush=True)

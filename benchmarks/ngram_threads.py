@@ -18,11 +18,10 @@ import argparse
 import os
 
 from env_override import environment_variable
+from served_on_cpu import served_on_cpu
 
-from eagle_assets.bench.served import ServedRun, SweepSettings, mt_bench_prompts, run_served
-from eagle_assets.engines.serving import launch_vllm
+from eagle_assets.bench.served import ServedRun, SweepSettings, mt_bench_prompts
 from eagle_assets.engines.vllm_launch import ngram_config
-from eagle_assets.targets import EMBEDDED_TARGET
 
 LAYERS = {
     "numba's OpenMP layer": "omp",  # what the engine gets when nothing sets the layer
@@ -32,8 +31,7 @@ LAYERS = {
 
 def serve_and_measure(label: str, spec: dict | None, layer: str | None, prompts, sweep: SweepSettings) -> ServedRun:
     with environment_variable("NUMBA_THREADING_LAYER", layer):
-        with launch_vllm(EMBEDDED_TARGET, speculative=spec, device="cpu", log=lambda m: None) as server:
-            run = run_served(label, server.base_url, server.model, prompts, sweep, api_key=server.api_key, config={"speculative": spec})
+        run = served_on_cpu(label, spec, prompts, sweep)
     for lv in run.levels:
         print(f"  {label}: {lv.tokens_per_s:.1f} tok/s at concurrency {lv.concurrency}", flush=True)
     return run
