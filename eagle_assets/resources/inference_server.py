@@ -127,15 +127,16 @@ class InferenceServerResource(dg.ConfigurableResource):
         capacity = self._warm_capacity() if self.keep_warm else 0
         while self._warm and len(self._warm) >= max(capacity, 1):
             self._stop_oldest()
+        # Resolved (and, for the embedded target, checksummed) once: the launch is given the folder.
+        folder = resolve_target(self.target, log=log)[1]
         if self._warm and (self.device or host_device()) == "cpu":
-            folder = resolve_target(self.target, log=lambda m: None)[1]  # launch_vllm resolves it again, and says so
             drafter_folder = drafter or (speculative or {}).get("model")  # the benchmark passes the config
             self._make_room(server_footprint_bytes(folder, drafter_folder, self.kv_cache_gib), log)
         stack = ExitStack()
         try:
             server = stack.enter_context(
                 launch_vllm(
-                    self.target,
+                    folder,
                     drafter=drafter,
                     k=k,
                     speculative=speculative,
