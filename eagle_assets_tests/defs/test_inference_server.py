@@ -36,6 +36,10 @@ def test_server_footprint_counts_the_weights_as_float32_the_cache_and_the_engine
 
 
 def test_warm_servers_are_stopped_oldest_first_until_the_next_one_fits(monkeypatch):
+    # The two things this cannot have for real: a host short of memory (this one has plenty), so
+    # MemAvailable is read from a counter that each stop raises; and warm vLLM servers, stood in
+    # for by what the resource holds of one (its URL, and the ExitStack that stops it), since two
+    # real ones would take minutes and ~7 GB without being short of anything.
     resource = InferenceServerResource(device="cpu")
     available = {"bytes": 3 << 30}
     stopped = []

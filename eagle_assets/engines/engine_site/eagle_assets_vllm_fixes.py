@@ -16,9 +16,6 @@ on the engine's PYTHONPATH. The preflight's sampling probe runs the same steps a
 Runs inside the engine's own environment: torch and vLLM only.
 """
 
-NAME = "eagle_assets_cpu_expand"
-
-
 def expand(output, input_val, cu_num_tokens, replace_from, replace_to, MAX_NUM_TOKENS=None):
     """The kernel's contract: output[cu[i-1]:cu[i]] = input_val[i] for each request i (cu[-1]
     read as 0), with replace_from written as replace_to; any dtype, in place."""
