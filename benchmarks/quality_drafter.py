@@ -167,11 +167,12 @@ def stage_shards(a, data: Path) -> dict:
     top = torch.sort(torch.as_tensor(counts, dtype=torch.int64), descending=True).values.cumsum(0)
     coverage_by_size = {n: float(top[n - 1]) / max(1, int(top[-1])) for n in COVERAGE_SIZES if n <= len(top)}
     model, tokenizer = load_target(path, device=a.device, dtype=torch.bfloat16 if a.device == "cuda" else torch.float32)
-    settings = ExtractSettings(aux_layer_ids=preset.default_aux_layer_ids, num_shards=NUM_SHARDS, batch_tokens=65536, progress=False)
+    aux = tuple(a.extract_aux_layer_ids or preset.default_aux_layer_ids)
+    settings = ExtractSettings(aux_layer_ids=aux, num_shards=NUM_SHARDS, batch_tokens=65536, progress=False)
     start = time.perf_counter()
     results = extract_all(model, str(data / "corpus"), data / "hidden_states", settings, tokenizer=tokenizer, target_fingerprint=target_fingerprint(path))
     tokens = sum(sum(r.manifest.token_counts) for r in results)
-    return {"tokens": tokens, "samples": sum(len(r.manifest.sample_ids) for r in results),
+    return {"tokens": tokens, "samples": sum(len(r.manifest.sample_ids) for r in results), "aux_layer_ids": list(aux),
             "draft_vocab_coverage": coverage, "coverage_by_draft_vocab_size": coverage_by_size,
             "seconds": time.perf_counter() - start}  # fmt: skip
 
@@ -186,6 +187,7 @@ def stage_train(a, data: Path) -> dict:
     out = data / a.drafter_dir
     mapping, drafter = str(data / "vocab_mapping.safetensors"), None
     intermediate = a.intermediate_size or d["drafter_intermediate_size"]
+    aux = tuple(a.aux_layer_ids or preset.default_aux_layer_ids)
     if a.draft_vocab_size:
         from eagle_assets.drafter.config import DrafterConfig
         from eagle_assets.hidden_states.vocab import build_vocab_mapping, count_assistant_tokens, save_vocab_mapping
@@ -198,7 +200,7 @@ def stage_train(a, data: Path) -> dict:
             save_vocab_mapping(build_vocab_mapping(counts, preset.vocab_size, n), Path(mapping))
         target_config = json.loads((pull() / "config.json").read_text())
         drafter = dataclasses.asdict(DrafterConfig.from_target_config(
-            target_config, aux_layer_ids=preset.default_aux_layer_ids, draft_vocab_size=n, intermediate_size=intermediate,
+            target_config, aux_layer_ids=aux, draft_vocab_size=n, intermediate_size=intermediate,
             num_hidden_layers=a.num_layers))  # fmt: skip
     cfg = TrainConfig(
         shard_dirs=(str(data / "hidden_states"),), vocab_mapping=mapping, drafter=drafter,
@@ -208,7 +210,9 @@ def stage_train(a, data: Path) -> dict:
         micro_batch_tokens=d["micro_batch_tokens"], grad_accum=d["grad_accum"], val_fraction=d["val_fraction"],
         val_interval=d["val_interval"], checkpoint_every=a.checkpoint_every or d["checkpoint_every"], seed=d["seed"],
         drafter_num_layers=1 if drafter else a.num_layers,  # a drafter dict holds it
-        export_engines=("vllm", "sglang") if a.num_layers == 1 else ("vllm",),  # SGLang serves one layer only
+        aux_layer_ids=aux,
+        # SGLang serves one layer only, and cannot capture the last layer's output (id L)
+        export_engines=("vllm", "sglang") if a.num_layers == 1 and max(aux) < preset.num_layers else ("vllm",),
     )  # fmt: skip
     summary = train(cfg)
     return summary or {}
@@ -297,6 +301,10 @@ def copy_in_parts(src: Path, dest: Path, part_bytes: int = PART_BYTES) -> None:
             shutil.copy(f, dest / f.name)
 
 
+def _ids(text: str) -> tuple[int, ...]:
+    return tuple(int(x) for x in text.split(","))
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--preset", default="smollm2-quality", choices=sorted(RUN_PRESETS))
@@ -332,6 +340,10 @@ def main(argv: list[str] | None = None) -> int:
                     help="train a variant: learn softmax(target logits / T) (below 1 sharpens towards the greedy token)")
     ap.add_argument("--ttt-steps", type=int, help="train a variant: this many training-time-test steps instead of the preset's")
     ap.add_argument("--epochs", type=int, help="train a variant: this many epochs instead of the preset's")
+    ap.add_argument("--extract-aux-layer-ids", type=_ids,
+                    help="shards: extract these layers (e.g. 2,15,27,29,30) instead of the target's default aux ids, so "
+                         "variants can train on subsets of them")  # fmt: skip
+    ap.add_argument("--aux-layer-ids", type=_ids, help="train a variant: read these of the shards' layers (default the target's aux ids)")
     ap.add_argument("--checkpoint-every", type=int,
                     help="checkpoint this often (steps) instead of the preset's: less lost when a call's time limit cuts training")
     a = ap.parse_args(argv)

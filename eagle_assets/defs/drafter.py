@@ -13,6 +13,7 @@ from eagle_assets.drafter.config import folder_num_layers
 from eagle_assets.drafter.export import check_sglang_names, read_drafter_tensors
 from eagle_assets.drafter.run_config import TrainConfig
 from eagle_assets.engines.serving import chat_once
+from eagle_assets.hidden_states.reader import stored_aux_layer_ids
 from eagle_assets.resources.inference_server import InferenceServerResource
 from eagle_assets.resources.storage import StorageResource
 from eagle_assets.resources.trainer import TrainerResource
@@ -41,6 +42,11 @@ class DrafterConfig(dg.Config):
     checkpoint_every: int = 100
     parallelism: str = "ddp"
     """"ddp" or "fsdp2"."""
+    aux_layer_ids: Optional[list[int]] = None
+    """Train on these of the extracted aux layers (a subset of hidden_state_shards'
+    aux_layer_ids, ascending); default: all of them. Extract once at more layers, then compare
+    layer choices by training only. A drafter that reads the last layer (id L) is exported for
+    vLLM only: SGLang cannot capture that layer."""
     warm_start: Optional[str] = None
     """A parent drafter folder (`midlayer.*` or `layers.0.*` names) to fine-tune from."""
     seed: int = 0
@@ -74,6 +80,7 @@ def drafter_checkpoint(
     out = storage.drafter(preset.name)
     # A warm start keeps its parent's layers; SGLang serves one-layer drafters only.
     num_layers = folder_num_layers(config.warm_start) if config.warm_start else config.drafter_num_layers
+    reads_last_layer = max(config.aux_layer_ids or stored_aux_layer_ids(storage.hidden_states(preset.name))) >= preset.num_layers
     train_config = TrainConfig(
         shard_dirs=(str(storage.hidden_states(preset.name)),),
         vocab_mapping=str(storage.vocab_mapping(preset.name)),
@@ -82,6 +89,7 @@ def drafter_checkpoint(
         ttt_steps=config.ttt_steps or preset.ttt_steps,
         drafter_intermediate_size=config.drafter_intermediate_size,
         drafter_num_layers=config.drafter_num_layers,
+        aux_layer_ids=tuple(config.aux_layer_ids) if config.aux_layer_ids else None,
         warm_start=config.warm_start,
         epochs=config.epochs,
         max_steps=config.max_steps,
@@ -95,7 +103,7 @@ def drafter_checkpoint(
         parallelism=config.parallelism,
         seed=config.seed,
         tensorboard_dir=str(out / "tensorboard"),
-        export_engines=("vllm", "sglang") if num_layers == 1 else ("vllm",),
+        export_engines=("vllm", "sglang") if num_layers == 1 and not reads_last_layer else ("vllm",),
     )
     summary = trainer.train(context, train_config)
     vllm_dir = Path(summary["exports"]["vllm"])
@@ -128,7 +136,8 @@ def drafter_checkpoint(
     yield check_result(got == expected, {"prompts": SMOKE_PROMPTS, "plain": expected, "speculative": got}, check_name="serves_in_vllm")
 
     if sglang_dir is None:
-        note = f"a {num_layers}-layer drafter is exported for vLLM only: SGLang's later layers compute another function"
+        note = (f"a {num_layers}-layer drafter is exported for vLLM only: SGLang's later layers compute another function"
+                if num_layers > 1 else "a drafter that reads the last layer's output is exported for vLLM only: SGLang cannot capture it")
         yield check_result(True, {"note": note}, check_name="sglang_names")
     else:
         dropped = check_sglang_names(list(read_drafter_tensors(sglang_dir)))

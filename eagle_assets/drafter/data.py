@@ -106,25 +106,31 @@ class SampleRef:
 class ShardDataset:
     """All samples of a set of shard folders, addressed by a flat position."""
 
-    def __init__(self, shard_dirs: Sequence[str | Path], max_seq_len: int | None = None):
+    def __init__(self, shard_dirs: Sequence[str | Path], max_seq_len: int | None = None,
+                 aux_layer_ids: Sequence[int] | None = None):
+        """`aux_layer_ids`: serve only these of the shards' aux layers (None = all), in ascending order."""
         self.folders = discover_shards(shard_dirs)
         self.shards = [_open_reader(f) for f in self.folders]
         self.max_seq_len = max_seq_len
         first = self.shards[0].manifest
-        self.aux_layer_ids: tuple[int, ...] = tuple(first.aux_layer_ids)
+        self.stored_aux_layer_ids: tuple[int, ...] = tuple(first.aux_layer_ids)
+        self.aux_layer_ids: tuple[int, ...] = self.stored_aux_layer_ids
         self.hidden_size: int = first.hidden_size
         self.target_fingerprint: str = first.target_fingerprint
         for folder, reader in zip(self.folders, self.shards):
             m = reader.manifest
             if (tuple(m.aux_layer_ids), m.hidden_size, m.target_fingerprint) != (
-                self.aux_layer_ids, self.hidden_size, self.target_fingerprint,
+                self.stored_aux_layer_ids, self.hidden_size, self.target_fingerprint,
             ):
                 raise ValueError(
                     f"shard {folder} does not match {self.folders[0]}: aux ids {m.aux_layer_ids} vs "
-                    f"{list(self.aux_layer_ids)}, hidden {m.hidden_size} vs {self.hidden_size}, target "
+                    f"{list(self.stored_aux_layer_ids)}, hidden {m.hidden_size} vs {self.hidden_size}, target "
                     f"{m.target_fingerprint} vs {self.target_fingerprint}. Train on shards of one "
                     "hidden_state_shards materialisation."
                 )
+        self._aux_columns: torch.Tensor | None = None  # None: every stored column, as stored
+        if aux_layer_ids is not None and tuple(aux_layer_ids) != self.stored_aux_layer_ids:
+            self.aux_layer_ids = self._select_aux(tuple(int(i) for i in aux_layer_ids))
         self.samples: list[SampleRef] = []
         seen: dict[str, Path] = {}
         for s, (folder, reader) in enumerate(zip(self.folders, self.shards)):
@@ -139,6 +145,23 @@ class ShardDataset:
                 if n < 2:  # nothing to predict: the drafter needs a next token
                     continue
                 self.samples.append(SampleRef(s, row, sid, min(n, max_seq_len) if max_seq_len else n))
+
+    def _select_aux(self, wanted: tuple[int, ...]) -> tuple[int, ...]:
+        stored = self.stored_aux_layer_ids
+        missing = [i for i in wanted if i not in stored]
+        if missing or list(wanted) != sorted(set(wanted)):
+            raise ValueError(
+                f"aux_layer_ids {list(wanted)} cannot be read from shards holding aux layers {list(stored)} "
+                f"({self.folders[0].parent}): "
+                + (f"layers {missing} were not extracted; extract hidden states at them (hidden_state_shards' "
+                   "aux_layer_ids) or choose among the stored ones" if missing else
+                   f"give them distinct and ascending, e.g. {sorted(set(wanted))}")
+            )
+        h = self.hidden_size
+        # Stored columns are ascending id blocks of width H; the engines concatenate the chosen
+        # ids in ascending order too, so keeping the blocks in stored order keeps fc's layout.
+        self._aux_columns = torch.cat([torch.arange(stored.index(i) * h, (stored.index(i) + 1) * h) for i in wanted])
+        return wanted
 
     @property
     def num_aux(self) -> int:
@@ -167,7 +190,10 @@ class ShardDataset:
         ref = self.samples[pos]
         item = self.shards[ref.shard][ref.row]
         n = ref.num_tokens
-        return {k: item[k][:n] for k in ("input_ids", "loss_mask", "aux", "final")}
+        out = {k: item[k][:n] for k in ("input_ids", "loss_mask", "aux", "final")}
+        if self._aux_columns is not None:
+            out["aux"] = out["aux"][:, self._aux_columns]
+        return out
 
     def collate(self, positions: Sequence[int], dtype: torch.dtype = torch.float32) -> dict[str, torch.Tensor]:
         """A padded micro-batch in the layout `ttt_loss` takes.

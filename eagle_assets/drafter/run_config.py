@@ -61,6 +61,10 @@ class TrainConfig:
     mask_undraftable: bool = True
     """Train only on positions whose target argmax is in the draft vocabulary (as SpecForge):
     the drafter cannot propose the others. Needs the target lm_head's other rows on device."""
+    aux_layer_ids: tuple[int, ...] | None = None
+    """Train on these of the shards' aux layers (project numbering, a subset of what the shards
+    hold); None = all of them. Shards extracted once at more layers then serve several layer
+    choices without a second forward pass over the corpus."""
     warm_start: str | None = None
     """A parent drafter's HF folder to start from; its d2t/t2d must equal `vocab_mapping`'s."""
 
@@ -138,6 +142,8 @@ class TrainConfig:
         object.__setattr__(self, "shard_dirs", tuple(str(p) for p in self.shard_dirs))
         object.__setattr__(self, "betas", tuple(float(b) for b in self.betas))
         object.__setattr__(self, "export_engines", tuple(str(e) for e in self.export_engines))
+        if self.aux_layer_ids is not None:
+            object.__setattr__(self, "aux_layer_ids", tuple(int(i) for i in self.aux_layer_ids))
         for name in ("vocab_mapping", "target", "out_dir"):
             object.__setattr__(self, name, str(getattr(self, name)))
         self.validate()
@@ -188,6 +194,11 @@ class TrainConfig:
             problems.append(
                 f"a {layers}-layer drafter cannot be exported for SGLang (its layers after the first drop the "
                 "residual stream vLLM carries): set export_engines to ('vllm',) or train one layer"
+            )
+        if self.aux_layer_ids is not None and list(self.aux_layer_ids) != sorted(set(self.aux_layer_ids)):
+            problems.append(
+                f"aux_layer_ids={list(self.aux_layer_ids)} must be distinct and ascending (the engines concatenate "
+                f"the captured states in ascending order): use {sorted(set(self.aux_layer_ids))}"
             )
         if not self.target_temperature > 0:
             problems.append(f"target_temperature={self.target_temperature} must be > 0 (1 = the target's distribution)")

@@ -219,8 +219,11 @@ def _check_fit(config: DrafterConfig, ds: ShardDataset, d2t: torch.Tensor, t2d: 
     problems = []
     if tuple(config.aux_layer_ids) != tuple(ds.aux_layer_ids):
         problems.append(
-            f"the drafter reads aux layers {list(config.aux_layer_ids)} but the shards hold {list(ds.aux_layer_ids)}: "
-            "extract hidden states at the drafter's layer ids (or drop the ids from the drafter config)"
+            f"the drafter reads aux layers {list(config.aux_layer_ids)} but training reads {list(ds.aux_layer_ids)} "
+            f"(the shards hold {list(ds.stored_aux_layer_ids)}): "
+            + ("set the run's aux_layer_ids to the drafter's (the shards hold them)"
+               if set(config.aux_layer_ids) <= set(ds.stored_aux_layer_ids) else
+               "extract hidden states at the drafter's layer ids (or drop the ids from the drafter config)")
         )
     if config.target_hidden_size != ds.hidden_size:
         problems.append(f"the drafter expects target states of width {config.target_hidden_size}, the shards hold {ds.hidden_size}")
@@ -409,7 +412,7 @@ class Trainer:
         from eagle_assets.drafter.target_head import draft_head, outside_head, read_target_head
         from eagle_assets.hidden_states.vocab import load_vocab_mapping
 
-        self.ds = ShardDataset(cfg.shard_dirs, cfg.max_seq_len)
+        self.ds = ShardDataset(cfg.shard_dirs, cfg.max_seq_len, aux_layer_ids=cfg.aux_layer_ids)
         self.train_ids, self.val_ids = self.ds.split(cfg.val_fraction)
         self.log(f"data: {describe(self.ds, self.train_ids, self.val_ids)}")
         mapping = load_vocab_mapping(cfg.vocab_mapping)
@@ -420,6 +423,13 @@ class Trainer:
             raise ValueError(
                 f"the drafter has {drafter.config.num_hidden_layers} layers, which SGLang does not serve as vLLM "
                 "does: leave sglang out of export_engines (checked before training, not after it)"
+            )
+        last = drafter.config.target_num_layers
+        if last is not None and max(drafter.config.aux_layer_ids) >= last and "sglang" in cfg.export_engines:
+            raise ValueError(
+                f"the drafter reads aux layer {max(drafter.config.aux_layer_ids)}, the target's last layer output, which "
+                "SGLang cannot capture: leave sglang out of export_engines or read ids below "
+                f"{last} (checked before training, not after it)"
             )
 
         self.use_bf16 = cfg.bf16 and env.device.type == "cuda"

@@ -120,3 +120,11 @@ def open_shards(root: str | Path) -> list[ShardReader]:
                     "they come from different extractions; rebuild the stale shards"
                 )
     return readers
+
+
+def stored_aux_layer_ids(root: str | Path) -> tuple[int, ...]:
+    """The aux layer ids the complete shards under `root` hold."""
+    readers = open_shards(root)
+    if not readers:
+        raise FileNotFoundError(f"{root} holds no complete hidden-state shard: materialise hidden_state_shards first")
+    return tuple(readers[0].manifest.aux_layer_ids)

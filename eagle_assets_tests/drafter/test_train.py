@@ -365,6 +365,37 @@ def test_two_layer_drafter_trains_exports_for_vllm_and_warm_starts(tmp_path, one
     assert not list((tmp_path / "child").glob("checkpoint*"))  # refused before any step
 
 
+def test_training_reads_a_chosen_subset_of_the_extracted_aux_layers(tmp_path, one_thread):
+    from eagle_assets.drafter.export import load_drafter
+    from eagle_assets.drafter.train import resolve_drafter_config, train
+
+    cfg = write_tiny_run(tmp_path, num_samples=4, num_shards=1, micro_batch_samples=4, max_steps=2, export_engines=("vllm",))
+    stored, chosen = ShardDataset(cfg.shard_dirs), ShardDataset(cfg.shard_dirs, aux_layer_ids=(0, 2))
+    assert (chosen.aux_layer_ids, chosen.stored_aux_layer_ids, chosen.num_aux) == ((0, 2), AUX_IDS, 2)
+    everything = stored.sample(0)["aux"]  # blocks of 64 columns: ids 0, 1, 2
+    assert torch.equal(chosen.sample(0)["aux"], torch.cat([everything[:, :64], everything[:, 128:]], dim=-1))
+    assert chosen.collate([0, 1])["aux"].shape[-1] == 2 * 64
+    with pytest.raises(ValueError, match=r"layers \[3\] were not extracted"):
+        ShardDataset(cfg.shard_dirs, aux_layer_ids=(1, 3))
+    with pytest.raises(ValueError, match=r"must be distinct and ascending .*use \[0, 1\]"):
+        cfg.replace(aux_layer_ids=(1, 0))
+    assert TrainConfig.load(cfg.replace(aux_layer_ids=[0, 1]).save(tmp_path / "run.json")).aux_layer_ids == (0, 1)
+
+    # the export reads what training read: the engines capture those layers, fc takes 2 blocks
+    summary = train(cfg.replace(aux_layer_ids=(0, 1)))
+    model, config = load_drafter(summary["exports"]["vllm"])
+    assert config.aux_layer_ids == (0, 1) and tuple(model.fc.weight.shape) == (64, 2 * 64)
+    assert summary["aux_layer_ids"] == [0, 1]
+    # id 2 is the tiny target's last layer output, which SGLang cannot capture: refused up front
+    with pytest.raises(ValueError, match="SGLang cannot capture"):
+        train(cfg.replace(out_dir=str(tmp_path / "last"), export_engines=("vllm", "sglang")))
+    assert not (tmp_path / "last" / "checkpoints").exists()
+    # a drafter config whose ids are stored but not chosen names the setting to change
+    two = resolve_drafter_config(cfg, TINY_TARGET, (0, 1), 64).to_dict()
+    with pytest.raises(ValueError, match="set the run's aux_layer_ids to the drafter's"):
+        train(cfg.replace(out_dir=str(tmp_path / "dict"), drafter=two))
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_bf16_training_on_gpu(tmp_path):
