@@ -26,6 +26,11 @@ Variants train side by side on one corpus, each in its own folder under --data:
     python3 benchmarks/quality_drafter.py --data /tmp/q --stages train,offline --drafter-dir lr3 --lr 3e-3 &
     python3 benchmarks/quality_drafter.py --data /tmp/q --stages train,offline --drafter-dir deep --num-layers 2 &
 
+Target-layer choices train from one extraction at the union of their layers:
+
+    python3 benchmarks/quality_drafter.py --data /tmp/q --stages shards --extract-aux-layer-ids 2,15,27,29,30
+    python3 benchmarks/quality_drafter.py --data /tmp/q --stages train,offline --drafter-dir top30 --aux-layer-ids 2,15,30 &
+
 Every stage resumes: a finished stage is skipped, the corpus keeps what it stored and the
 trainer resumes from its newest checkpoint, so a command cut short by `--deadline-s` (or
 killed) continues where it stopped when run again. `--out` receives the vLLM export,
