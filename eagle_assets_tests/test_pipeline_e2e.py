@@ -38,7 +38,7 @@ def test_every_asset_materialised_with_blocking_checks_passed(materialized_graph
         assert instance.get_latest_materialization_event(dg.AssetKey(name)) is not None, name
     for name, check in [("synthetic_corpus", "token_round_trip"), ("synthetic_corpus", "error_rate"),
                         ("vocab_mapping", "consistent"), ("drafter_checkpoint", "serves_in_vllm"),
-                        ("drafter_checkpoint", "sglang_names")]:  # fmt: skip
+                        ("drafter_checkpoint", "samples_under_speculation"), ("drafter_checkpoint", "sglang_names")]:  # fmt: skip
         record = instance.event_log_storage.get_latest_asset_check_execution_by_key([dg.AssetCheckKey(dg.AssetKey(name), check)])
         execution = record[dg.AssetCheckKey(dg.AssetKey(name), check)]
         assert execution.status.value == "SUCCEEDED", (name, check, execution)

@@ -12,7 +12,7 @@ from eagle_assets.defs.hidden_states import hidden_state_shards, vocab_mapping
 from eagle_assets.drafter.config import folder_num_layers
 from eagle_assets.drafter.export import check_sglang_names, read_drafter_tensors
 from eagle_assets.drafter.run_config import TrainConfig
-from eagle_assets.engines.serving import chat_once
+from eagle_assets.engines.serving import chat_once, cold_sampling_check
 from eagle_assets.hidden_states.reader import stored_aux_layer_ids
 from eagle_assets.resources.inference_server import InferenceServerResource
 from eagle_assets.resources.storage import StorageResource
@@ -59,6 +59,8 @@ class DrafterConfig(dg.Config):
     check_specs=[
         dg.AssetCheckSpec("serves_in_vllm", asset="drafter_checkpoint", blocking=True,
                           description="The vLLM export loads in the real vLLM server and its greedy output equals the run without speculation."),  # fmt: skip
+        dg.AssetCheckSpec("samples_under_speculation", asset="drafter_checkpoint",
+                          description="Requests sampled at temperature 1e-3 with the drafter write the greedy answer: the engine gives every draft position the request's sampling settings. A fault of the engine, not the drafter: it warns and does not block."),  # fmt: skip
         dg.AssetCheckSpec("sglang_names", asset="drafter_checkpoint", blocking=True,
                           description="Every weight name of the SGLang export is one SGLang's loader recognises (it drops unknown names silently)."),  # fmt: skip
         dg.AssetCheckSpec("not_worse_than_parent", asset="drafter_checkpoint", blocking=True,
@@ -131,9 +133,13 @@ def drafter_checkpoint(
     # plain one, started second, for the benchmark's baseline).
     with inference_server.serve(drafter=vllm_dir, k=train_config.ttt_steps, log=context.log.info) as spec:
         got = [chat_once(spec, p) for p in SMOKE_PROMPTS]
+        samples_ok, sampling = cold_sampling_check(spec, SMOKE_PROMPTS, got)
     with inference_server.serve(log=context.log.info) as plain:
         expected = [chat_once(plain, p) for p in SMOKE_PROMPTS]
     yield check_result(got == expected, {"prompts": SMOKE_PROMPTS, "plain": expected, "speculative": got}, check_name="serves_in_vllm")
+    if not samples_ok:
+        context.log.warning(f"samples_under_speculation: {sampling['cause']}")
+    yield check_result(samples_ok, sampling, blocking_severity=dg.AssetCheckSeverity.WARN, check_name="samples_under_speculation")
 
     if sglang_dir is None:
         note = (f"a {num_layers}-layer drafter is exported for vLLM only: SGLang's later layers compute another function"

