@@ -60,7 +60,7 @@ class DrafterConfig(dg.Config):
         dg.AssetCheckSpec("serves_in_vllm", asset="drafter_checkpoint", blocking=True,
                           description="The vLLM export loads in the real vLLM server and its greedy output equals the run without speculation."),  # fmt: skip
         dg.AssetCheckSpec("samples_under_speculation", asset="drafter_checkpoint",
-                          description="Requests sampled at temperature 1e-3 with the drafter write the greedy answer: the engine gives every draft position the request's sampling settings. A fault of the engine, not the drafter: it warns and does not block."),  # fmt: skip
+                          description="Requests sampled at temperature 1e-4 with the drafter write the greedy answer: the engine gives every draft position the request's sampling settings. A fault of the engine, not the drafter: it warns and does not block."),  # fmt: skip
         dg.AssetCheckSpec("sglang_names", asset="drafter_checkpoint", blocking=True,
                           description="Every weight name of the SGLang export is one SGLang's loader recognises (it drops unknown names silently)."),  # fmt: skip
         dg.AssetCheckSpec("not_worse_than_parent", asset="drafter_checkpoint", blocking=True,

@@ -164,9 +164,10 @@ def chat_once(server: InferenceServer, prompt: str, max_tokens: int = 32, timeou
 
 
 # Sampled, not greedy (vLLM samples above 1e-5), yet so cold that the target's distribution puts
-# all its mass on the greedy token: under speculation such a request must write the greedy answer,
-# which it does only if the engine gives each draft position the request's temperature.
-COLD_TEMPERATURE = 1e-3
+# all its mass on the greedy token (a logit gap of 0.001 becomes 10 nats): under speculation such
+# a request must write the greedy answer, which it does only if the engine gives each draft
+# position the request's temperature.
+COLD_TEMPERATURE = 1e-4
 
 
 def cold_sampling_check(server: InferenceServer, prompts: list[str], greedy: list[str]) -> tuple[bool, dict]:
