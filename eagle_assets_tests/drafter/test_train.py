@@ -422,7 +422,7 @@ def test_clear_errors_for_missing_inputs(tmp_path, one_thread):
     # shards captured at other layers than the drafter reads
     drafter = {**DrafterConfig.from_target_config(TINY_TARGET, aux_layer_ids=AUX_IDS, draft_vocab_size=64).to_dict(),
                "aux_layer_ids": [1]}
-    with pytest.raises(ValueError, match=r"aux layers \[1\] but the shards hold \[0, 1, 2\]"):
+    with pytest.raises(ValueError, match=r"aux layers \[1\] but training reads \[0, 1, 2\] \(the shards hold \[0, 1, 2\]\)"):
         train(cfg.replace(drafter=drafter))
 
 
