@@ -102,14 +102,16 @@ def serve(
     drafter: Optional[Path] = typer.Option(None, help="EAGLE-3 drafter folder."),
     num_speculative_tokens: int = typer.Option(3, "--num-speculative-tokens", "-k"),
     port: int = typer.Option(8000),
-    check: bool = typer.Option(False, help="Send one chat completion, print it, stop the server and exit."),
+    check: bool = typer.Option(
+        False, help="Send smoke chat completions, print the first, stop the server and exit; with a drafter, also check "
+                    "that sampled requests under speculation write the greedy answers (exit 1 when they do not)."),
     stop: bool = typer.Option(False, help="Stop a server of ours recorded on --port and exit."),
     startup_timeout: float = typer.Option(600, help="Seconds to wait for the server to answer."),
 ) -> None:
     """Launch vLLM for a target (optionally with a drafter), watch it, and tear it down on exit."""
     from eagle_assets.engines.preflight import PreflightError
     from eagle_assets.engines.process import PortBusy, ServerFailed, stop_recorded
-    from eagle_assets.engines.serving import chat_once, launch_vllm
+    from eagle_assets.engines.serving import COLD_TEMPERATURE, SMOKE_PROMPTS, chat_once, cold_sampling_check, launch_vllm
     from eagle_assets.paths import runs_dir
 
     if stop:
@@ -118,8 +120,15 @@ def serve(
     try:
         with launch_vllm(target, drafter=drafter, k=num_speculative_tokens, port=port, startup_timeout_s=startup_timeout) as server:
             if check:
-                answer = chat_once(server, "Say hello in one short sentence.")
-                typer.echo(f"chat completion from {server.model}: {answer!r}")
+                greedy = [chat_once(server, p) for p in SMOKE_PROMPTS]
+                typer.echo(f"chat completion from {server.model}: {greedy[0]!r}")
+                if drafter is not None:
+                    ok, sampling = cold_sampling_check(server, SMOKE_PROMPTS, greedy)
+                    if not ok:
+                        wrong, right = next((s, g) for s, g in zip(sampling["sampled"], greedy) if s != g)
+                        _fail(f"sampling under speculation is wrong: at temperature {COLD_TEMPERATURE:g} the server wrote "
+                              f"{wrong!r}, not its greedy answer {right!r}. {sampling['cause']}")
+                    typer.echo(f"sampling under speculation: ok (temperature {COLD_TEMPERATURE:g} wrote the greedy answers)")
                 return
             typer.echo(f"serving {server.model} at {server.base_url} (OpenAI-compatible); Ctrl-C stops it")
             signal.pause()

@@ -12,13 +12,12 @@ from eagle_assets.defs.hidden_states import hidden_state_shards, vocab_mapping
 from eagle_assets.drafter.config import folder_num_layers
 from eagle_assets.drafter.export import check_sglang_names, read_drafter_tensors
 from eagle_assets.drafter.run_config import TrainConfig
-from eagle_assets.engines.serving import chat_once, cold_sampling_check
+from eagle_assets.engines.serving import SMOKE_PROMPTS, chat_once, cold_sampling_check
 from eagle_assets.hidden_states.reader import stored_aux_layer_ids
 from eagle_assets.resources.inference_server import InferenceServerResource
 from eagle_assets.resources.storage import StorageResource
 from eagle_assets.resources.trainer import TrainerResource
 
-SMOKE_PROMPTS = ["What is the capital of France?", "Give me two tips for learning a language."]
 
 
 class DrafterConfig(dg.Config):

@@ -163,6 +163,9 @@ def chat_once(server: InferenceServer, prompt: str, max_tokens: int = 32, timeou
         return json.loads(resp.read())["choices"][0]["message"]["content"]
 
 
+# What a smoke check asks a server: one short answer, one long enough for many draft rounds.
+SMOKE_PROMPTS = ["What is the capital of France?", "Give me two tips for learning a language."]
+
 # Sampled, not greedy (vLLM samples above 1e-5), yet so cold that the target's distribution puts
 # all its mass on the greedy token (a logit gap of 0.001 becomes 10 nats): under speculation such
 # a request must write the greedy answer, which it does only if the engine gives each draft
@@ -193,4 +196,4 @@ def api_key_from_env(variable: str | None) -> str | None:
     return os.environ.get(variable) if variable else None
 
 
-__all__ = ["InferenceServer", "chat_once", "cold_sampling_check", "COLD_TEMPERATURE", "connect", "launch_vllm", "ServerFailed", "PreflightError", "api_key_from_env"]
+__all__ = ["InferenceServer", "chat_once", "cold_sampling_check", "COLD_TEMPERATURE", "SMOKE_PROMPTS", "connect", "launch_vllm", "ServerFailed", "PreflightError", "api_key_from_env"]

@@ -55,7 +55,7 @@ def vllm_processes() -> list[int]:
     return found
 
 
-def test_eagle3_keeps_greedy_output_and_cold_sampling_too(vllm_server, smollm2_config, tmp_path, monkeypatch):
+def test_eagle3_keeps_greedy_output_and_cold_sampling_too(vllm_server, smollm2_config, tmp_path):
     drafter = write_random_drafter(tmp_path / "drafter", smollm2_config)
     plain = [chat(vllm_server.base_url, vllm_server.model, p) for p in PROMPTS]
     greedy = [r["choices"][0]["message"]["content"] for r in plain]
@@ -72,12 +72,15 @@ def test_eagle3_keeps_greedy_output_and_cold_sampling_too(vllm_server, smollm2_c
     drafts = [line for line in metrics.splitlines() if line.startswith("vllm:spec_decode_num_drafts_total")]
     assert drafts and float(drafts[0].rsplit(" ", 1)[1]) > 0, "the drafter was never consulted"
 
-    # The same check tells a server without the plugin (as one a user starts) from a good one.
-    monkeypatch.setenv("VLLM_PLUGINS", "")
-    with launch_vllm(EMBEDDED_TARGET, drafter=drafter, k=3, run_preflight=False, log=lambda m: None) as unfixed:
-        samples_ok, sampling = cold_sampling_check(unfixed, PROMPTS, greedy)
-    assert not samples_ok and sampling["sampled"] != greedy
-    assert "vLLM issue #55005" in sampling["cause"] and "engine_site" in sampling["cause"]
+    # The same check tells a server without the plugin (as one a user starts) from a good one:
+    # `serve --check` runs it and fails, naming the cause and the fix.
+    env = {**os.environ, "VLLM_PLUGINS": ""}
+    unfixed = subprocess.run([CLI, "serve", "--drafter", str(drafter), "--port", str(free_port()), "--check"],
+                             capture_output=True, text=True, timeout=900, env=env)
+    assert unfixed.returncode == 1, unfixed.stdout + unfixed.stderr
+    assert "chat completion from" in unfixed.stdout
+    assert "sampling under speculation is wrong" in unfixed.stderr and "not its greedy answer" in unfixed.stderr
+    assert "vLLM issue #55005" in unfixed.stderr and "engine_site" in unfixed.stderr
 
 
 def test_the_model_worker_runs_on_every_core_of_a_small_host(vllm_server):
