@@ -19,7 +19,6 @@ from eagle_assets.resources.storage import StorageResource
 from eagle_assets.resources.trainer import TrainerResource
 
 
-
 class DrafterConfig(dg.Config):
     ttt_steps: Optional[int] = None
     """Training-time-test unroll K; default: the target preset's."""
