@@ -9,7 +9,7 @@ import dagster as dg
 
 from eagle_assets.defs.common import GROUP, check_result, hash_tree, metadata, stage_version, target_of
 from eagle_assets.defs.hidden_states import hidden_state_shards, vocab_mapping
-from eagle_assets.drafter.config import folder_num_layers
+from eagle_assets.drafter.config import folder_num_layers, sglang_can_capture
 from eagle_assets.drafter.export import check_sglang_names, read_drafter_tensors
 from eagle_assets.drafter.run_config import TrainConfig
 from eagle_assets.engines.serving import SMOKE_PROMPTS, chat_once, cold_sampling_check
@@ -80,7 +80,7 @@ def drafter_checkpoint(
     out = storage.drafter(preset.name)
     # A warm start keeps its parent's layers; SGLang serves one-layer drafters only.
     num_layers = folder_num_layers(config.warm_start) if config.warm_start else config.drafter_num_layers
-    reads_last_layer = max(config.aux_layer_ids or stored_aux_layer_ids(storage.hidden_states(preset.name))) >= preset.num_layers
+    sglang_captures = sglang_can_capture(config.aux_layer_ids or stored_aux_layer_ids(storage.hidden_states(preset.name)), preset.num_layers)
     train_config = TrainConfig(
         shard_dirs=(str(storage.hidden_states(preset.name)),),
         vocab_mapping=str(storage.vocab_mapping(preset.name)),
@@ -103,7 +103,7 @@ def drafter_checkpoint(
         parallelism=config.parallelism,
         seed=config.seed,
         tensorboard_dir=str(out / "tensorboard"),
-        export_engines=("vllm", "sglang") if num_layers == 1 and not reads_last_layer else ("vllm",),
+        export_engines=("vllm", "sglang") if num_layers == 1 and sglang_captures else ("vllm",),
     )
     summary = trainer.train(context, train_config)
     vllm_dir = Path(summary["exports"]["vllm"])

@@ -34,6 +34,12 @@ SGLANG_FIRST_ID_RULE = ("deepseek_v2", "deepseek_v3", "kimi_k2", "kimi_k25")
 (`deepseek_v2.py` `set_eagle3_layers_to_capture`); SGLang's llama always adds 1."""
 
 
+def sglang_can_capture(aux_layer_ids, target_num_layers: int) -> bool:
+    """Whether SGLang can capture these layers: it captures at a layer's input, so never the last
+    layer's output (id L, EAGLE3_SEMANTICS.md section 5)."""
+    return max(aux_layer_ids) < target_num_layers
+
+
 def _rope_type(rope_scaling: dict | None) -> str:
     if not rope_scaling:
         return "default"
@@ -301,10 +307,10 @@ class DrafterConfig:
         ids starting at 2 are written minus one and others as they are.
         """
         ids = list(self.aux_layer_ids)
-        if self.target_num_layers is not None and max(ids) >= self.target_num_layers:
+        if self.target_num_layers is not None and not sglang_can_capture(ids, self.target_num_layers):
             raise ValueError(
-                f"aux id {max(ids)} is the last layer's output (target has {self.target_num_layers} layers): "
-                "SGLang captures at a layer's input, so it cannot capture it (EAGLE3_SEMANTICS.md section 5). "
+                f"aux id {max(ids)} is the last layer's output (target has {self.target_num_layers} layers), which "
+                "SGLang cannot capture: it captures at a layer's input (EAGLE3_SEMANTICS.md section 5). "
                 f"Use ids <= {self.target_num_layers - 1}."
             )
         if self.target_model_type is None:

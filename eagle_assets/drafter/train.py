@@ -419,18 +419,13 @@ class Trainer:
         embedding, lm_head = read_target_head(cfg.target)
         drafter = build_drafter(cfg, self.ds, mapping.d2t, mapping.t2d, embedding)
         self.drafter_config = drafter.config
-        if drafter.config.num_hidden_layers > 1 and "sglang" in cfg.export_engines:  # e.g. a warm-started parent
-            raise ValueError(
-                f"the drafter has {drafter.config.num_hidden_layers} layers, which SGLang does not serve as vLLM "
-                "does: leave sglang out of export_engines (checked before training, not after it)"
-            )
-        last = drafter.config.target_num_layers
-        if last is not None and max(drafter.config.aux_layer_ids) >= last and "sglang" in cfg.export_engines:
-            raise ValueError(
-                f"the drafter reads aux layer {max(drafter.config.aux_layer_ids)}, the target's last layer output, which "
-                "SGLang cannot capture: leave sglang out of export_engines or read ids below "
-                f"{last} (checked before training, not after it)"
-            )
+        if "sglang" in cfg.export_engines:
+            # The SGLang export's own config refuses what SGLang cannot serve (more layers, the
+            # last layer's output, ids it cannot number): ask it before training, not after it.
+            try:
+                drafter.config.to_sglang_config()
+            except ValueError as err:
+                raise ValueError(f"{err} So leave sglang out of export_engines (checked before training, not after it).") from None
 
         self.use_bf16 = cfg.bf16 and env.device.type == "cuda"
         head_dtype = torch.bfloat16 if self.use_bf16 else torch.float32
