@@ -148,6 +148,7 @@ def bench(
     also_k: list[int] = typer.Option([], "--also-k", help="Also serve the drafter at this K, to find the fastest (repeat the option)."),
     ngram: bool = typer.Option(True, help="Also serve vLLM's n-gram speculation on the same prompts."),
     parent_al: Optional[float] = typer.Option(None, help="A parent drafter's AL to check against."),
+    compiled: bool = typer.Option(False, "--compiled/--eager", help="CPU: serve compiled, as a deployment does (starts take ~2 min), or eagerly."),
 ) -> None:
     """Benchmark any EAGLE-3 drafter folder in the real engine, as the benchmark_report asset does:
     offline reference vs served acceptance, tokens/s with and without speculation, a verdict."""
@@ -156,6 +157,8 @@ def bench(
     from eagle_assets.bench.benchmark import BenchmarkSettings, run_benchmark
     from eagle_assets.embedded_target import resolve_target
     from eagle_assets.engines.serving import launch_vllm
+    from eagle_assets.engines.vllm_launch import serving_mode_note
+    from eagle_assets.engines.envs import host_device
 
     drafter = drafter.expanduser().resolve()
     if not (drafter / "config.json").is_file():
@@ -169,8 +172,9 @@ def bench(
         settings = BenchmarkSettings(num_prompts=num_prompts, output_len=output_len, concurrencies=tuple(concurrency), k=k,
                                      also_k=tuple(also_k), ngram=ngram)  # fmt: skip
         report, paths = run_benchmark(
-            settings, preset.name, path, drafter, lambda spec: launch_vllm(target, speculative=spec), out,
+            settings, preset.name, path, drafter, lambda spec: launch_vllm(target, speculative=spec, compiled=compiled), out,
             trained_aux_layer_ids=summary.get("aux_layer_ids"), target_num_layers=preset.num_layers, parent_al=parent_al,
+            notes=[n for n in [serving_mode_note(host_device(), compiled)] if n],
         )  # fmt: skip
     except (FileNotFoundError, ValueError) as exc:
         _fail(str(exc))

@@ -106,10 +106,12 @@ def run_benchmark(
     target_num_layers: int | None = None,
     parent_al: float | None = None,
     served_drafter_dir: Path | None = None,
+    notes: Sequence[str] = (),
     log: Callable[[str], None] = print,
 ) -> tuple[BenchmarkReport, object]:
     """Offline reference on `drafter_dir` (the drafter as trained), served sweeps with the
-    export at `served_drafter_dir` (default: the same folder), report written to `out_dir`."""
+    export at `served_drafter_dir` (default: the same folder), report written to `out_dir`;
+    `notes` (how the servers ran, say) go into the report as they are."""
     served_drafter_dir = served_drafter_dir or drafter_dir
     prompts = mt_bench_prompts(settings.num_prompts)
     sweep = SweepSettings(output_len=settings.output_len, concurrencies=tuple(settings.concurrencies), progress=False)
@@ -118,7 +120,7 @@ def run_benchmark(
     chosen = mt_bench_categories(settings.num_prompts)[: len(results)]
     slices = offline_slices(results, chosen, settings.k)
     log(f"offline reference: AL {offline.al:.3f}, p_k {[round(p, 3) for p in offline.per_position_acceptance]}")
-    notes, ended_early = [], answers_ending_early(results)
+    notes, ended_early = list(notes), answers_ending_early(results)
     if ended_early:
         notes.append(f"{ended_early} of {len(results)} offline answers ended before {settings.output_len} "
                      "tokens and ran on past the target's end-of-answer token (EOS is ignored, served and offline alike)")  # fmt: skip

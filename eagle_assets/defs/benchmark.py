@@ -68,6 +68,7 @@ def benchmark_report(context: dg.AssetExecutionContext, config: BenchmarkConfig,
         settings, preset.name, path, drafter_dir, serve, storage.report(preset.name),
         trained_aux_layer_ids=summary.get("aux_layer_ids"), target_num_layers=preset.num_layers,
         parent_al=config.parent_al, log=context.log.info,
+        notes=[n for n in [inference_server.serving_note()] if n],
     )  # fmt: skip
     text = paths.summary.read_text().rstrip("\n")
     context.log.info("\n" + text)

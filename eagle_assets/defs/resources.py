@@ -17,7 +17,17 @@ def default_resources() -> dict:
             url=os.environ.get("EAGLE_ASSETS_SERVER_URL") or None,
             # The name of the variable, never its value: the key is read when a request is made.
             api_key_env="EAGLE_ASSETS_SERVER_API_KEY",
+            compiled=_flag("EAGLE_ASSETS_SERVE_COMPILED"),
         ),
         "storage": StorageResource(root=os.environ.get("EAGLE_ASSETS_DATA", "")),
         "trainer": TrainerResource(nproc_per_node=int(os.environ.get("EAGLE_ASSETS_NPROC_PER_NODE", "1"))),
     }
+
+
+def _flag(name: str) -> bool:
+    """An on/off environment variable: unset, empty or 0 is off, 1 is on; anything else is refused
+    rather than read as off."""
+    value = os.environ.get(name, "").strip()
+    if value not in ("", "0", "1"):
+        raise ValueError(f"{name}={value!r}: set it to 1 (on) or 0 (off)")
+    return value == "1"

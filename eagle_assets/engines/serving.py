@@ -92,6 +92,7 @@ def launch_vllm(
     device: str | None = None,
     kv_cache_gib: int = 1,
     max_num_seqs: int | None = None,
+    compiled: bool = False,
     venv: Path | None = None,
     startup_timeout_s: float = 600,
     run_preflight: bool = True,
@@ -122,6 +123,7 @@ def launch_vllm(
         device=device,
         kv_cache_gib=kv_cache_gib,
         max_num_seqs=max_num_seqs,
+        compiled=compiled,
     )
     stamp = time.strftime("%Y%m%d-%H%M%S")
     log_path = runs_dir() / "servers" / f"vllm-{port}-{stamp}.log"

@@ -20,7 +20,7 @@ from pydantic import PrivateAttr
 from eagle_assets.embedded_target import resolve_target
 from eagle_assets.engines.envs import host_device
 from eagle_assets.engines.serving import InferenceServer, api_key_from_env, connect, launch_vllm
-from eagle_assets.engines.vllm_launch import speculative_config
+from eagle_assets.engines.vllm_launch import serving_mode_note, speculative_config
 from eagle_assets.targets import EMBEDDED_TARGET
 
 # The drafter's check serves plain and speculative, then the benchmark serves both again: two
@@ -52,6 +52,9 @@ class InferenceServerResource(dg.ConfigurableResource):
     """cpu or cuda; default: this host's."""
     kv_cache_gib: int = 1
     max_num_seqs: Optional[int] = None
+    compiled: bool = False
+    """CPU only: serve compiled (torch.compile), as a deployment does, instead of eagerly (the
+    default: a server starts in ~30 s instead of ~2 min); see VllmLaunch.compiled."""
     startup_timeout_s: float = 600
     keep_warm: bool = True
     """Keep launched servers for the next asset of the same run that asks for the same
@@ -92,6 +95,10 @@ class InferenceServerResource(dg.ConfigurableResource):
                 f"the next server needs ~{needed_bytes / 2**30:.1f} GiB and {HEADROOM_BYTES / 2**30:.0f} GiB stay free"
             )
             self._stop_oldest()
+
+    def serving_note(self) -> str | None:
+        """How a launched server runs the models, for a report (None for a server of yours)."""
+        return None if self.url else serving_mode_note(self.device or host_device(), self.compiled)
 
     def _warm_capacity(self) -> int:
         return WARM_SERVERS_ON_CPU if (self.device or host_device()) == "cpu" else 1
@@ -144,6 +151,7 @@ class InferenceServerResource(dg.ConfigurableResource):
                     device=self.device,
                     kv_cache_gib=self.kv_cache_gib,
                     max_num_seqs=self.max_num_seqs,
+                    compiled=self.compiled,
                     startup_timeout_s=self.startup_timeout_s,
                     log=log,
                 )

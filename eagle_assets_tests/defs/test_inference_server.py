@@ -1,12 +1,17 @@
-"""Which launched servers the resource keeps warm, and which request names which server."""
+"""Which launched servers the resource keeps warm, which request names which server, and how a CPU server runs the models."""
 
 import json
 from contextlib import ExitStack
+from pathlib import Path
 from types import SimpleNamespace
 
-from eagle_assets.engines.vllm_launch import ngram_config, speculative_config
+import pytest
+
+from eagle_assets.defs.resources import default_resources
+from eagle_assets.engines.vllm_launch import VllmLaunch, ngram_config, speculative_config
 from eagle_assets.resources import inference_server
 from eagle_assets.resources.inference_server import ENGINE_OVERHEAD_BYTES, InferenceServerResource, server_footprint_bytes, server_key
+from eagle_assets.targets import EMBEDDED_TARGET, get_preset
 
 
 def test_a_drafter_folder_and_k_name_the_server_of_the_config_they_expand_to(tmp_path, monkeypatch):
@@ -65,3 +70,27 @@ def test_warm_servers_are_stopped_oldest_first_until_the_next_one_fits(monkeypat
     assert stopped == ["older"]
     resource._make_room(64 << 30, lines.append)  # nothing fits: every warm server goes, none is left to stop
     assert stopped == ["older", "newer"] and not resource._warm
+
+
+def test_a_cpu_server_runs_eagerly_unless_asked_to_compile_and_the_report_says_which(tmp_path, monkeypatch):
+    def command(device: str, compiled: bool) -> list[str]:
+        launch = VllmLaunch(tmp_path, EMBEDDED_TARGET, get_preset(EMBEDDED_TARGET), 8000, device=device, compiled=compiled)
+        return launch.command(Path("python"))
+
+    eager, compiled = command("cpu", False), command("cpu", True)
+    assert "--enforce-eager" in eager and json.loads(eager[eager.index("--compilation-config") + 1]) == {"mode": 0}
+    assert "--enforce-eager" not in compiled and "--compilation-config" not in compiled
+    for cmd in (eager, compiled):  # fp32 either way: served and offline acceptance compare token for token
+        assert cmd[cmd.index("--dtype") + 1] == "float32"
+    assert "--enforce-eager" not in command("cuda", False)
+
+    assert "--compiled" in InferenceServerResource(device="cpu").serving_note()
+    assert InferenceServerResource(device="cpu", compiled=True).serving_note().startswith("served compiled")
+    assert InferenceServerResource(device="cuda").serving_note() is None
+    assert InferenceServerResource(device="cpu", url="http://127.0.0.1:1").serving_note() is None  # a server of yours: not ours to say
+
+    monkeypatch.setenv("EAGLE_ASSETS_SERVE_COMPILED", "1")
+    assert default_resources()["inference_server"].compiled
+    monkeypatch.setenv("EAGLE_ASSETS_SERVE_COMPILED", "yes")
+    with pytest.raises(ValueError, match="EAGLE_ASSETS_SERVE_COMPILED='yes': set it to 1"):
+        default_resources()
