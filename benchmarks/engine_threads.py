@@ -22,9 +22,10 @@ from pathlib import Path
 
 from env_override import environment_variable
 from served_on_cpu import served_on_cpu
+from side_by_side import speculation_configs, table
 
 from eagle_assets.bench.served import ServedRun, SweepSettings, mt_bench_prompts
-from eagle_assets.engines.vllm_launch import cpu_threads_bind, ngram_config, speculative_config
+from eagle_assets.engines.vllm_launch import cpu_threads_bind
 
 BINDINGS = {
     "vLLM's": "auto",  # vLLM's default: one core kept for the API server and scheduler
@@ -32,44 +33,17 @@ BINDINGS = {
 }
 
 
-def configs(drafter: Path, ks: list[int]) -> dict[str, dict | None]:
-    """{label: speculative config}: no speculation, EAGLE-3 at each K, n-gram at the last K."""
-    out: dict[str, dict | None] = {"no speculation": None}
-    out.update({f"EAGLE-3 K={k}": speculative_config(drafter, k) for k in ks})
-    out[f"n-gram K={ks[-1]}"] = ngram_config(ks[-1])
-    return out
-
-
 def measure(drafter: Path, ks: list[int], prompts, sweep: SweepSettings) -> dict[str, dict[str, ServedRun]]:
     """{binding: {config label: ServedRun}}."""
     runs: dict[str, dict[str, ServedRun]] = {}
     for name, value in BINDINGS.items():
         with environment_variable("VLLM_CPU_OMP_THREADS_BIND", value):
-            for label, spec in configs(drafter, ks).items():
+            for label, spec in speculation_configs(drafter, ks).items():
                 run = served_on_cpu(label, spec, prompts, sweep)
                 runs.setdefault(name, {})[label] = run
                 level = run.level(sweep.concurrencies[0])
                 print(f"  {name} binding, {label}: {level.tokens_per_s:.1f} tok/s at concurrency {level.concurrency}", flush=True)
     return runs
-
-
-def table(runs: dict[str, dict[str, ServedRun]], concurrencies: tuple[int, ...]) -> str:
-    theirs, ours = runs["vLLM's"], runs["ours"]
-    base = "no speculation"
-    lines = [f"{'':>24} {'vLLM binding':>18} {'ours':>18} {'ours / vLLM':>12}"]
-    for c in concurrencies:
-        for label in theirs:
-            a, b = theirs[label].level(c), ours[label].level(c)
-            cells = [f"{x.tokens_per_s:.1f}" for x in (a, b)]
-            if label != base:
-                sa, sb = a.tokens_per_s / theirs[base].level(c).tokens_per_s, b.tokens_per_s / ours[base].level(c).tokens_per_s
-                cells = [f"{cells[0]} ({sa:.2f}x)", f"{cells[1]} ({sb:.2f}x)"]
-            lines.append(f"{'c=' + str(c) + ' ' + label:>24} {cells[0]:>18} {cells[1]:>18} {b.tokens_per_s / a.tokens_per_s:>11.2f}x")
-    for label in theirs:
-        if label.startswith("EAGLE-3"):
-            al = [runs[n][label].level(concurrencies[0]).spec.al for n in runs]
-            lines.append(f"served AL, {label}: vLLM binding {al[0]:.3f}, ours {al[1]:.3f}")
-    return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -89,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
     sweep = SweepSettings(output_len=a.output_len, concurrencies=tuple(a.concurrency or [1]), progress=False)
     print(f"{len(cpus)} CPUs; {a.num_prompts} MT-Bench first turns, {a.output_len} tokens each, greedy; drafter {a.drafter}", flush=True)
     runs = measure(a.drafter.resolve(), ks, mt_bench_prompts(a.num_prompts), sweep)
-    print(table(runs, sweep.concurrencies))
+    print(table(runs, sweep.concurrencies, "vLLM's", "ours"))
     return 0
 
 
