@@ -16,13 +16,11 @@ mode (the same fp32 greedy decoding).
 
 from __future__ import annotations
 
-import argparse
-import sys
 import time
 from pathlib import Path
 
 from served_on_cpu import served_on_cpu
-from side_by_side import speculation_configs, table
+from side_by_side import parse_arguments, speculation_configs, table
 
 from eagle_assets.bench.served import ServedRun, SweepSettings, mt_bench_prompts
 
@@ -44,20 +42,10 @@ def measure(drafter: Path, ks: list[int], prompts, sweep: SweepSettings) -> dict
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--drafter", type=Path, required=True, help="the drafter's vLLM export folder")
-    ap.add_argument("--num-prompts", type=int, default=16)
-    ap.add_argument("--output-len", type=int, default=128)
-    ap.add_argument("-k", type=int, action="append", help="draft tokens per step (repeat); default 3")
-    ap.add_argument("--concurrency", type=int, action="append", help="concurrency levels (repeat); default 1")
-    a = ap.parse_args(argv)
-    if not (a.drafter / "config.json").is_file():
-        sys.exit(f"{a.drafter} has no config.json: pass the drafter's vLLM export folder (drafter-vllm/)")
-    ks = a.k or [3]
-    sweep = SweepSettings(output_len=a.output_len, concurrencies=tuple(a.concurrency or [1]), progress=False)
+    a = parse_arguments(__doc__, argv, num_prompts=16, ks=[3])
     print(f"{a.num_prompts} MT-Bench first turns, {a.output_len} tokens each, greedy; drafter {a.drafter}", flush=True)
-    runs = measure(a.drafter.resolve(), ks, mt_bench_prompts(a.num_prompts), sweep)
-    print(table(runs, sweep.concurrencies, "eager", "compiled"))
+    runs = measure(a.drafter.resolve(), a.k, mt_bench_prompts(a.num_prompts), a.sweep)
+    print(table(runs, a.sweep.concurrencies, "eager", "compiled"))
     return 0
 
 

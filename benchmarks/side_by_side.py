@@ -1,13 +1,33 @@
-"""What the engine-setting benchmarks share: the served configurations, and a table of two settings."""
+"""What the engine-setting benchmarks share: their options, the served configurations, and a
+table of two settings."""
 
 from __future__ import annotations
 
+import argparse
+import sys
 from pathlib import Path
 
-from eagle_assets.bench.served import ServedRun
+from eagle_assets.bench.served import ServedRun, SweepSettings
 from eagle_assets.engines.vllm_launch import ngram_config, speculative_config
 
 BASELINE = "no speculation"
+
+
+def parse_arguments(doc: str, argv: list[str] | None, num_prompts: int, ks: list[int]) -> argparse.Namespace:
+    """The options of a side-by-side script (`doc` is its docstring): the drafter folder (checked),
+    prompts, output length, K (default `ks`) and concurrencies, gathered in `sweep`."""
+    ap = argparse.ArgumentParser(description=doc.split("\n\n")[0])
+    ap.add_argument("--drafter", type=Path, required=True, help="the drafter's vLLM export folder")
+    ap.add_argument("--num-prompts", type=int, default=num_prompts)
+    ap.add_argument("--output-len", type=int, default=128)
+    ap.add_argument("-k", type=int, action="append", help=f"draft tokens per step (repeat); default {' and '.join(map(str, ks))}")
+    ap.add_argument("--concurrency", type=int, action="append", help="concurrency levels (repeat); default 1")
+    a = ap.parse_args(argv)
+    if not (a.drafter / "config.json").is_file():
+        sys.exit(f"{a.drafter} has no config.json: pass the drafter's vLLM export folder (drafter-vllm/)")
+    a.k = a.k or list(ks)
+    a.sweep = SweepSettings(output_len=a.output_len, concurrencies=tuple(a.concurrency or [1]), progress=False)
+    return a
 
 
 def speculation_configs(drafter: Path, ks: list[int]) -> dict[str, dict | None]:
