@@ -156,9 +156,9 @@ def bench(
 
     from eagle_assets.bench.benchmark import BenchmarkSettings, run_benchmark
     from eagle_assets.embedded_target import resolve_target
+    from eagle_assets.engines.envs import host_device
     from eagle_assets.engines.serving import launch_vllm
     from eagle_assets.engines.vllm_launch import serving_mode_note
-    from eagle_assets.engines.envs import host_device
 
     drafter = drafter.expanduser().resolve()
     if not (drafter / "config.json").is_file():

@@ -86,14 +86,14 @@ class VllmLaunch:
 
 
 def serving_mode_note(device: str, compiled: bool) -> str | None:
-    """What a report should say about how a launched server ran the models: on a CPU host the
-    speedup depends on it (an eager target is slower, so speculation's fixed costs weigh less)."""
+    """What a report should say about how a launched server ran the models on a CPU host: the
+    tokens/s it reports depend on it (None elsewhere: a GPU server is never forced eager)."""
     if device != "cpu":
         return None
     if compiled:
         return "served compiled (vLLM's torch.compile of the target and the drafter), as a deployment runs"
     return ("served eagerly (--enforce-eager, for a ~30 s start): a compiled server (`--compiled`) is faster with and "
-            "without speculation and shows a lower speedup; benchmarks/engine_compile.py measures both")
+            "without speculation; benchmarks/engine_compile.py measures both modes side by side")
 
 
 SMALL_CPU_HOST = 4
