@@ -17,7 +17,7 @@ RUN_PRESETS: dict[str, dict[str, dict]] = {
         "prompts": {"num_prompts": 32, "multi_turn_fraction": 0.25, "max_prompt_tokens": 64},
         "synthetic_corpus": {"max_tokens": 160, "concurrency": 8},
         "drafter_checkpoint": {"epochs": 12, "lr": 2e-3, "micro_batch_tokens": 1024, "warmup_steps": 10, "val_fraction": 0.15},
-        "benchmark_report": {"num_prompts": 4, "output_len": 48, "concurrencies": [1, 4, 8]},
+        "benchmark_report": {"num_prompts": 8, "output_len": 48, "concurrencies": [1, 4, 8]},
     },
     # For tests: the whole graph in a few minutes; the drafter learns little.
     "smollm2-tiny": {

@@ -56,6 +56,13 @@ class BenchmarkSettings:
             raise ValueError(f"draft tokens per step must be at least 1; got k={self.k}, also_k={list(self.also_k)}")
         if len(set(ks)) != len(ks):
             raise ValueError(f"k={self.k} and also_k={list(self.also_k)} repeat a K: give each K once (k is served anyway)")
+        if self.num_prompts < max(self.concurrencies):
+            # Checked here, before the offline reference and the servers' starts, not at the first
+            # level that cannot be filled.
+            raise ValueError(
+                f"num_prompts={self.num_prompts} cannot keep {max(self.concurrencies)} requests in flight "
+                f"(concurrencies {list(self.concurrencies)}): give at least {max(self.concurrencies)} prompts or lower the concurrency"
+            )
 
 
 def served_configs(settings: BenchmarkSettings, drafter_dir: Path) -> list[tuple[str, dict | None]]:

@@ -31,6 +31,18 @@ class BenchmarkConfig(dg.Config):
     parent_al: Optional[float] = None
     """AL of the parent drafter on the same prompts, for a warm start's no-regression check."""
 
+    def settings(self, k: int) -> BenchmarkSettings:
+        """The benchmark's settings at `k` draft tokens per step (they refuse what cannot run)."""
+        return BenchmarkSettings(
+            num_prompts=self.num_prompts,
+            output_len=self.output_len,
+            concurrencies=tuple(self.concurrencies),
+            k=k,
+            also_k=tuple(self.also_k),
+            ngram=self.ngram,
+            tolerance=ParityTolerance(al_rel=self.al_tolerance),
+        )
+
 
 @dg.asset(
     group_name=GROUP,
@@ -51,15 +63,7 @@ def benchmark_report(context: dg.AssetExecutionContext, config: BenchmarkConfig,
     drafter_dir = storage.drafter(preset.name) / "drafter-vllm"
     summary = json.loads((storage.drafter(preset.name) / "summary.json").read_text())
     k = config.k or summary["drafter_config"].get("ttt_steps") or preset.ttt_steps
-    settings = BenchmarkSettings(
-        num_prompts=config.num_prompts,
-        output_len=config.output_len,
-        concurrencies=tuple(config.concurrencies),
-        k=k,
-        also_k=tuple(config.also_k),
-        ngram=config.ngram,
-        tolerance=ParityTolerance(al_rel=config.al_tolerance),
-    )
+    settings = config.settings(k)
 
     def serve(speculative):
         return inference_server.serve(speculative=speculative, log=context.log.info)

@@ -31,3 +31,9 @@ def test_every_k_is_served_with_the_same_drafter_and_ngram_at_the_main_k():
 def test_settings_refuse_a_k_that_cannot_be_served_or_is_given_twice(k, also_k, message):
     with pytest.raises(ValueError, match=message):
         BenchmarkSettings(k=k, also_k=also_k)
+
+
+def test_settings_refuse_fewer_prompts_than_a_level_keeps_in_flight():
+    with pytest.raises(ValueError, match=r"num_prompts=4 cannot keep 8 requests in flight \(concurrencies \[1, 4, 8\]\): give at least 8 prompts"):
+        BenchmarkSettings(num_prompts=4, concurrencies=(1, 4, 8))
+    assert BenchmarkSettings(num_prompts=8, concurrencies=(1, 4, 8)).num_prompts == 8

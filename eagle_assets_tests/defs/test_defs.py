@@ -118,3 +118,8 @@ def test_every_run_preset_fits_its_assets_configs(defs, preset):
     for op, body in run_config(preset)["ops"].items():
         resolved = resolved_config(graph, dg.AssetKey(op), body["config"])  # raises on a field the Config lacks
         assert {k: resolved[k] for k in body["config"]} == body["config"], op
+    # The benchmark's settings refuse what cannot run, e.g. fewer prompts than a concurrency level
+    # keeps in flight: caught here, not at the end of a `make run`.
+    from eagle_assets.defs.benchmark import BenchmarkConfig
+
+    BenchmarkConfig(**resolved_config(graph, dg.AssetKey("benchmark_report"), run_config(preset)["ops"]["benchmark_report"]["config"])).settings(k=3)

@@ -77,8 +77,10 @@ def test_bench_refuses_a_folder_that_is_not_a_drafter_export_before_any_server(t
     assert "no config.json" in result.output and "drafter-vllm" in result.output
 
 
-def test_bench_refuses_a_repeated_k_before_any_server(tmp_path):
+def test_bench_refuses_a_repeated_k_or_too_few_prompts_before_any_server(tmp_path):
     (tmp_path / "config.json").write_text("{}")
     result = CliRunner().invoke(app, ["bench", "--drafter", str(tmp_path), "-k", "3", "--also-k", "2", "--also-k", "3"])
     assert result.exit_code == 1
     assert "k=3 and also_k=[2, 3] repeat a K" in result.output
+    result = CliRunner().invoke(app, ["bench", "--drafter", str(tmp_path), "--num-prompts", "4"])
+    assert result.exit_code == 1 and "num_prompts=4 cannot keep 8 requests in flight" in result.output
