@@ -23,7 +23,7 @@ from eagle_assets.bench.breakdown import answers_ending_early, offline_slices
 from eagle_assets.bench.parity import AcceptanceNumbers, ParityTolerance
 from eagle_assets.bench.reference_decoder import Result, speculative_generate
 from eagle_assets.bench.report import BenchmarkReport, build_report, write_report
-from eagle_assets.bench.served import SweepSettings, mt_bench_categories, mt_bench_prompts, run_served
+from eagle_assets.bench.served import SweepSettings, mt_bench_categories, mt_bench_prompts, refuse_too_few_prompts, run_served
 from eagle_assets.drafter.export import load_drafter
 from eagle_assets.engines.vllm_launch import ngram_config, speculative_config
 from eagle_assets.precision import use_exact_fp32
@@ -56,13 +56,9 @@ class BenchmarkSettings:
             raise ValueError(f"draft tokens per step must be at least 1; got k={self.k}, also_k={list(self.also_k)}")
         if len(set(ks)) != len(ks):
             raise ValueError(f"k={self.k} and also_k={list(self.also_k)} repeat a K: give each K once (k is served anyway)")
-        if self.num_prompts < max(self.concurrencies):
-            # Checked here, before the offline reference and the servers' starts, not at the first
-            # level that cannot be filled.
-            raise ValueError(
-                f"num_prompts={self.num_prompts} cannot keep {max(self.concurrencies)} requests in flight "
-                f"(concurrencies {list(self.concurrencies)}): give at least {max(self.concurrencies)} prompts or lower the concurrency"
-            )
+        # Checked here, before the offline reference and the servers' starts, not at the first
+        # level that cannot be filled.
+        refuse_too_few_prompts(self.num_prompts, self.concurrencies, f"num_prompts={self.num_prompts}")
 
 
 def served_configs(settings: BenchmarkSettings, drafter_dir: Path) -> list[tuple[str, dict | None]]:

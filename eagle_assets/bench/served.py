@@ -358,6 +358,17 @@ def _settled_scrape(base_url: str, api_key: str | None, model: str, settle_s: fl
     return prev
 
 
+def refuse_too_few_prompts(num_prompts: int, concurrencies: Sequence[int], what: str) -> None:
+    """Refuse prompts too few to keep the highest concurrency's requests in flight; `what` names
+    them in the message ("num_prompts=4", "2 prompts")."""
+    top = max(concurrencies)
+    if num_prompts < top:
+        raise ValueError(
+            f"{what} cannot keep {top} requests in flight (concurrencies {list(concurrencies)}): give at least "
+            f"{top} prompts or lower the concurrency"
+        )
+
+
 def run_level(
     base_url: str,
     model: str,
@@ -367,11 +378,7 @@ def run_level(
     api_key: str | None = None,
 ) -> LevelResult:
     """Send every prompt once with `concurrency` requests in flight; measure the level."""
-    if len(prompts) < concurrency:
-        raise ValueError(
-            f"{len(prompts)} prompts cannot keep {concurrency} requests in flight: give at least "
-            f"{concurrency} prompts or lower the concurrency"
-        )
+    refuse_too_few_prompts(len(prompts), (concurrency,), f"{len(prompts)} prompts")
     before = _settled_scrape(base_url, api_key, model, settings.metrics_settle_s) if settings.engine == "vllm" else None
     results, wall = asyncio.run(
         _run_requests(base_url, model, prompts, settings, concurrency, api_key, f"c={concurrency}")
