@@ -212,7 +212,7 @@ def stage_train(a, data: Path) -> dict:
         shard_dirs=(str(data / "hidden_states"),), vocab_mapping=mapping, drafter=drafter,
         target=str(pull()), out_dir=str(out), ttt_steps=a.ttt_steps or d["ttt_steps"] or preset.ttt_steps,
         epochs=a.epochs or d["epochs"], max_steps=d["max_steps"], lr=a.lr or d["lr"], warmup_steps=d["warmup_steps"],
-        target_temperature=a.target_temperature, drafter_intermediate_size=None if drafter else intermediate,  # a drafter dict holds it
+        target_temperature=a.target_temperature, unreached_weight=a.unreached_weight, drafter_intermediate_size=None if drafter else intermediate,  # a drafter dict holds it
         micro_batch_tokens=d["micro_batch_tokens"], grad_accum=d["grad_accum"], val_fraction=d["val_fraction"],
         val_interval=d["val_interval"], checkpoint_every=a.checkpoint_every or d["checkpoint_every"], seed=d["seed"],
         drafter_num_layers=1 if drafter else a.num_layers,  # a drafter dict holds it
@@ -237,6 +237,8 @@ def stage_offline(a, data: Path, prompt_set: str = "mt_bench") -> dict:
     parts = [data / a.drafter_dir / f"{prompt_set}-part-{i}-of-{workers}.json" for i in range(workers)]
     args = [sys.executable, __file__, "--data", str(data), "--preset", a.preset, "--device", a.device, "--drafter-dir", a.drafter_dir,
             "--offline-set", prompt_set]  # fmt: skip
+    for flag, value in (("--offline-num-prompts", a.offline_num_prompts), ("--offline-output-len", a.offline_output_len)):
+        args += [flag, str(value)] if value else []
     procs = [subprocess.Popen([*args, "--offline-part", f"{i}/{workers}", "--offline-out", str(part)]) for i, part in enumerate(parts)]
     failed = [i for i, proc in enumerate(procs) if proc.wait() != 0]
     if failed:
@@ -256,7 +258,9 @@ def offline_settings(a):
 
     b = settings_of(a.preset, "benchmark_report")
     k = b["k"] or get_preset("smollm2-135m-instruct").ttt_steps
-    return BenchmarkSettings(num_prompts=b["num_prompts"], output_len=b["output_len"], k=k)
+    # Offline only: one prompt at a time, so the served sweep's concurrencies do not apply.
+    return BenchmarkSettings(num_prompts=a.offline_num_prompts or b["num_prompts"], output_len=a.offline_output_len or b["output_len"], k=k,
+                             concurrencies=(1,))  # fmt: skip
 
 
 def offline_part(a, data: Path) -> None:
@@ -333,6 +337,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cuda-graphs", action=argparse.BooleanOptionalAction, default=None,
                     help="the generator replays its decode steps as CUDA graphs (default: on CUDA)")
     ap.add_argument("--offline-workers", type=int, default=1, help="processes sharing the offline stage's prompts (on one GPU)")
+    ap.add_argument("--offline-num-prompts", type=int, help="offline and held_out: this many prompts instead of the preset benchmark's")
+    ap.add_argument("--offline-output-len", type=int, help="offline and held_out: answers this long instead of the preset benchmark's")
     ap.add_argument("--offline-part", help=argparse.SUPPRESS)  # i/N: run as one offline worker
     ap.add_argument("--offline-out", help=argparse.SUPPRESS)
     ap.add_argument("--offline-set", default="mt_bench", choices=["mt_bench", "held_out"], help=argparse.SUPPRESS)
@@ -344,6 +350,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--draft-vocab-size", type=int, help="train a variant: this many draft-vocabulary ids (default the target preset's)")
     ap.add_argument("--target-temperature", type=float, default=1.0,
                     help="train a variant: learn softmax(target logits / T) (below 1 sharpens towards the greedy token)")
+    ap.add_argument("--unreached-weight", type=float, default=1.0,
+                    help="train a variant: weigh positions whose earlier draft steps drafted wrong by this (0 = only the "
+                         "chains serving verifies)")  # fmt: skip
     ap.add_argument("--ttt-steps", type=int, help="train a variant: this many training-time-test steps instead of the preset's")
     ap.add_argument("--epochs", type=int, help="train a variant: this many epochs instead of the preset's")
     ap.add_argument("--extract-aux-layer-ids", type=_ids,

@@ -29,17 +29,19 @@ from eagle_assets.drafter.ttt import ttt_loss
 class TrainObjective(nn.Module):
     """The drafter plus its training-time-test loss, as one module to wrap."""
 
-    def __init__(self, drafter: nn.Module, ttt_steps: int, target_temperature: float = 1.0):
+    def __init__(self, drafter: nn.Module, ttt_steps: int, target_temperature: float = 1.0, unreached_weight: float = 1.0):
         super().__init__()
         self.drafter = drafter
         self.ttt_steps = ttt_steps
         self.target_temperature = target_temperature
+        self.unreached_weight = unreached_weight
 
     def forward(self, batch: dict[str, torch.Tensor], target_head: torch.Tensor, outside_head: torch.Tensor | None = None,
                 with_correct_rows: bool = False):  # fmt: skip
         """batch: the `ttt_loss` layout; target_head (N, Ht); outside_head (V-N, Ht) or None."""
         return ttt_loss(self.drafter, batch, target_head, self.ttt_steps, outside_head=outside_head,
-                        with_correct_rows=with_correct_rows, target_temperature=self.target_temperature)  # fmt: skip
+                        with_correct_rows=with_correct_rows, target_temperature=self.target_temperature,
+                        unreached_weight=self.unreached_weight)  # fmt: skip
 
 
 def is_distributed() -> bool:

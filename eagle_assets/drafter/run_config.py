@@ -58,6 +58,10 @@ class TrainConfig:
     target_temperature: float = 1.0
     """The drafter learns softmax(target logits / this) over the draft vocabulary; below 1
     sharpens it towards the target's greedy token (what greedy verification accepts)."""
+    unreached_weight: float = 1.0
+    """Weight of a draft step's position when an earlier step there drafted another token than
+    the target's (serving never verifies that draft): 1 trains every position alike (EAGLE-3),
+    0 only the chains serving reaches (GRIFFIN's token-alignable training)."""
     mask_undraftable: bool = True
     """Train only on positions whose target argmax is in the draft vocabulary (as SpecForge):
     the drafter cannot propose the others. Needs the target lm_head's other rows on device."""
@@ -202,6 +206,8 @@ class TrainConfig:
             )
         if not self.target_temperature > 0:
             problems.append(f"target_temperature={self.target_temperature} must be > 0 (1 = the target's distribution)")
+        if not 0.0 <= self.unreached_weight <= 1.0:
+            problems.append(f"unreached_weight={self.unreached_weight} must be in [0, 1] (1 = every position trains alike)")
         if len(self.betas) != 2:
             problems.append(f"betas={self.betas} must be two numbers")
         if self.grad_clip is not None and self.grad_clip <= 0:

@@ -466,7 +466,7 @@ class Trainer:
         drafter.to(env.device)
         if self.use_bf16:
             drafter.embed_tokens.to(torch.bfloat16)  # frozen lookup table: half the memory
-        self.objective = TrainObjective(drafter, cfg.ttt_steps, cfg.target_temperature)
+        self.objective = TrainObjective(drafter, cfg.ttt_steps, cfg.target_temperature, cfg.unreached_weight)
         ignored = {drafter.embed_tokens.weight}
         self.model = parallelize(self.objective, cfg.parallelism, env.device, ignored_params=ignored)
         fused = env.device.type == "cuda" and cfg.parallelism == "ddp"  # FSDP2 shards: foreach update
@@ -495,13 +495,13 @@ class Trainer:
                     f"{c.path} was written with {key}={saved.get(key)!r}, this run has {getattr(self.cfg, key)!r}: "
                     "the data order would differ. Restore the setting, or start afresh with resume=false"
                 )
-        # Older checkpoints have no entry: they were all written at the default temperature.
-        if saved.get("target_temperature", 1.0) != self.cfg.target_temperature:
-            raise ValueError(
-                f"{c.path} was written with target_temperature={saved.get('target_temperature', 1.0)!r}, this run "
-                f"has {self.cfg.target_temperature!r}: the loss would change objective mid-run. Restore the "
-                "setting, or start afresh with resume=false"
-            )
+        # Older checkpoints have no entry for these: they were all written at the default.
+        for key in ("target_temperature", "unreached_weight"):
+            if saved.get(key, 1.0) != getattr(self.cfg, key):
+                raise ValueError(
+                    f"{c.path} was written with {key}={saved.get(key, 1.0)!r}, this run has {getattr(self.cfg, key)!r}: "
+                    "the loss would change objective mid-run. Restore the setting, or start afresh with resume=false"
+                )
 
     def _restore(self, c: ckpt.Checkpoint) -> None:
         from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict

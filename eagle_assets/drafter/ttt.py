@@ -253,9 +253,11 @@ class _FusedSoftCE(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, h, weight, tgt_logits, tgt_lse, tgt_argmax, tgt_index, row_mask, row_step, step_weight, chunk_rows):
+    def forward(ctx, h, weight, tgt_logits, tgt_lse, tgt_argmax, tgt_index, row_mask, row_step, step_weight, chunk_rows,
+                row_pos=None, unreached_weight=1.0):  # fmt: skip
         # h (M, H) compute dtype; weight (N, H); tgt_* indexed by tgt_index (M,); row_mask (M,) fp32 0/1;
-        # row_step (M,) long; step_weight (K,) fp32.
+        # row_step (M,) long, ascending; step_weight (K,) fp32. row_pos (M,) long: the sequence
+        # position (b * T + t) of each row, needed when unreached_weight < 1 (see `ttt_loss`).
         K = step_weight.shape[0]
         w = weight.to(h.dtype)
         want_grad = ctx.needs_input_grad[0] or ctx.needs_input_grad[1]  # False in validation: loss only
@@ -265,21 +267,38 @@ class _FusedSoftCE(torch.autograd.Function):
         step_loss = torch.zeros(K, dtype=torch.float32, device=h.device)
         step_correct = torch.zeros(K, dtype=torch.float32, device=h.device)
         row_correct = torch.zeros(h.shape[0], dtype=torch.float32, device=h.device)
-        for start in range(0, h.shape[0], chunk_rows):
-            rows = slice(start, start + chunk_rows)
-            hc = h[rows]  # (C, H)
-            mask, step = row_mask[rows], row_step[rows]
-            rw = mask * step_weight[step]  # (C,)
-            ce, correct, grad_logits = fusion.soft_ce_chunk(
-                hc @ w.T, tgt_logits, tgt_index[rows], tgt_lse, tgt_argmax, rw, want_grad
-            )  # (C,), (C,), (C, N) d loss / d logits
-            loss_sum += (rw * ce).sum()
-            step_loss.index_add_(0, step, mask * ce)
-            step_correct.index_add_(0, step, mask * correct)
-            row_correct[rows] = mask * correct
-            if want_grad:
-                grad_h[rows] = grad_logits @ w
-                fusion.accumulate_matmul(grad_w, grad_logits.T, hc)
+        if unreached_weight == 1.0:
+            segments = [(0, h.shape[0])]  # every row weighs the same: one pass in chunks
+        else:  # step by step, so that each step knows which chains the one before kept alive
+            counts = torch.bincount(row_step, minlength=K).tolist()  # one host sync
+            ends = [sum(counts[: i + 1]) for i in range(K)]
+            segments = [(end - n, end) for n, end in zip(counts, ends)]
+            reached = torch.ones(int(row_pos.max()) + 1 if row_pos.numel() else 0, dtype=torch.bool, device=h.device)
+        for seg_start, seg_end in segments:
+            if unreached_weight != 1.0:
+                next_reached = torch.zeros_like(reached)  # a position that did not train at this step is not reached
+            for start in range(seg_start, seg_end, chunk_rows):
+                rows = slice(start, min(start + chunk_rows, seg_end))
+                hc = h[rows]  # (C, H)
+                mask, step = row_mask[rows], row_step[rows]
+                rw = mask * step_weight[step]  # (C,)
+                if unreached_weight != 1.0:
+                    alive = reached[row_pos[rows]]
+                    rw = rw * torch.where(alive, 1.0, unreached_weight)
+                ce, correct, grad_logits = fusion.soft_ce_chunk(
+                    hc @ w.T, tgt_logits, tgt_index[rows], tgt_lse, tgt_argmax, rw, want_grad
+                )  # (C,), (C,), (C, N) d loss / d logits
+                loss_sum += (rw * ce).sum()
+                step_loss.index_add_(0, step, mask * ce)
+                step_correct.index_add_(0, step, mask * correct)
+                row_correct[rows] = mask * correct
+                if unreached_weight != 1.0:
+                    next_reached[row_pos[rows]] = alive & (mask * correct > 0)
+                if want_grad:
+                    grad_h[rows] = grad_logits @ w
+                    fusion.accumulate_matmul(grad_w, grad_logits.T, hc)
+            if unreached_weight != 1.0:
+                reached = next_reached
         ctx.save_for_backward(grad_h, grad_w)
         ctx.weight_dtype = weight.dtype
         ctx.mark_non_differentiable(step_loss, step_correct, row_correct)
@@ -288,7 +307,7 @@ class _FusedSoftCE(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dloss, _dstep_loss, _dstep_correct, _drow_correct):
         grad_h, grad_w = ctx.saved_tensors
-        return (grad_h * dloss.to(grad_h.dtype), (grad_w * dloss).to(ctx.weight_dtype)) + (None,) * 8
+        return (grad_h * dloss.to(grad_h.dtype), (grad_w * dloss).to(ctx.weight_dtype)) + (None,) * 10
 
 
 def _compute_dtype(ref: torch.Tensor) -> torch.dtype:
@@ -332,6 +351,7 @@ def ttt_loss(
     loss_chunk_rows: int | None = None,
     with_correct_rows: bool = False,
     target_temperature: float = 1.0,
+    unreached_weight: float = 1.0,
 ) -> TTTOutput:
     """Unroll `steps` draft steps over a right-padded batch and return the summed loss and stats.
 
@@ -345,7 +365,14 @@ def ttt_loss(
     drafted right (`correct_rows`, for validation's `replay_drafting`; training steps skip it).
     target_temperature: the target's logits are divided by it before the softmax the drafter
     learns (`target_stats`); 1 is the target's own distribution.
+    unreached_weight: the weight of step i's row t when an earlier step at t drafted a token
+    other than the target's (serving rejects that chain before step i, so its draft is never
+    verified). 1 trains every row alike (EAGLE-3); 0 trains only the chains serving reaches
+    (GRIFFIN's token-alignable training). Below 1, the steps run one after another (one more
+    host sync); the returned statistics still count every row.
     """
+    if not 0.0 <= unreached_weight <= 1.0:
+        raise ValueError(f"unreached_weight={unreached_weight} must be in [0, 1] (1 = every row counts)")
     cfg = model.config
     aux, final, input_ids, loss_mask = batch["aux"], batch["final"], batch["input_ids"], batch["loss_mask"]
     B, T = input_ids.shape
@@ -423,7 +450,7 @@ def ttt_loss(
     chunk = loss_chunk_rows or max(1, (64 << 20) // cfg.draft_vocab_size)
     loss_sum, step_loss, step_correct, row_correct = _FusedSoftCE.apply(
         h_all.index_select(0, keep), model.lm_head.weight, stats.logits, stats.lse, stats.argmax,
-        tgt_index[keep], row_mask[keep], row_step[keep], step_weight, chunk,
+        tgt_index[keep], row_mask[keep], row_step[keep], step_weight, chunk, keep % (B * T), float(unreached_weight),
     )
     step_tokens = masks.sum(dim=(1, 2))
     correct_rows = None
@@ -505,6 +532,7 @@ def ttt_loss_dense(
     outside_head: torch.Tensor | None = None,
     step_weights: list[float] | None = None,
     target_temperature: float = 1.0,
+    unreached_weight: float = 1.0,
 ) -> TTTOutput:
     """`ttt_loss` as SpecForge's SDPA path computes it: all steps' keys side by side under an
     explicit (T, T*(i+1)) mask, and every step's full draft-vocabulary logits kept for the
@@ -527,6 +555,7 @@ def ttt_loss_dense(
     ks, vs = [[] for _ in model.layers], [[] for _ in model.layers]
     loss_sum = torch.zeros((), device=device)
     step_loss, step_correct = torch.zeros(steps, device=device), torch.zeros(steps, device=device)
+    reached = torch.ones(B, T, dtype=torch.bool, device=device)  # every earlier step at t drafted right
     for i in range(steps):
         cos, sin = model.rotary((t + i)[None].expand(B, T))
         blocks = [t[:, None] >= t[None, :]] + [t[:, None] == t[None, :]] * i
@@ -543,9 +572,11 @@ def ttt_loss_dense(
         tgt = target_logp[:, (t + 1 + i).clamp(max=T - 1)]  # (B, T, N)
         ce = -(tgt.exp() * logp).sum(-1)  # (B, T)
         m = masks[i]
-        loss_sum = loss_sum + weights[i] * (ce * m).sum()
+        correct = (logp.argmax(-1) == tgt.argmax(-1)).float() * m
+        loss_sum = loss_sum + weights[i] * (ce * m * torch.where(reached, 1.0, unreached_weight)).sum()
         step_loss[i] = (ce.detach() * m).sum()
-        step_correct[i] = ((logp.argmax(-1) == tgt.argmax(-1)).float() * m).sum()
+        step_correct[i] = correct.sum()
+        reached = reached & (correct > 0)
     step_tokens = masks.sum(dim=(1, 2))
     return TTTOutput(loss_sum, step_tokens[0], step_loss, step_tokens, step_correct)
 

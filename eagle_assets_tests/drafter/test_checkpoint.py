@@ -165,6 +165,8 @@ def test_resume_refuses_settings_that_would_change_the_run(tmp_path, one_thread)
     longer = cfg.replace(max_steps=6)
     with pytest.raises(ValueError, match=r"target_temperature=1\.0, this run has 0\.5: the loss would change objective"):
         train(longer.replace(target_temperature=0.5))
+    with pytest.raises(ValueError, match=r"unreached_weight=1\.0, this run has 0\.0: the loss would change objective"):
+        train(longer.replace(unreached_weight=0.0))
     with pytest.raises(ValueError, match=r"seed=0, this run has 1: the data order would differ"):
         train(longer.replace(seed=1))
     assert [s for s, _ in ckpt.list_checkpoints(cfg.checkpoint_dir)] == [3]  # nothing was overwritten

@@ -57,8 +57,9 @@ def test_merged_attention_equals_dense_mask(dtype):
                 torch.testing.assert_close(g.double(), w.double(), **tol)
 
 
-def naive_ttt(model, batch, head, steps, weights, outside=None):
-    """The TTT loss written from its definition: dense masks, full logits, loops over (b, t, i)."""
+def naive_ttt(model, batch, head, steps, weights, outside=None, unreached_weight=1.0):
+    """The TTT loss written from its definition: dense masks, full logits, loops over (b, t, i).
+    A row of step i weighs unreached_weight more unless steps 0..i-1 at t all trained and drafted right."""
     aux, final, ids, loss_mask, lengths = (batch[k] for k in ("aux", "final", "input_ids", "loss_mask", "lengths"))
     B, T = ids.shape
     h = model.project_hidden_states(aux)
@@ -81,18 +82,23 @@ def naive_ttt(model, batch, head, steps, weights, outside=None):
     step_sum, step_n, step_ok = torch.zeros(steps), torch.zeros(steps), torch.zeros(steps)
     for b in range(B):
         for t in range(T):
+            reached = True
             for i in range(steps):
                 j, pred = t + 1 + i, t + 2 + i  # target position, predicted token position
                 if pred >= int(lengths[b]) or not loss_mask[b, pred]:
+                    reached = False
                     continue
                 if outside is not None and (final[b, j] @ outside.T).max() > (final[b, j] @ head.T).max():
+                    reached = False
                     continue  # the target's argmax is not drafted
                 p = torch.softmax(final[b, j] @ head.T, dim=-1)
                 ce = -(p * torch.log_softmax(logits[i][b, t], dim=-1)).sum()
-                loss = loss + weights[i] * ce
+                loss = loss + weights[i] * (1.0 if reached else unreached_weight) * ce
+                right = bool(logits[i][b, t].argmax() == p.argmax())
+                reached = reached and right
                 step_sum[i] += ce.detach()
                 step_n[i] += 1
-                step_ok[i] += float(logits[i][b, t].argmax() == p.argmax())
+                step_ok[i] += float(right)
     return loss, step_sum, step_n, step_ok
 
 
@@ -131,6 +137,40 @@ def test_ttt_loss_equals_naive_unroll(layers):
     for g, w in zip(got_grads, want_grads):
         torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-5)
     torch.testing.assert_close(out.acceptance, torch.cumprod(step_ok / step_n, 0))
+
+
+@pytest.mark.parametrize("unreached_weight", [0.0, 0.25])
+def test_unreached_rows_weigh_less_as_the_naive_unroll_says(unreached_weight):
+    """Step i's row t trains at full weight only when steps 0..i-1 at t drafted the target's
+    token (the chain serving verifies); the statistics still count every row. Three draft ids
+    make a random drafter right often enough for chains to both survive and break."""
+    from eagle_assets.drafter.ttt import ttt_loss_dense
+
+    cfg = tiny_config(hidden_size=32, intermediate_size=48, num_attention_heads=4, num_key_value_heads=2, head_dim=8,
+                      target_hidden_size=24, vocab_size=80, draft_vocab_size=3)
+    model = random_drafter(cfg)
+    batch = make_batch(cfg, T=16, lengths=(16, 12))
+    torch.manual_seed(0)
+    head = torch.randn(3, 24) * 0.5
+    steps, weights = 3, [1.0, 0.8, 0.64]
+    params = [p for p in model.parameters() if p.requires_grad]
+    out = ttt_loss(model, batch, head, steps, loss_chunk_rows=5, with_correct_rows=True, unreached_weight=unreached_weight)
+    every = ttt_loss(model, batch, head, steps, loss_chunk_rows=5, with_correct_rows=True)
+    loss, step_sum, step_n, step_ok = naive_ttt(model, batch, head, steps, weights, unreached_weight=unreached_weight)
+    torch.testing.assert_close(out.loss_sum, loss, rtol=1e-5, atol=1e-5)
+    for g, w in zip(torch.autograd.grad(out.loss_sum, params), torch.autograd.grad(loss, params)):
+        torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-5)
+    dense = ttt_loss_dense(model, batch, head, steps, unreached_weight=unreached_weight)
+    torch.testing.assert_close(dense.loss_sum, loss, rtol=1e-5, atol=1e-5)
+    # The chains both broke and survived, so the weighting changed the loss.
+    rows = every.correct_rows
+    assert 0 < int((rows[0] & rows[1]).sum()) < int(rows[0].sum())
+    assert out.loss_sum < every.loss_sum
+    assert out.step_correct.tolist() == every.step_correct.tolist() == step_ok.tolist()
+    assert out.step_tokens.tolist() == step_n.tolist()
+    torch.testing.assert_close(out.step_loss_sum, step_sum, rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match=r"unreached_weight=1\.5 must be in \[0, 1\]"):
+        ttt_loss(model, batch, head, steps, unreached_weight=1.5)
 
 
 def test_outside_head_masks_undraftable_targets():
@@ -279,6 +319,29 @@ def test_cuda_flash_merge_equals_math():
     torch.testing.assert_close(results[0][0], results[1][0], rtol=2e-2, atol=2e-2)
     for a, b in zip(results[0][1], results[1][1]):
         torch.testing.assert_close(a, b, rtol=5e-2, atol=5e-2)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("unreached_weight", [1.0, 0.0])
+def test_cuda_fused_loss_equals_the_dense_one(unreached_weight):
+    """On CUDA the per-chunk loss kernel is compiled; chunks end at step boundaries below weight 1."""
+    from eagle_assets.drafter.ttt import ttt_loss_dense
+
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    cfg = tiny_config(hidden_size=32, intermediate_size=48, num_attention_heads=4, num_key_value_heads=2, head_dim=8,
+                      target_hidden_size=24, vocab_size=80, draft_vocab_size=3)
+    model = random_drafter(cfg).cuda()
+    batch = {k: v.cuda() for k, v in make_batch(cfg, T=16, lengths=(16, 12)).items()}
+    torch.manual_seed(0)
+    head = torch.randn(3, 24, device="cuda") * 0.5
+    params = [p for p in model.parameters() if p.requires_grad]
+    fused = ttt_loss(model, batch, head, 3, loss_chunk_rows=5, unreached_weight=unreached_weight)
+    dense = ttt_loss_dense(model, batch, head, 3, unreached_weight=unreached_weight)
+    torch.testing.assert_close(fused.loss_sum, dense.loss_sum, rtol=1e-4, atol=1e-4)
+    for g, w in zip(torch.autograd.grad(fused.loss_sum, params), torch.autograd.grad(dense.loss_sum, params)):
+        torch.testing.assert_close(g, w, rtol=1e-3, atol=1e-4)
+    assert fused.step_correct.tolist() == dense.step_correct.tolist()
 
 
 def test_read_target_head_tied_and_sharded(tmp_path, smollm2_path):
