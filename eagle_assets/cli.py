@@ -192,7 +192,7 @@ def run(
     from eagle_assets.bench.report import SUMMARY_TXT
     from eagle_assets.defs.runner import DEFAULT_PRESET, materialize_graph, materialize_stale
     from eagle_assets.paths import data_dir
-    from eagle_assets.run_presets import RUN_PRESETS
+    from eagle_assets.run_presets import RUN_PRESET_NOTES, RUN_PRESETS
 
     if preset is not None and preset not in RUN_PRESETS:
         _fail(f"unknown run preset {preset!r}; known: {', '.join(RUN_PRESETS)}")
@@ -212,6 +212,9 @@ def run(
         if summary.is_file():
             typer.echo(summary.read_text())
         typer.echo(f"report: {reports[-1]}")
+    ran = preset if stale_only else preset or DEFAULT_PRESET  # --stale-only alone keeps each asset's last settings
+    if ran in RUN_PRESET_NOTES:
+        typer.echo(RUN_PRESET_NOTES[ran])
 
 
 @app.command()

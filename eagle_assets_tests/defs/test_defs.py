@@ -108,6 +108,18 @@ def test_real_graph_materialisations_carry_versions_and_nothing_is_stale_after(m
     assert materialize_stale(None, log=lambda m: None, instance=instance).steps == []
 
 
+def test_run_preset_notes_name_presets_that_exist():
+    import re
+
+    from eagle_assets.run_presets import RUN_PRESET_NOTES, RUN_PRESETS
+
+    assert "smollm2-default" in RUN_PRESET_NOTES  # make run's drafter does not pay: the run says so
+    for preset, note in RUN_PRESET_NOTES.items():
+        assert preset in RUN_PRESETS
+        named = re.findall(r"--preset ([\w-]+)", note)
+        assert named and set(named) <= set(RUN_PRESETS), (preset, named)
+
+
 @pytest.mark.parametrize("preset", ["smollm2-default", "smollm2-tiny", "smollm2-quality"])
 def test_every_run_preset_fits_its_assets_configs(defs, preset):
     from eagle_assets.defs.staleness import resolved_config
