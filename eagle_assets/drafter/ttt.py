@@ -254,10 +254,10 @@ class _FusedSoftCE(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, h, weight, tgt_logits, tgt_lse, tgt_argmax, tgt_index, row_mask, row_step, step_weight, chunk_rows,
-                row_pos=None, unreached_weight=1.0):  # fmt: skip
+                row_pos=None, num_positions=0, unreached_weight=1.0):  # fmt: skip
         # h (M, H) compute dtype; weight (N, H); tgt_* indexed by tgt_index (M,); row_mask (M,) fp32 0/1;
-        # row_step (M,) long, ascending; step_weight (K,) fp32. row_pos (M,) long: the sequence
-        # position (b * T + t) of each row, needed when unreached_weight < 1 (see `ttt_loss`).
+        # row_step (M,) long, ascending; step_weight (K,) fp32. row_pos (M,) long: each row's sequence
+        # position b * T + t, of num_positions (B * T); needed when unreached_weight < 1 (see `ttt_loss`).
         K = step_weight.shape[0]
         w = weight.to(h.dtype)
         want_grad = ctx.needs_input_grad[0] or ctx.needs_input_grad[1]  # False in validation: loss only
@@ -267,22 +267,23 @@ class _FusedSoftCE(torch.autograd.Function):
         step_loss = torch.zeros(K, dtype=torch.float32, device=h.device)
         step_correct = torch.zeros(K, dtype=torch.float32, device=h.device)
         row_correct = torch.zeros(h.shape[0], dtype=torch.float32, device=h.device)
-        if unreached_weight == 1.0:
-            segments = [(0, h.shape[0])]  # every row weighs the same: one pass in chunks
-        else:  # step by step, so that each step knows which chains the one before kept alive
+        by_step = unreached_weight != 1.0
+        if by_step:  # step by step, so that each step knows which chains the one before kept alive
             counts = torch.bincount(row_step, minlength=K).tolist()  # one host sync
             ends = [sum(counts[: i + 1]) for i in range(K)]
             segments = [(end - n, end) for n, end in zip(counts, ends)]
-            reached = torch.ones(int(row_pos.max()) + 1 if row_pos.numel() else 0, dtype=torch.bool, device=h.device)
+            reached = torch.ones(num_positions, dtype=torch.bool, device=h.device)
+        else:
+            segments = [(0, h.shape[0])]  # every row weighs the same: one pass in chunks
         for seg_start, seg_end in segments:
-            if unreached_weight != 1.0:
+            if by_step:
                 next_reached = torch.zeros_like(reached)  # a position that did not train at this step is not reached
             for start in range(seg_start, seg_end, chunk_rows):
                 rows = slice(start, min(start + chunk_rows, seg_end))
                 hc = h[rows]  # (C, H)
                 mask, step = row_mask[rows], row_step[rows]
                 rw = mask * step_weight[step]  # (C,)
-                if unreached_weight != 1.0:
+                if by_step:
                     alive = reached[row_pos[rows]]
                     rw = rw * torch.where(alive, 1.0, unreached_weight)
                 ce, correct, grad_logits = fusion.soft_ce_chunk(
@@ -292,12 +293,12 @@ class _FusedSoftCE(torch.autograd.Function):
                 step_loss.index_add_(0, step, mask * ce)
                 step_correct.index_add_(0, step, mask * correct)
                 row_correct[rows] = mask * correct
-                if unreached_weight != 1.0:
+                if by_step:
                     next_reached[row_pos[rows]] = alive & (mask * correct > 0)
                 if want_grad:
                     grad_h[rows] = grad_logits @ w
                     fusion.accumulate_matmul(grad_w, grad_logits.T, hc)
-            if unreached_weight != 1.0:
+            if by_step:
                 reached = next_reached
         ctx.save_for_backward(grad_h, grad_w)
         ctx.weight_dtype = weight.dtype
@@ -307,7 +308,7 @@ class _FusedSoftCE(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dloss, _dstep_loss, _dstep_correct, _drow_correct):
         grad_h, grad_w = ctx.saved_tensors
-        return (grad_h * dloss.to(grad_h.dtype), (grad_w * dloss).to(ctx.weight_dtype)) + (None,) * 10
+        return (grad_h * dloss.to(grad_h.dtype), (grad_w * dloss).to(ctx.weight_dtype)) + (None,) * 11
 
 
 def _compute_dtype(ref: torch.Tensor) -> torch.dtype:
@@ -450,7 +451,8 @@ def ttt_loss(
     chunk = loss_chunk_rows or max(1, (64 << 20) // cfg.draft_vocab_size)
     loss_sum, step_loss, step_correct, row_correct = _FusedSoftCE.apply(
         h_all.index_select(0, keep), model.lm_head.weight, stats.logits, stats.lse, stats.argmax,
-        tgt_index[keep], row_mask[keep], row_step[keep], step_weight, chunk, keep % (B * T), float(unreached_weight),
+        tgt_index[keep], row_mask[keep], row_step[keep], step_weight, chunk, keep % (B * T), B * T,
+        float(unreached_weight),
     )
     step_tokens = masks.sum(dim=(1, 2))
     correct_rows = None
