@@ -73,6 +73,10 @@ def test_report_served_figures_come_from_the_engine_counters(materialized_graph)
     accepted = sum(s["accepted"] for s in stats)
     assert served_al == pytest.approx(1 + accepted / drafts)
     assert report["parity"]["parity_ok"], report["parity"]["sentence"]
+    # The drafter's own validation, from its training summary, stands beside the offline numbers.
+    summary = json.loads((_base(data) / "drafter" / "summary.json").read_text())
+    assert report["training"]["validation"]["al"] == pytest.approx(summary["val_al"])
+    assert report["training"]["train_tokens"] == summary["train_tokens"] > 0
     assert (_base(data) / "report" / "report.md").read_text().count("acceptance length") >= 1
 
 

@@ -20,7 +20,7 @@ from typing import Callable, ContextManager, Sequence
 import torch
 
 from eagle_assets.bench.breakdown import answers_ending_early, offline_slices
-from eagle_assets.bench.parity import AcceptanceNumbers, ParityTolerance
+from eagle_assets.bench.parity import AcceptanceNumbers, ParityTolerance, TrainingFacts
 from eagle_assets.bench.reference_decoder import Result, speculative_generate
 from eagle_assets.bench.report import BenchmarkReport, build_report, write_report
 from eagle_assets.bench.served import SweepSettings, mt_bench_categories, mt_bench_prompts, refuse_too_few_prompts, run_served
@@ -110,11 +110,13 @@ def run_benchmark(
     parent_al: float | None = None,
     served_drafter_dir: Path | None = None,
     notes: Sequence[str] = (),
+    training: TrainingFacts | None = None,
     log: Callable[[str], None] = print,
 ) -> tuple[BenchmarkReport, object]:
     """Offline reference on `drafter_dir` (the drafter as trained), served sweeps with the
     export at `served_drafter_dir` (default: the same folder), report written to `out_dir`;
-    `notes` (how the servers ran, say) go into the report as they are."""
+    `notes` (how the servers ran, say) go into the report as they are; `training` (the
+    trainer's validation, `TrainingFacts.from_summary`) goes beside the offline numbers."""
     served_drafter_dir = served_drafter_dir or drafter_dir
     prompts = mt_bench_prompts(settings.num_prompts)
     sweep = SweepSettings(output_len=settings.output_len, concurrencies=tuple(settings.concurrencies), progress=False)
@@ -145,6 +147,7 @@ def run_benchmark(
         trained_aux_layer_ids=trained_aux_layer_ids,
         target_num_layers=target_num_layers,
         min_speedup=settings.min_speedup,
+        training=training,
     )
     paths = write_report(report, out_dir)
     return report, paths

@@ -122,6 +122,45 @@ def _num(x: float | None) -> float:
 
 
 @dataclass(frozen=True)
+class TrainingFacts:
+    """What the drafter's training measured on its own corpus (the trainer's `summary.json`):
+    with it, a weak drafter's verdict says whether it is weak on its own kind of prompt too
+    (more data or training) or only on the benchmark's (prompts unlike its training data)."""
+
+    validation: AcceptanceNumbers
+    """AL and p_k replayed along held-out answers of the training corpus, at the training K."""
+    train_samples: int | None = None
+    train_tokens: int | None = None
+    """Tokens of the training samples, prompts and answers."""
+    epochs: int | None = None
+
+    @classmethod
+    def from_summary(cls, summary: Mapping) -> "TrainingFacts | None":
+        """None when the training had no validation split (nothing to compare)."""
+        if summary.get("val_al") is None:
+            return None
+        accept = tuple(summary.get("val_accept") or ())
+        validation = AcceptanceNumbers(float(summary["val_al"]), accept, None, "training validation (replayed along held-out corpus answers)")
+        return cls(validation, summary.get("train_samples"), summary.get("train_tokens"), summary.get("epochs"))
+
+    @classmethod
+    def from_dict(cls, d: Mapping) -> "TrainingFacts":
+        return cls(AcceptanceNumbers.from_dict(d["validation"]), d.get("train_samples"), d.get("train_tokens"), d.get("epochs"))
+
+    def to_dict(self) -> dict:
+        return {**asdict(self), "validation": _json_ready(self.validation)}
+
+    def describe(self) -> str:
+        v = self.validation
+        pk = " / ".join(f"{p:.2f}" for p in v.per_position_acceptance)
+        data = [f"{self.train_tokens:,} tokens" if self.train_tokens is not None else None,
+                f"{self.train_samples:,} samples" if self.train_samples is not None else None,
+                f"{self.epochs} epochs" if self.epochs is not None else None]  # fmt: skip
+        trained = f"; trained on {', '.join(x for x in data if x)}" if any(data) else ""
+        return f"validation AL {v.al:.2f} (p_k {pk}) on held-out answers of its own corpus{trained}"
+
+
+@dataclass(frozen=True)
 class ParityTolerance:
     """When served and offline acceptance count as the same, and when a drafter counts as healthy."""
 
@@ -303,8 +342,12 @@ def judge_parity(
     trained_aux_layer_ids: Sequence[int] | None = None,
     target_num_layers: int | None = None,
     target_vocab_size: int | None = None,
+    training: TrainingFacts | None = None,
 ) -> Verdict:
     """Compare offline and served acceptance of one drafter on the same prompts; see the module doc.
+
+    `training` (the trainer's validation on its own corpus) tells a weak drafter's two causes
+    apart: weak there too (more data or training) or weak only on these prompts.
 
     `drafter` (folder, config.json or dict) adds its config values to the evidence and, for an
     engine-wiring verdict, the specific values that look wrong. `trained_aux_layer_ids` (project
@@ -332,6 +375,7 @@ def judge_parity(
         "min_healthy_al": tol.min_healthy_al,
         "engine": engine,
         "drafter_config": facts,
+        "training": training.to_dict() if training else None,
     }
     k_off, k_srv = len(offline.per_position_acceptance), len(served.per_position_acceptance)
     k_note = f" Offline used K={k_off} but the server K={k_srv}; compare at the same K." if k_off and k_srv and k_off != k_srv else ""
@@ -378,18 +422,28 @@ def judge_parity(
         )
     if offline.al < tol.min_healthy_al:
         gap = "" if parity_ok else f" (and the server is further off: {nums})"
+        too_little = "too few training samples or tokens for this target"
+        own_template = "training data not drawn from the target's own responses (or a different chat template)"
+        too_short = "too few epochs, or the validation loss had not converged"
+        far = "the evaluation prompts are far from the training distribution"
+        if training is None:
+            why, causes = "It needs more or more relevant training data, or more training (epochs, a warm start from a stronger parent)", (
+                too_little, own_template, too_short, far)  # fmt: skip
+        elif training.validation.al < tol.min_healthy_al:
+            why = (f"It is weak on its own kind of prompt too ({training.describe()}): it needs more training "
+                   "data or more training (epochs, a warm start from a stronger parent)")  # fmt: skip
+            causes = (too_little, too_short, own_template, far)
+        else:
+            why = (f"On its own kind of prompt it does well ({training.describe()}), so these prompts are unlike "
+                   "what it trained on: train on prompts like them (a prompt file of your traffic, or Magpie "
+                   "openings that steer towards them)")  # fmt: skip
+            causes = (far, own_template, too_little, too_short)
         return Verdict(
             "drafter_undertrained",
             f"The drafter itself is weak: offline AL {offline.al:.2f} is below {tol.min_healthy_al:.2f} on "
-            f"these prompts{gap}. It needs more or more relevant training data, or more training "
-            f"(epochs, a warm start from a stronger parent); the engine is not the first suspect.{k_note}{noise}",
+            f"these prompts{gap}. {why}; the engine is not the first suspect.{k_note}{noise}",
             parity_ok,
-            (
-                "too few training samples or tokens for this target",
-                "training data not drawn from the target's own responses (or a different chat template)",
-                "too few epochs, or the validation loss had not converged",
-                "the evaluation prompts are far from the training distribution",
-            ),
+            causes,
             evidence,
         )
 

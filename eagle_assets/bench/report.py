@@ -35,7 +35,7 @@ from eagle_assets.bench.checks import (
     speedups,
 )
 from eagle_assets.bench.metrics import METRIC_DEFINITIONS, SpecStats
-from eagle_assets.bench.parity import AcceptanceNumbers, ParityTolerance, Verdict, judge_parity
+from eagle_assets.bench.parity import AcceptanceNumbers, ParityTolerance, TrainingFacts, Verdict, judge_parity
 from eagle_assets.bench.plots import plot_acceptance, plot_speedup, plot_throughput
 from eagle_assets.bench.served import ServedRun
 
@@ -77,6 +77,8 @@ class BenchmarkReport:
     definitions: dict[str, str] = field(default_factory=lambda: dict(METRIC_DEFINITIONS))
     created_at: float = 0.0
     notes: tuple[str, ...] = ()
+    training: TrainingFacts | None = None
+    """The drafter's validation on its own corpus, from its training (absent for a bare export)."""
 
     def run(self, label: str) -> ServedRun | None:
         return next((r for r in self.runs if r.label == label), None)
@@ -103,6 +105,7 @@ class BenchmarkReport:
                 "definitions": dict(self.definitions),
                 "created_at": self.created_at,
                 "notes": list(self.notes),
+                "training": self.training.to_dict() if self.training else None,
             }
         )
 
@@ -124,6 +127,7 @@ class BenchmarkReport:
             definitions=dict(d.get("definitions", METRIC_DEFINITIONS)),
             created_at=float(d.get("created_at", 0.0)),
             notes=tuple(d.get("notes", ())),
+            training=TrainingFacts.from_dict(d["training"]) if d.get("training") else None,
         )
 
 
@@ -175,6 +179,7 @@ def build_report(
     target_num_layers: int | None = None,
     min_speedup: float = 1.0,
     notes: Sequence[str] = (),
+    training: TrainingFacts | None = None,
 ) -> BenchmarkReport:
     """Put the runs, offline numbers and verdict together and run the checks.
 
@@ -192,7 +197,7 @@ def build_report(
     if parity is None and offline is not None and served is not None:
         parity = judge_parity(
             offline, served, tolerance, drafter=drafter_path, engine=engine,
-            trained_aux_layer_ids=trained_aux_layer_ids, target_num_layers=target_num_layers,
+            trained_aux_layer_ids=trained_aux_layer_ids, target_num_layers=target_num_layers, training=training,
         )
     checks = [speedup_check(runs, spec_label, BASELINE, 1, min_speedup), parity_check(parity)]
     own_al = offline.al if offline is not None else (served.al if served is not None else math.nan)
@@ -212,6 +217,7 @@ def build_report(
         speedups=speedups(runs, BASELINE),
         created_at=time.time(),
         notes=tuple(notes),
+        training=training,
     )
 
 
@@ -287,12 +293,19 @@ def to_markdown(report: BenchmarkReport, plots: Mapping[str, str] | None = None)
     if report.offline or report.served:
         k = max(len(x.per_position_acceptance) for x in (report.offline, report.served) if x)
         rows = []
-        for name, x in (("offline (reference decoder)", report.offline), (f"served ({report.spec_label})", report.served)):
+        validation = report.training.validation if report.training else None
+        measured = (("training validation (held-out corpus answers, replayed)", validation),
+                    ("offline (reference decoder)", report.offline), (f"served ({report.spec_label})", report.served))  # fmt: skip
+        for name, x in measured:
             if x is None:
                 continue
             pk = [_f(x.per_position_acceptance[i]) if i < len(x.per_position_acceptance) else "-" for i in range(k)]
             rows.append([name, _f(x.al), _f(x.num_drafts, "{:d}") if x.num_drafts is not None else "-", *pk])
         out += [_table(["", "AL", "drafts", *[f"p_{i + 1}" for i in range(k)]], rows), ""]
+        if report.training:
+            out += [f"From the drafter's training: {report.training.describe()}. It walks the corpus's own answers "
+                    "at the training K, so it reads above live decoding; far above the offline AL means these "
+                    "prompts are unlike the training data.", ""]  # fmt: skip
     else:
         out += ["No acceptance measured (no speculative run with drafts, no offline numbers).", ""]
     if others := other_served_al(report):
@@ -396,6 +409,8 @@ def summary_text(report: BenchmarkReport) -> str:
             if x is None:
                 return "-"
             return f"AL {_f(x.al)}  p_k [{', '.join(_f(p) for p in x.per_position_acceptance)}]"
+        if report.training:
+            lines.append(f"trained: {fmt(report.training.validation)} (held-out corpus answers, replayed)")
         lines.append(f"offline: {fmt(report.offline)}")
         lines.append(f"served : {fmt(report.served)}")
     if others := other_served_al(report):

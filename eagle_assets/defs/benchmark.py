@@ -9,7 +9,7 @@ from typing import Optional
 import dagster as dg
 
 from eagle_assets.bench.benchmark import BenchmarkSettings, run_benchmark
-from eagle_assets.bench.parity import ParityTolerance
+from eagle_assets.bench.parity import ParityTolerance, TrainingFacts
 from eagle_assets.defs.common import GROUP, check_result, hash_files, metadata, stage_version, target_of
 from eagle_assets.defs.drafter import drafter_checkpoint
 from eagle_assets.resources.inference_server import InferenceServerResource
@@ -62,7 +62,7 @@ def benchmark_report(context: dg.AssetExecutionContext, config: BenchmarkConfig,
     preset, path = target_of(inference_server)
     drafter_dir = storage.drafter(preset.name) / "drafter-vllm"
     summary = json.loads((storage.drafter(preset.name) / "summary.json").read_text())
-    k = config.k or summary["drafter_config"].get("ttt_steps") or preset.ttt_steps
+    k = config.k or summary.get("ttt_steps") or preset.ttt_steps  # the K it trained for
     settings = config.settings(k)
 
     def serve(speculative):
@@ -72,7 +72,7 @@ def benchmark_report(context: dg.AssetExecutionContext, config: BenchmarkConfig,
         settings, preset.name, path, drafter_dir, serve, storage.report(preset.name),
         trained_aux_layer_ids=summary.get("aux_layer_ids"), target_num_layers=preset.num_layers,
         parent_al=config.parent_al, log=context.log.info,
-        notes=[n for n in [inference_server.serving_note()] if n],
+        notes=[n for n in [inference_server.serving_note()] if n], training=TrainingFacts.from_summary(summary),
     )  # fmt: skip
     text = paths.summary.read_text().rstrip("\n")
     context.log.info("\n" + text)

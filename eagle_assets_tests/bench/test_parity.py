@@ -16,6 +16,7 @@ from eagle_assets.bench.metrics import SpecStats
 from eagle_assets.bench.parity import (
     AcceptanceNumbers,
     ParityTolerance,
+    TrainingFacts,
     Verdict,
     judge_parity,
     read_drafter_facts,
@@ -115,6 +116,36 @@ def test_both_low_means_the_drafter_needs_training():
     v = judge_parity(AcceptanceNumbers(1.3, (0.2, 0.08, 0.02)), AcceptanceNumbers(1.0, (0.0, 0.0, 0.0)))
     assert v.verdict == "drafter_undertrained" and not v.parity_ok
     assert "further off" in v.sentence
+
+
+def _summary(val_al, val_accept):
+    """The fields of a trainer's summary.json that the verdict reads."""
+    return {"val_al": val_al, "val_accept": val_accept, "epochs": 12, "train_samples": 28, "train_tokens": 6218, "steps": 96}
+
+
+def test_a_weak_drafter_is_told_apart_by_its_training_validation():
+    low = (AcceptanceNumbers(1.15, (0.13, 0.01, 0.0)), AcceptanceNumbers(1.15, (0.13, 0.01, 0.0)))
+    # Weak on held-out answers of its own corpus too: data or training first.
+    weak = TrainingFacts.from_summary(_summary(1.27, [0.2, 0.05, 0.02]))
+    v = judge_parity(*low, training=weak)
+    assert v.verdict == "drafter_undertrained" and v.parity_ok
+    assert "weak on its own kind of prompt too (validation AL 1.27 (p_k 0.20 / 0.05 / 0.02)" in v.sentence
+    assert "6,218 tokens, 28 samples, 12 epochs" in v.sentence
+    assert v.causes[0].startswith("too few training samples") and v.causes[-1].startswith("the evaluation prompts")
+    assert v.evidence["training"]["validation"]["al"] == 1.27
+    # Strong on its own kind of prompt: the benchmark's prompts are unlike its training data.
+    strong = TrainingFacts.from_summary(_summary(2.7, [0.74, 0.55, 0.42]))
+    v = judge_parity(*low, training=strong)
+    assert v.verdict == "drafter_undertrained"
+    assert "On its own kind of prompt it does well (validation AL 2.70" in v.sentence and "prompt file" in v.sentence
+    assert v.causes[0].startswith("the evaluation prompts are far")
+    # No validation split in the training: nothing to tell apart, the generic order.
+    assert TrainingFacts.from_summary({**_summary(None, None)}) is None
+    assert judge_parity(*low).causes[0].startswith("too few training samples")
+    # A healthy drafter's verdict does not change; the numbers go into the evidence.
+    v = judge_parity(HEALTHY, HEALTHY, training=strong)
+    assert v.verdict == "ok" and v.evidence["training"]["epochs"] == 12
+    assert TrainingFacts.from_dict(strong.to_dict()) == strong
 
 
 def test_served_above_offline_is_suspicious():

@@ -9,7 +9,7 @@ import pytest
 
 from eagle_assets.bench.checks import speedup_check, speedups
 from eagle_assets.bench.metrics import METRIC_DEFINITIONS, SpecStats
-from eagle_assets.bench.parity import AcceptanceNumbers
+from eagle_assets.bench.parity import AcceptanceNumbers, TrainingFacts
 from eagle_assets.bench.report import (
     PLOT_ACCEPTANCE,
     PLOT_SPEEDUP,
@@ -50,6 +50,8 @@ RUNS = [
     _run("ngram", {1: 55.0, 4: 168.0, 8: 240.0}, NGRAM),
 ]
 OFFLINE = AcceptanceNumbers(2.55, (0.72, 0.52, 0.31), 600, "offline reference")
+TRAINING = TrainingFacts.from_summary({"val_al": 2.7, "val_accept": [0.74, 0.55, 0.42], "epochs": 18, "train_samples": 15680,
+                                       "train_tokens": 4_900_000})  # fmt: skip
 
 
 def test_speedup_is_tokens_per_s_with_over_without():
@@ -87,7 +89,8 @@ def test_report_pools_served_acceptance_and_runs_the_checks():
 
 def test_written_report_is_complete_and_reads_back(tmp_path):
     slices = (AcceptanceNumbers(2.1, (0.6, 0.3, 0.2), 40, "category writing"), AcceptanceNumbers(1.5, (0.3, 0.1, 0.1), 9, "after the end of the answer"))
-    report = build_report("smollm2-135m-instruct", "/drafters/smollm2-eagle3", RUNS, offline=OFFLINE, offline_slices=slices, parent_al=2.4)
+    report = build_report("smollm2-135m-instruct", "/drafters/smollm2-eagle3", RUNS, offline=OFFLINE, offline_slices=slices, parent_al=2.4,
+                          training=TRAINING)  # fmt: skip
     paths = write_report(report, tmp_path / "out")
 
     assert set(paths.plots) == {PLOT_ACCEPTANCE, PLOT_THROUGHPUT, PLOT_SPEEDUP}
@@ -111,6 +114,9 @@ def test_written_report_is_complete_and_reads_back(tmp_path):
     assert "| 1 | 1.60x | 1.10x |" in md  # n-gram's speedup beside ours
     assert "| category writing | 2.10 | 40 | 0.60 | 0.30 | 0.20 |" in md
     assert "| after the end of the answer | 1.50 | 9 | 0.30 | 0.10 | 0.10 |" in md
+    # The drafter's own validation beside the offline and served numbers, with what it trained on.
+    assert "| training validation (held-out corpus answers, replayed) | 2.70 | - | 0.74 | 0.55 | 0.42 |" in md
+    assert "trained on 4,900,000 tokens, 15,680 samples, 18 epochs" in md
     for name in paths.plots:
         assert f"]({name})" in md
 
@@ -141,9 +147,10 @@ def test_report_without_speculation_or_baseline_still_writes(tmp_path):
 
 
 def test_summary_fits_one_screen():
-    report = build_report("smollm2-135m-instruct", "d", RUNS, offline=OFFLINE)
+    report = build_report("smollm2-135m-instruct", "d", RUNS, offline=OFFLINE, training=TRAINING)
     text = summary_text(report)
     assert "verdict: ok" in text
+    assert "trained: AL 2.70  p_k [0.74, 0.55, 0.42] (held-out corpus answers, replayed)" in text
     assert "offline: AL 2.55" in text and "served : AL 2.50" in text
     assert "80.0 (1.60x)" in text and "55.0 (1.10x)" in text
     assert "1 + accepted/drafts" in text

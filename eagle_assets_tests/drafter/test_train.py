@@ -316,6 +316,10 @@ def test_training_overfits_a_fixed_batch_and_exports(tmp_path, one_thread):
     rows = read_metrics(cfg.out_dir)
     losses = [r["loss"] for r in rows]
     assert len(losses) == 30 and summary["steps"] == 30
+    # What the benchmark report reads to tell a weak drafter's causes apart (bench/parity.TrainingFacts).
+    assert (summary["train_samples"], summary["val_samples"], summary["ttt_steps"]) == (4, 0, cfg.ttt_steps)
+    ds = ShardDataset(cfg.shard_dirs)
+    assert summary["train_tokens"] == sum(ds.lengths(range(len(ds)))) > 0 and summary["epochs"] == cfg.epochs
     # the loss sums 3 steps weighted 1, 0.8, 0.64: (2.44 x log 64 = 10.1) at random initialisation
     assert losses[0] > 8.0
     assert losses[-1] < 0.5, losses[::5]
