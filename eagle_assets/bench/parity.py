@@ -427,8 +427,8 @@ def judge_parity(
         too_short = "too few epochs, or the validation loss had not converged"
         far = "the evaluation prompts are far from the training distribution"
         if training is None:
-            why, causes = "It needs more or more relevant training data, or more training (epochs, a warm start from a stronger parent)", (
-                too_little, own_template, too_short, far)  # fmt: skip
+            why = "It needs more or more relevant training data, or more training (epochs, a warm start from a stronger parent)"
+            causes = (too_little, own_template, too_short, far)
         elif training.validation.al < tol.min_healthy_al:
             why = (f"It is weak on its own kind of prompt too ({training.describe()}): it needs more training "
                    "data or more training (epochs, a warm start from a stronger parent)")  # fmt: skip
