@@ -154,8 +154,7 @@ def bench(
     offline reference vs served acceptance, tokens/s with and without speculation, a verdict."""
     import json
 
-    from eagle_assets.bench.benchmark import BenchmarkSettings, run_benchmark
-    from eagle_assets.bench.parity import TrainingFacts
+    from eagle_assets.bench.benchmark import BenchmarkSettings, benchmark_k, run_benchmark
     from eagle_assets.embedded_target import resolve_target
     from eagle_assets.engines.envs import host_device
     from eagle_assets.engines.serving import launch_vllm
@@ -168,14 +167,14 @@ def bench(
     summary_file = drafter.parent / "summary.json"
     summary = json.loads(summary_file.read_text()) if summary_file.is_file() else {}
     preset, path = resolve_target(target)
-    k = k or summary.get("ttt_steps") or preset.ttt_steps
     try:
-        settings = BenchmarkSettings(num_prompts=num_prompts, output_len=output_len, concurrencies=tuple(concurrency), k=k,
+        settings = BenchmarkSettings(num_prompts=num_prompts, output_len=output_len, concurrencies=tuple(concurrency),
+                                     k=benchmark_k(k, summary, preset.ttt_steps),
                                      also_k=tuple(also_k), ngram=ngram)  # fmt: skip
         report, paths = run_benchmark(
             settings, preset.name, path, drafter, lambda spec: launch_vllm(target, speculative=spec, compiled=compiled), out,
-            trained_aux_layer_ids=summary.get("aux_layer_ids"), target_num_layers=preset.num_layers, parent_al=parent_al,
-            notes=[n for n in [serving_mode_note(host_device(), compiled)] if n], training=TrainingFacts.from_summary(summary),
+            target_num_layers=preset.num_layers, parent_al=parent_al, notes=[serving_mode_note(host_device(), compiled)],
+            training_summary=summary,
         )  # fmt: skip
     except (FileNotFoundError, ValueError) as exc:
         _fail(str(exc))

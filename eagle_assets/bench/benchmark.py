@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, ContextManager, Sequence
+from typing import Callable, ContextManager, Mapping, Sequence
 
 import torch
 
@@ -98,6 +98,12 @@ def offline_results(target_path: Path, drafter_dir: Path, prompts: Sequence[Sequ
     return results
 
 
+def benchmark_k(asked: int | None, training_summary: Mapping, default: int) -> int:
+    """Draft tokens per step to benchmark at: the K asked for, else the K the drafter trained
+    for (its trainer's `summary.json`), else the target's default."""
+    return asked or training_summary.get("ttt_steps") or default
+
+
 def run_benchmark(
     settings: BenchmarkSettings,
     target_name: str,
@@ -109,14 +115,18 @@ def run_benchmark(
     target_num_layers: int | None = None,
     parent_al: float | None = None,
     served_drafter_dir: Path | None = None,
-    notes: Sequence[str] = (),
-    training: TrainingFacts | None = None,
+    notes: Sequence[str | None] = (),
+    training_summary: Mapping | None = None,
     log: Callable[[str], None] = print,
 ) -> tuple[BenchmarkReport, object]:
     """Offline reference on `drafter_dir` (the drafter as trained), served sweeps with the
     export at `served_drafter_dir` (default: the same folder), report written to `out_dir`;
-    `notes` (how the servers ran, say) go into the report as they are; `training` (the
-    trainer's validation, `TrainingFacts.from_summary`) goes beside the offline numbers."""
+    `notes` (how the servers ran, say; None skipped) go into the report as they are.
+    `training_summary`, the trainer's `summary.json`: its aux layer ids (unless
+    `trained_aux_layer_ids` is given) go to the verdict, its validation beside the offline numbers."""
+    training_summary = training_summary or {}
+    if trained_aux_layer_ids is None:
+        trained_aux_layer_ids = training_summary.get("aux_layer_ids")
     served_drafter_dir = served_drafter_dir or drafter_dir
     prompts = mt_bench_prompts(settings.num_prompts)
     sweep = SweepSettings(output_len=settings.output_len, concurrencies=tuple(settings.concurrencies), progress=False)
@@ -125,7 +135,7 @@ def run_benchmark(
     chosen = mt_bench_categories(settings.num_prompts)[: len(results)]
     slices = offline_slices(results, chosen, settings.k)
     log(f"offline reference: AL {offline.al:.3f}, p_k {[round(p, 3) for p in offline.per_position_acceptance]}")
-    notes, ended_early = list(notes), answers_ending_early(results)
+    notes, ended_early = [n for n in notes if n], answers_ending_early(results)
     if ended_early:
         notes.append(f"{ended_early} of {len(results)} offline answers ended before {settings.output_len} "
                      "tokens and ran on past the target's end-of-answer token (EOS is ignored, served and offline alike)")  # fmt: skip
@@ -147,7 +157,7 @@ def run_benchmark(
         trained_aux_layer_ids=trained_aux_layer_ids,
         target_num_layers=target_num_layers,
         min_speedup=settings.min_speedup,
-        training=training,
+        training=TrainingFacts.from_summary(training_summary),
     )
     paths = write_report(report, out_dir)
     return report, paths

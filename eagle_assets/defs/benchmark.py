@@ -8,8 +8,8 @@ from typing import Optional
 
 import dagster as dg
 
-from eagle_assets.bench.benchmark import BenchmarkSettings, run_benchmark
-from eagle_assets.bench.parity import ParityTolerance, TrainingFacts
+from eagle_assets.bench.benchmark import BenchmarkSettings, benchmark_k, run_benchmark
+from eagle_assets.bench.parity import ParityTolerance
 from eagle_assets.defs.common import GROUP, check_result, hash_files, metadata, stage_version, target_of
 from eagle_assets.defs.drafter import drafter_checkpoint
 from eagle_assets.resources.inference_server import InferenceServerResource
@@ -62,17 +62,15 @@ def benchmark_report(context: dg.AssetExecutionContext, config: BenchmarkConfig,
     preset, path = target_of(inference_server)
     drafter_dir = storage.drafter(preset.name) / "drafter-vllm"
     summary = json.loads((storage.drafter(preset.name) / "summary.json").read_text())
-    k = config.k or summary.get("ttt_steps") or preset.ttt_steps  # the K it trained for
-    settings = config.settings(k)
+    settings = config.settings(benchmark_k(config.k, summary, preset.ttt_steps))
 
     def serve(speculative):
         return inference_server.serve(speculative=speculative, log=context.log.info)
 
     report, paths = run_benchmark(
         settings, preset.name, path, drafter_dir, serve, storage.report(preset.name),
-        trained_aux_layer_ids=summary.get("aux_layer_ids"), target_num_layers=preset.num_layers,
-        parent_al=config.parent_al, log=context.log.info,
-        notes=[n for n in [inference_server.serving_note()] if n], training=TrainingFacts.from_summary(summary),
+        target_num_layers=preset.num_layers, parent_al=config.parent_al, log=context.log.info,
+        notes=[inference_server.serving_note()], training_summary=summary,
     )  # fmt: skip
     text = paths.summary.read_text().rstrip("\n")
     context.log.info("\n" + text)

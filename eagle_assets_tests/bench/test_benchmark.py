@@ -6,9 +6,16 @@ from pathlib import Path
 
 import pytest
 
-from eagle_assets.bench.benchmark import BenchmarkSettings, served_configs
+from eagle_assets.bench.benchmark import BenchmarkSettings, benchmark_k, served_configs
 
 DRAFTER = Path("/drafters/smollm2/drafter-vllm")
+
+
+def test_k_is_the_one_asked_else_the_one_trained_else_the_targets():
+    trained = {"ttt_steps": 5, "drafter_config": {"hidden_size": 576}}  # a trainer's summary.json
+    assert benchmark_k(2, trained, 3) == 2
+    assert benchmark_k(None, trained, 3) == 5
+    assert benchmark_k(None, {}, 3) == 3  # a bare export: no summary beside it
 
 
 def test_every_k_is_served_with_the_same_drafter_and_ngram_at_the_main_k():
