@@ -199,7 +199,9 @@ class ShardDataset:
         """A padded micro-batch in the layout `ttt_loss` takes.
 
         aux (B, T, n_aux*H) and final (B, T, H) in `dtype`, input_ids (B, T) int64,
-        loss_mask (B, T) float, lengths (B,) int64. Padding is zeros with loss_mask 0.
+        loss_mask (B, T) float, lengths (B,) int64, positions (B,) int64 (the samples' positions
+        here, by which the trainer keeps what it computes once per sample). Padding is zeros
+        with loss_mask 0.
         """
         items = [self.sample(p) for p in positions]
         lengths = [int(it["input_ids"].shape[0]) for it in items]
@@ -211,6 +213,7 @@ class ShardDataset:
             "input_ids": torch.zeros(b, t, dtype=torch.long),  # (B, T)
             "loss_mask": torch.zeros(b, t, dtype=torch.float32),  # (B, T)
             "lengths": torch.tensor(lengths, dtype=torch.long),  # (B,)
+            "positions": torch.tensor(list(positions), dtype=torch.long),  # (B,)
         }
         for i, (it, n) in enumerate(zip(items, lengths)):
             batch["aux"][i, :n] = it["aux"].to(dtype)

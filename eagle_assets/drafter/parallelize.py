@@ -23,11 +23,18 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from eagle_assets.drafter.draftable import DraftableCache
 from eagle_assets.drafter.ttt import ttt_loss
 
 
 class TrainObjective(nn.Module):
-    """The drafter plus its training-time-test loss, as one module to wrap."""
+    """The drafter plus its training-time-test loss, as one module to wrap.
+
+    A batch that carries `positions` (B,) (its samples' dataset positions, as
+    `ShardDataset.collate` gives them) has its drafted-argmax mask computed once per sample and
+    looked up afterwards (`DraftableCache`): the loss is the same, without the outside head's
+    matmul after a sample's first batch.
+    """
 
     def __init__(self, drafter: nn.Module, ttt_steps: int, target_temperature: float = 1.0, unreached_weight: float = 1.0):
         super().__init__()
@@ -35,13 +42,24 @@ class TrainObjective(nn.Module):
         self.ttt_steps = ttt_steps
         self.target_temperature = target_temperature
         self.unreached_weight = unreached_weight
+        self.draftable = DraftableCache()
 
     def forward(self, batch: dict[str, torch.Tensor], target_head: torch.Tensor, outside_head: torch.Tensor | None = None,
                 with_correct_rows: bool = False):  # fmt: skip
-        """batch: the `ttt_loss` layout; target_head (N, Ht); outside_head (V-N, Ht) or None."""
-        return ttt_loss(self.drafter, batch, target_head, self.ttt_steps, outside_head=outside_head,
-                        with_correct_rows=with_correct_rows, target_temperature=self.target_temperature,
-                        unreached_weight=self.unreached_weight)  # fmt: skip
+        """batch: the `ttt_loss` layout, optionally `positions`; target_head (N, Ht); outside_head (V-N, Ht) or None."""
+        positions = batch.get("positions")
+        known = None
+        if outside_head is not None and positions is not None:
+            lengths = batch.get("lengths")
+            if lengths is None:
+                lengths = torch.full_like(positions, batch["input_ids"].shape[1])
+            known = self.draftable.lookup(positions, lengths, batch["input_ids"].shape[1])
+        out = ttt_loss(self.drafter, batch, target_head, self.ttt_steps, outside_head=None if known is not None else outside_head,
+                       with_correct_rows=with_correct_rows, target_temperature=self.target_temperature,
+                       unreached_weight=self.unreached_weight, in_draft=known)  # fmt: skip
+        if known is None and outside_head is not None and positions is not None:
+            self.draftable.store(positions, lengths, out.in_draft)
+        return out
 
 
 def is_distributed() -> bool:

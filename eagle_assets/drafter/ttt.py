@@ -58,6 +58,9 @@ class TTTOutput:
     correct_rows: torch.Tensor | None = None
     """(K, B, T) bool: step i at row t trains and its argmax is the target's (for `replay_drafting`);
     None unless asked for (`with_correct_rows`)."""
+    in_draft: torch.Tensor | None = None
+    """(B, T) bool: the target's argmax over the full vocabulary is drafted (all True without an
+    outside head); fixed by the target's states, so a trainer can keep it (`DraftableCache`)."""
 
     @property
     def loss(self) -> torch.Tensor:
@@ -212,6 +215,7 @@ def target_stats(
     outside_head: torch.Tensor | None = None,
     chunk_rows: int = 4096,
     temperature: float = 1.0,
+    in_draft: torch.Tensor | None = None,
 ) -> TargetStats:
     """Target logits over the draft vocab from the normed final state, in row chunks.
 
@@ -219,17 +223,26 @@ def target_stats(
     (V - N, Ht) = the other rows, optional: with it, `in_draft` is exact (SpecForge's
     t2d[argmax]); without it every position counts as drafted. temperature: the logits are
     divided by it (below 1 sharpens the distribution the drafter learns towards the target's
-    greedy token; the argmax and `in_draft` do not change).
+    greedy token; the argmax and `in_draft` do not change). in_draft (B, T) bool: the mask as an
+    earlier call computed it, instead of the outside head (its matmul is (V-N)/N times the draft
+    head's: most of this function's cost).
     """
     if not temperature > 0:
         raise ValueError(f"target_temperature={temperature} must be > 0")
+    if in_draft is not None and outside_head is not None:
+        raise ValueError("pass outside_head or a known in_draft mask, not both")
     flat = final.reshape(-1, final.shape[-1])
     head = target_head.to(flat.dtype)
     other_head = None if outside_head is None or outside_head.shape[0] == 0 else outside_head.to(flat.dtype)  # cast once
     logits = torch.empty(flat.shape[0], head.shape[0], dtype=torch.promote_types(flat.dtype, head.dtype), device=flat.device)
     lse = torch.empty(flat.shape[0], dtype=torch.float32, device=flat.device)
     best = torch.empty(flat.shape[0], dtype=torch.long, device=flat.device)
-    in_draft = torch.ones(flat.shape[0], dtype=torch.bool, device=flat.device)
+    if in_draft is None:
+        in_draft = torch.ones(flat.shape[0], dtype=torch.bool, device=flat.device)
+    else:
+        in_draft = in_draft.reshape(-1).to(device=flat.device, dtype=torch.bool)
+        if in_draft.shape[0] != flat.shape[0]:
+            raise ValueError(f"in_draft has {in_draft.shape[0]} positions for {flat.shape[0]} final states")
     for start in range(0, flat.shape[0], chunk_rows):
         rows = slice(start, start + chunk_rows)
         chunk = flat[rows] @ head.T  # (C, N)
@@ -353,6 +366,7 @@ def ttt_loss(
     with_correct_rows: bool = False,
     target_temperature: float = 1.0,
     unreached_weight: float = 1.0,
+    in_draft: torch.Tensor | None = None,
 ) -> TTTOutput:
     """Unroll `steps` draft steps over a right-padded batch and return the summed loss and stats.
 
@@ -371,6 +385,8 @@ def ttt_loss(
     verified). 1 trains every row alike (EAGLE-3); 0 trains only the chains serving reaches
     (GRIFFIN's token-alignable training). Below 1, the steps run one after another (one more
     host sync); the returned statistics still count every row.
+    in_draft (B, T) bool: the drafted-argmax mask an earlier call returned for these samples
+    (`TTTOutput.in_draft`), in place of outside_head: the same loss without its matmul.
     """
     if not 0.0 <= unreached_weight <= 1.0:
         raise ValueError(f"unreached_weight={unreached_weight} must be in [0, 1] (1 = every row counts)")
@@ -392,7 +408,7 @@ def ttt_loss(
     H = cfg.hidden_size
     nh, nkv, D = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
 
-    stats = target_stats(final, target_head, outside_head, temperature=target_temperature)
+    stats = target_stats(final, target_head, outside_head, temperature=target_temperature, in_draft=in_draft)
     masks = step_masks(loss_mask, lengths, stats.in_draft, steps)  # (K, B, T)
 
     # Tokens: step i at row t reads x_{t+1+i}; ids past the end are padding (their rows are masked).
@@ -467,6 +483,7 @@ def ttt_loss(
         step_tokens=step_tokens,
         step_correct=step_correct,
         correct_rows=correct_rows,
+        in_draft=stats.in_draft.view(B, T),
     )
 
 
