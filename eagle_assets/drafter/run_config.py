@@ -115,7 +115,8 @@ class TrainConfig:
     parallelism: str = "ddp"
     """"ddp" (replicated weights) or "fsdp2" (sharded weights, `fully_shard`)."""
     bf16: bool = True
-    """bf16 autocast on CUDA; on CPU the run is always fp32."""
+    """bf16 autocast on CUDA, and on a CPU whose bf16 matmuls run at least 1.5x fp32's (measured
+    at start: AVX512-BF16 or AMX hosts); elsewhere fp32. False: always fp32."""
 
     # --- validation, checkpoints, logging ---
     val_interval: int = 500

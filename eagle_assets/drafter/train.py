@@ -10,7 +10,7 @@ What a run does (settings in `run_config.TrainConfig`):
   drafter), copies the target's embedding into it (frozen) and takes the target lm_head's
   draft-vocabulary rows as the teacher head;
 - wraps drafter + `ttt_loss` in one module, parallelised with DDP (default) or FSDP2; gloo on
-  CPU, nccl on GPU, bf16 autocast on GPU;
+  CPU, nccl on GPU; bf16 autocast on GPU, and on a CPU with fast bf16 matmuls;
 - accumulates `grad_accum` micro-batches per process (no gradient sync on all but the last)
   and normalises by the *global* count of trained positions, all-reduced, so N processes
   compute exactly what one process computes on the same global batch;
@@ -65,6 +65,7 @@ from eagle_assets.drafter.model import Eagle3Drafter
 from eagle_assets.drafter.parallelize import TrainObjective, grad_sync, parallelize
 from eagle_assets.drafter.run_config import TrainConfig
 from eagle_assets.drafter.ttt import replay_drafting
+from eagle_assets import precision
 
 METRICS_FILE = "metrics.jsonl"
 SUMMARY_FILE = "summary.json"
@@ -277,8 +278,8 @@ def build_optimizer(
     return torch.optim.AdamW(groups, lr=lr, betas=betas, eps=1e-8, fused=fused or None)
 
 
-def autocast_context(use_bf16: bool):
-    return torch.autocast("cuda", dtype=torch.bfloat16) if use_bf16 else contextlib.nullcontext()
+def autocast_context(use_bf16: bool, device_type: str = "cuda"):
+    return torch.autocast(device_type, dtype=torch.bfloat16) if use_bf16 else contextlib.nullcontext()
 
 
 def optimizer_step(
@@ -309,7 +310,7 @@ def optimizer_step(
     for i, batch in enumerate(micro_batches):
         batch = {k: v.to(device, non_blocking=True) for k, v in batch.items()}
         with grad_sync(model, enabled=i == len(micro_batches) - 1):
-            with autocast_context(use_bf16):
+            with autocast_context(use_bf16, device.type):
                 out = model(batch, target_head, outside_head)
             out.loss_sum.backward()
         totals += torch.cat([
@@ -427,7 +428,15 @@ class Trainer:
             except ValueError as err:
                 raise ValueError(f"{err} So leave sglang out of export_engines (checked before training, not after it).") from None
 
-        self.use_bf16 = cfg.bf16 and env.device.type == "cuda"
+        # bf16 autocast on CUDA, and on a CPU whose bf16 matmuls are fast (the weights, optimiser
+        # and loss sums stay fp32 either way).
+        self.use_bf16 = cfg.bf16 and precision.bf16_autocast_pays(env.device)
+        if env.device.type == "cpu":  # measured per process: every rank follows the slowest one's answer
+            agreed = _all_reduce(torch.tensor([0.0 if self.use_bf16 else 1.0]))
+            self.use_bf16 = bool(agreed.item() == 0)
+        if cfg.bf16 and env.device.type == "cpu":
+            self.log(f"precision: this CPU runs bf16 matmuls {precision.cpu_bf16_speedup():.1f}x as fast as fp32, so training "
+                     f"runs in " + ("bf16 autocast" if self.use_bf16 else f"fp32 (bf16 pays from {precision.CPU_BF16_MIN_SPEEDUP}x)"))
         head_dtype = torch.bfloat16 if self.use_bf16 else torch.float32
         self.target_head = draft_head(lm_head, mapping.d2t).to(env.device, head_dtype)  # (N, Ht)
         self.outside_head = (
@@ -580,7 +589,7 @@ class Trainer:
         self.model.eval()
         for positions, counts in mine:
             batch = self._to_device(self.ds.collate(positions, dtype))
-            with autocast_context(self.use_bf16):
+            with autocast_context(self.use_bf16, self.env.device.type):
                 out = self.model(batch, self.target_head, self.outside_head, with_correct_rows=True)
             rounds = replay_drafting(out.correct_rows, batch["loss_mask"], batch.get("lengths")).to(totals.device)
             row = torch.cat([
@@ -702,6 +711,7 @@ class Trainer:
             "tokens_seen": self.tokens_seen,
             "world_size": self.env.world_size,
             "parallelism": self.cfg.parallelism,
+            "precision": "bf16 autocast" if self.use_bf16 else "fp32",
             "final_loss": train_rows[-1]["loss"] if train_rows else None,
             "val_loss": val.get("val_loss"),
             "val_al": val.get("val_al"),

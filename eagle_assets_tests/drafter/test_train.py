@@ -408,9 +408,29 @@ def test_bf16_training_on_gpu(tmp_path):
 
     cfg = write_tiny_run(tmp_path, num_samples=4, num_shards=1, micro_batch_samples=4, max_steps=30,
                          lr=1e-2, warmup_steps=3, bf16=True, val_fraction=0.0)
-    train(cfg)
+    assert train(cfg)["precision"] == "bf16 autocast"
     losses = [r["loss"] for r in read_metrics(cfg.out_dir)]
     assert losses[0] > 8.0 and losses[-1] < 0.6, losses[::5]
+
+
+@pytest.mark.parametrize("speedup, expected", [(3.0, "bf16 autocast"), (1.2, "fp32")])
+def test_cpu_training_takes_bf16_where_the_host_runs_it_fast(tmp_path, one_thread, monkeypatch, speedup, expected):
+    """On a CPU, bf16 autocast where its matmuls run fast (measured at start), fp32 elsewhere;
+    the fixed-batch run learns either way."""
+    from eagle_assets import precision
+    from eagle_assets.drafter.train import train
+
+    assert precision.cpu_bf16_speedup() > 0 and precision.bf16_autocast_pays("cuda")
+    monkeypatch.setattr(precision, "cpu_bf16_speedup", lambda: speedup)
+    assert precision.bf16_autocast_pays("cpu") == (expected == "bf16 autocast")
+    cfg = write_tiny_run(tmp_path, num_samples=4, num_shards=1, micro_batch_samples=4, max_steps=30,
+                         lr=1e-2, warmup_steps=3, bf16=True, val_fraction=0.0)
+    summary = train(cfg)
+    assert summary["precision"] == expected
+    losses = [r["loss"] for r in read_metrics(cfg.out_dir)]
+    assert losses[0] > 8.0 and losses[-1] < 0.6, losses[::5]
+    # bf16=False is fp32 whatever the host
+    assert train(cfg.replace(out_dir=str(tmp_path / "off"), bf16=False, max_steps=1))["precision"] == "fp32"
 
 
 def test_clear_errors_for_missing_inputs(tmp_path, one_thread):
