@@ -49,6 +49,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from eagle_assets import precision
 from eagle_assets.drafter import checkpoint as ckpt
 from eagle_assets.drafter.config import DrafterConfig
 from eagle_assets.drafter.data import (
@@ -65,7 +66,6 @@ from eagle_assets.drafter.model import Eagle3Drafter
 from eagle_assets.drafter.parallelize import TrainObjective, grad_sync, parallelize
 from eagle_assets.drafter.run_config import TrainConfig
 from eagle_assets.drafter.ttt import replay_drafting
-from eagle_assets import precision
 
 METRICS_FILE = "metrics.jsonl"
 SUMMARY_FILE = "summary.json"
