@@ -217,8 +217,9 @@ def stage_train(a, data: Path) -> dict:
         val_interval=d["val_interval"], checkpoint_every=a.checkpoint_every or d["checkpoint_every"], seed=d["seed"],
         drafter_num_layers=1 if drafter else a.num_layers,  # a drafter dict holds it
         aux_layer_ids=aux,
-        # SGLang serves one layer only, and cannot capture the last layer's output (id L)
-        export_engines=("vllm", "sglang") if a.num_layers == 1 and sglang_can_capture(aux, preset.num_layers) else ("vllm",),
+        ptd_token_id=a.ptd_token_id,
+        # SGLang serves one layer only, drafts step by step, and cannot capture the last layer's output (id L)
+        export_engines=("vllm", "sglang") if a.num_layers == 1 and a.ptd_token_id is None and sglang_can_capture(aux, preset.num_layers) else ("vllm",),
     )  # fmt: skip
     summary = train(cfg)
     return summary or {}
@@ -353,6 +354,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--unreached-weight", type=float, default=1.0,
                     help="train a variant: weigh positions whose earlier draft steps drafted wrong by this (0 = only the "
                          "chains serving verifies)")  # fmt: skip
+    ap.add_argument("--ptd-token-id", type=int,
+                    help="train a variant for parallel drafting (vLLM's parallel_drafting): draft steps after the first are "
+                         "mask slots reading this token id and a learned state; the offline stage drafts the same way")  # fmt: skip
     ap.add_argument("--ttt-steps", type=int, help="train a variant: this many training-time-test steps instead of the preset's")
     ap.add_argument("--epochs", type=int, help="train a variant: this many epochs instead of the preset's")
     ap.add_argument("--extract-aux-layer-ids", type=_ids,

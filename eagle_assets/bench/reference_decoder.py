@@ -17,6 +17,11 @@ One round, with context x_0..x_{n-1} in the target's KV cache and x_n just emitt
 4. The accepted slots n..n+a become the next round's pending slots (their aux from this
    verification pass); the drafter KV written by steps 2..K is overwritten there.
 
+A parallel-drafting drafter (`ptd_token_id` set; vLLM's `parallel_drafting`) replaces step 2's
+chain: K-1 mask slots (the mask token, fc(mask_hidden)) at positions p+1..p+K-1 ride in one
+more forward, each attending to the drafter KV at <= p and the mask slots before it, and give
+d_2..d_K at once. (vLLM runs them in the first pass's forward; attention makes it the same.)
+
 Metrics (DESIGN.md): AL = 1 + accepted / drafts; p_k = drafts whose k-th token was accepted / drafts.
 
     python -m eagle_assets.bench.reference_decoder --target PATH --drafter PATH --k 3 --prompt "Hello"
@@ -197,6 +202,14 @@ def _propose(
     hidden, p = h_pre[:, -1:], start + T - 1
     draft = drafter.draft_to_target(drafter.compute_logits(h_post[:, -1]).argmax(-1))  # (1,)
     drafts = [int(draft)]
+    if drafter.config.ptd_token_id is not None and k > 1:
+        # Parallel drafting: drafts 2..k from k-1 mask slots at p+1..p+k-1 in the same round,
+        # each attending to the context and the mask slots before it; no draft is fed back.
+        g_mask, mask_ids = drafter.mask_slots(1, k - 1)
+        pos = torch.arange(p + 1, p + k, device=slot_tokens.device)[None]
+        _, h_post = drafter(g_mask.to(g.dtype), mask_ids, pos, kv_cache=dcache)
+        drafts += drafter.draft_to_target(drafter.compute_logits(h_post[0]).argmax(-1)).tolist()
+        return drafts
     for j in range(1, k):
         pos = torch.tensor([[p + j]], device=slot_tokens.device)
         hidden, h_post = drafter(hidden, draft[:, None], pos, kv_cache=dcache)

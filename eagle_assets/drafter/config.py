@@ -90,6 +90,11 @@ class DrafterConfig:
     target_model_type: str | None = None
     """The target text model's `model_type` (e.g. "llama", "kimi_k2"): SGLang numbers aux ids
     differently per target architecture, so an SGLang export needs it."""
+    ptd_token_id: int | None = None
+    """Parallel drafting (vLLM's `parallel_drafting`, P-EAGLE): set, the drafter drafts all K
+    tokens in one forward, draft j > 1 from a mask slot that pairs this token's embedding with
+    the learned state fc(`mask_hidden`) instead of draft j-1 and its hidden state. None: chain
+    drafting, step by step (EAGLE-3). vLLM only."""
     extra: dict = field(default_factory=dict, compare=False)
     """Keys copied from a parent drafter's config.json that do not change the function
     (e.g. `torch_dtype`); kept so that a warm-started export stays recognisable."""
@@ -121,6 +126,8 @@ class DrafterConfig:
             )
         if self.num_hidden_layers < 1:
             raise ValueError(f"num_hidden_layers={self.num_hidden_layers}: a drafter has at least one decoder layer")
+        if self.ptd_token_id is not None and not 0 <= self.ptd_token_id < self.vocab_size:
+            raise ValueError(f"ptd_token_id={self.ptd_token_id} is not a token id of a {self.vocab_size}-token vocabulary")
         if self.hidden_act != "silu":
             raise ValueError(f"hidden_act={self.hidden_act!r}: the engines' EAGLE-3 Llama layer only runs silu")
         if _rope_type(self.rope_scaling) not in SUPPORTED_ROPE_TYPES:
@@ -249,6 +256,7 @@ class DrafterConfig:
             target_num_layers=int(n_layers) if n_layers else None,
             target_model_type=cfg.get("target_model_type"),
             num_hidden_layers=int(cfg.get("num_hidden_layers", 1)),
+            ptd_token_id=int(cfg["ptd_token_id"]) if cfg.get("ptd_token_id") is not None else None,
             extra=extra,
         )
 
@@ -284,6 +292,8 @@ class DrafterConfig:
             cfg["target_num_hidden_layers"] = self.target_num_layers
         if self.target_model_type is not None:
             cfg["target_model_type"] = self.target_model_type  # not read by the engines either
+        if self.ptd_token_id is not None:
+            cfg["ptd_token_id"] = self.ptd_token_id  # vLLM's mask token for parallel drafting
         # `norm_output` is deliberately absent: "true" makes the engines feed back the normed
         # state, and SpecForge reads "false" as "no final norm". Absent = our function everywhere.
         return cfg
@@ -334,6 +344,11 @@ class DrafterConfig:
 
     def to_sglang_config(self) -> dict:
         """config.json for SGLang: layer ids minus one, read from `eagle_config` only."""
+        if self.ptd_token_id is not None:
+            raise ValueError(
+                "a parallel-drafting drafter (ptd_token_id set) serves in vLLM only: SGLang's EAGLE-3 drafts "
+                "step by step. Export it for vLLM only, or train it without parallel drafting."
+            )
         if self.num_hidden_layers != 1:
             raise ValueError(
                 f"a {self.num_hidden_layers}-layer drafter does not serve in SGLang: its layers after the first "

@@ -262,6 +262,10 @@ class Eagle3Drafter(nn.Module):
         self.layers = nn.ModuleList([Eagle3DecoderLayer(config, i) for i in range(config.num_hidden_layers)])
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.lm_head = nn.Linear(config.hidden_size, config.draft_vocab_size, bias=False)
+        if config.ptd_token_id is not None:
+            # Parallel drafting's mask slots read fc(mask_hidden) as their hidden state: a
+            # learned stand-in for the aux states, as wide as fc's input (vLLM's `mask_hidden`).
+            self.mask_hidden = nn.Parameter(torch.zeros(config.fc_in_features))
         self.rotary = RotaryEmbedding(config)
         # d2t: target_id = draft_id + d2t[draft_id]; t2d: True where a target id is drafted.
         # Identity mapping until `set_vocab_mapping` (correct only when N == V).
@@ -283,6 +287,8 @@ class Eagle3Drafter(nn.Module):
                 nn.init.normal_(module.weight, std=std)
             elif isinstance(module, RMSNorm):
                 nn.init.ones_(module.weight)
+        if self.config.ptd_token_id is not None:
+            nn.init.normal_(self.mask_hidden, std=1.0)  # fc then hidden_norm rescale it; zero would sit on the norm's pole
 
     # ------------------------------------------------------------------ vocab and embedding
     @torch.no_grad()
@@ -318,6 +324,15 @@ class Eagle3Drafter(nn.Module):
         if not torch.is_autocast_enabled(aux.device.type):
             aux = aux.to(self.fc.weight.dtype)  # bf16 shards into an fp32 model (autocast casts by itself)
         return self.fc(aux)
+
+    def mask_slots(self, batch: int, slots: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Parallel drafting's mask slots: (hidden (batch, slots, H) = fc(mask_hidden), input_ids
+        (batch, slots) = ptd_token_id), what vLLM feeds the slots after the last real one."""
+        if self.config.ptd_token_id is None:
+            raise ValueError("this drafter drafts step by step (ptd_token_id is None): it has no mask slots")
+        g = self.project_hidden_states(self.mask_hidden.view(1, 1, -1)).expand(batch, slots, -1)
+        ids = torch.full((batch, slots), self.config.ptd_token_id, dtype=torch.long, device=g.device)
+        return g, ids
 
     def embed_input_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
         """input_ids (B, T) target ids -> (B, T, H) embeddings (the target's, frozen)."""
@@ -406,6 +421,8 @@ def exported_shapes(config: DrafterConfig) -> dict[str, tuple[int, ...]]:
         "d2t": (config.draft_vocab_size,),
         "t2d": (config.vocab_size,),
     })  # fmt: skip
+    if config.ptd_token_id is not None:
+        shapes["mask_hidden"] = (config.fc_in_features,)
     return shapes
 
 

@@ -62,6 +62,10 @@ class TrainConfig:
     """Weight of a draft step's position when an earlier step there drafted another token than
     the target's (serving never verifies that draft): 1 trains every position alike (EAGLE-3),
     0 only the chains serving reaches (GRIFFIN's token-alignable training)."""
+    ptd_token_id: int | None = None
+    """Set: train a new drafter for parallel drafting (vLLM's `parallel_drafting`, P-EAGLE),
+    whose draft steps after the first are mask slots reading this token's embedding and a
+    learned state; the export carries it (vLLM only). None: chain drafting (EAGLE-3)."""
     mask_undraftable: bool = True
     """Train only on positions whose target argmax is in the draft vocabulary (as SpecForge):
     the drafter cannot propose the others. Needs the target lm_head's other rows on device."""

@@ -41,7 +41,7 @@ import os
 import random
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Protocol
 
@@ -199,21 +199,22 @@ def _check_inputs(cfg: TrainConfig) -> None:
 def resolve_drafter_config(cfg: TrainConfig, target_config: dict, aux_layer_ids, draft_vocab_size: int) -> DrafterConfig:
     """The drafter's architecture for a new (not warm-started) drafter."""
     if isinstance(cfg.drafter, dict):
-        return DrafterConfig.from_dict(cfg.drafter)
-    if isinstance(cfg.drafter, str):
-        from eagle_assets.targets import get_preset
+        config = DrafterConfig.from_dict(cfg.drafter)
+    else:
+        if isinstance(cfg.drafter, str):
+            from eagle_assets.targets import get_preset
 
-        p = get_preset(cfg.drafter)
-        preset_config = {
-            "hidden_size": p.hidden_size, "num_hidden_layers": p.num_layers, "vocab_size": p.vocab_size,
-            "num_attention_heads": p.num_attention_heads, "num_key_value_heads": p.num_key_value_heads,
-            "intermediate_size": p.intermediate_size, "rope_theta": p.rope_theta,
-            "max_position_embeddings": p.max_position_embeddings,
-        }
-        target_config = preset_config
-    return DrafterConfig.from_target_config(target_config, aux_layer_ids=aux_layer_ids, draft_vocab_size=draft_vocab_size,
-                                            intermediate_size=cfg.drafter_intermediate_size,
-                                            num_hidden_layers=cfg.drafter_num_layers)  # fmt: skip
+            p = get_preset(cfg.drafter)
+            target_config = {
+                "hidden_size": p.hidden_size, "num_hidden_layers": p.num_layers, "vocab_size": p.vocab_size,
+                "num_attention_heads": p.num_attention_heads, "num_key_value_heads": p.num_key_value_heads,
+                "intermediate_size": p.intermediate_size, "rope_theta": p.rope_theta,
+                "max_position_embeddings": p.max_position_embeddings,
+            }
+        config = DrafterConfig.from_target_config(target_config, aux_layer_ids=aux_layer_ids, draft_vocab_size=draft_vocab_size,
+                                                  intermediate_size=cfg.drafter_intermediate_size,
+                                                  num_hidden_layers=cfg.drafter_num_layers)  # fmt: skip
+    return replace(config, ptd_token_id=cfg.ptd_token_id) if cfg.ptd_token_id is not None else config
 
 
 def _check_fit(config: DrafterConfig, ds: ShardDataset, d2t: torch.Tensor, t2d: torch.Tensor, where: str) -> None:

@@ -387,6 +387,9 @@ def ttt_loss(
     host sync); the returned statistics still count every row.
     in_draft (B, T) bool: the drafted-argmax mask an earlier call returned for these samples
     (`TTTOutput.in_draft`), in place of outside_head: the same loss without its matmul.
+    A drafter with `ptd_token_id` (parallel drafting) unrolls its steps after the first as vLLM
+    serves them: mask slots (`Eagle3Drafter.mask_slots`) instead of the token and hidden state
+    of the step before.
     """
     if not 0.0 <= unreached_weight <= 1.0:
         raise ValueError(f"unreached_weight={unreached_weight} must be in [0, 1] (1 = every row counts)")
@@ -428,16 +431,25 @@ def ttt_loss(
 
     h = model.project_hidden_states(aux)  # (B, T, H): g
     dtype = _compute_dtype(h)  # bf16 under autocast: the loss matmuls run in it
+    # Parallel drafting: steps after the first are mask slots, each the same input (the mask
+    # token's embedding, fc(mask_hidden)) at its own position; nothing is fed back between steps.
+    parallel = cfg.ptd_token_id is not None
+    if parallel:
+        g_mask, mask_ids = model.mask_slots(1, 1)  # (1, 1, H), (1, 1)
+        qkv_mask = F.linear(layer.input_layernorm(model.embed_input_ids(mask_ids.to(device))), w_qkv[:, :H])  # (1, 1, Q+2KV)
     n_layers = len(model.layers)
     k0, v0 = [None] * n_layers, [None] * n_layers  # per layer: step-0 keys (B, nh, T, D)
     ks, vs = [[] for _ in range(n_layers)], [[] for _ in range(n_layers)]  # per layer: steps 1..i diagonal keys
     h_posts = []
     for i in range(steps):
         cos, sin = cos_all[:, i : i + T], sin_all[:, i : i + T]  # rotary position t + i
+        masked = parallel and i > 0
+        if masked:
+            h = g_mask.expand(B, T, H)
         for j, lay in enumerate(model.layers):
             qkv = F.linear(stream_norm[j](h), stream_w[j])  # (B, T, Q+2KV)
             if j == 0:
-                qkv = qkv_e[:, i : i + T] + qkv
+                qkv = (qkv_mask if masked else qkv_e[:, i : i + T]) + qkv
             q, k, v = qkv.split([cfg.q_size, cfg.kv_size, cfg.kv_size], dim=-1)
             q = apply_rotary(q.reshape(B, T, nh, D).transpose(1, 2), cos, sin)  # (B, nh, T, D)
             k = apply_rotary(k.reshape(B, T, nkv, D).transpose(1, 2), cos, sin)  # (B, nkv, T, D)
@@ -557,6 +569,8 @@ def ttt_loss_dense(
     explicit (T, T*(i+1)) mask, and every step's full draft-vocabulary logits kept for the
     backward. O(T^2 K) mask memory: for cross-checks and as the benchmark baseline only."""
     cfg = model.config
+    if cfg.ptd_token_id is not None:
+        raise ValueError("ttt_loss_dense unrolls chain drafting only; a parallel-drafting drafter trains with ttt_loss")
     aux, final, input_ids, loss_mask = batch["aux"], batch["final"], batch["input_ids"], batch["loss_mask"]
     B, T = input_ids.shape
     device = input_ids.device

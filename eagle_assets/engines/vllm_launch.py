@@ -23,8 +23,16 @@ API_SERVER_MODULE = "vllm.entrypoints.openai.api_server"  # the `vllm` script fa
 
 
 def speculative_config(drafter: str | Path, num_speculative_tokens: int) -> dict:
-    """vLLM's `--speculative-config` for an EAGLE-3 drafter folder."""
-    return {"method": "eagle3", "model": str(drafter), "num_speculative_tokens": int(num_speculative_tokens)}
+    """vLLM's `--speculative-config` for an EAGLE-3 drafter folder.
+
+    A drafter trained for parallel drafting (its config.json has `ptd_token_id`) is served with
+    `parallel_drafting`: vLLM does not infer it, and drafting it step by step would feed its mask
+    slots the wrong inputs."""
+    config = {"method": "eagle3", "model": str(drafter), "num_speculative_tokens": int(num_speculative_tokens)}
+    config_file = Path(drafter) / "config.json"
+    if config_file.is_file() and json.loads(config_file.read_text()).get("ptd_token_id") is not None:
+        config["parallel_drafting"] = True
+    return config
 
 
 def ngram_config(num_speculative_tokens: int, lookup_max: int = 4, lookup_min: int = 2) -> dict:
