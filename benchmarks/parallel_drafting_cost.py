@@ -23,10 +23,9 @@ speedup (break-even) and to reach 1.6x.
 from __future__ import annotations
 
 import argparse
-import json
-import shutil
 import sys
 import tempfile
+from dataclasses import replace
 from pathlib import Path
 
 from served_on_cpu import served_on_cpu
@@ -39,20 +38,19 @@ MASK_TOKEN_ID = 0
 
 
 def parallel_copy(drafter: Path, folder: Path) -> Path:
-    """The drafter with untrained mask slots added: what vLLM needs to serve it in parallel."""
+    """The drafter with untrained mask slots added, exported as vLLM serves a parallel drafter."""
     import torch
-    from safetensors.torch import load_file, save_file
 
-    out = folder / "parallel"
-    shutil.copytree(drafter, out)
-    weights = load_file(str(out / "model.safetensors"))
-    config = json.loads((out / "config.json").read_text())
-    width = weights["fc.weight"].shape[1]  # fc's input: the aux states side by side
-    weights["mask_hidden"] = torch.zeros(width, dtype=weights["fc.weight"].dtype)
-    save_file(weights, str(out / "model.safetensors"), metadata={"format": "pt"})
-    config["ptd_token_id"] = MASK_TOKEN_ID
-    (out / "config.json").write_text(json.dumps(config, indent=2))
-    return out
+    from eagle_assets.drafter.export import export_vllm, load_drafter
+    from eagle_assets.drafter.model import Eagle3Drafter
+
+    model, config = load_drafter(drafter)
+    config = replace(config, ptd_token_id=MASK_TOKEN_ID)
+    parallel = Eagle3Drafter(config)
+    parallel.load_state_dict(model.state_dict(), strict=False)  # every weight but mask_hidden
+    with torch.no_grad():
+        parallel.mask_hidden.zero_()
+    return export_vllm(parallel, config, folder / "parallel")
 
 
 def round_steps(run: ServedRun, baseline: ServedRun) -> float | None:
@@ -83,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
         configs: dict[str, dict | None] = {BASELINE: None}
         for k in ks:
             configs[f"step by step, K={k}"] = speculative_config(a.drafter.resolve(), k)
-            configs[f"parallel, K={k}"] = {**speculative_config(parallel, k), "parallel_drafting": True}
+            configs[f"parallel, K={k}"] = speculative_config(parallel, k)  # parallel_drafting from its ptd_token_id
         runs: dict[str, ServedRun] = {}
         for label, spec in configs.items():
             runs[label] = served_on_cpu(label, spec, prompts, sweep, compiled=a.compiled)

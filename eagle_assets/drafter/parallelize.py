@@ -47,17 +47,14 @@ class TrainObjective(nn.Module):
     def forward(self, batch: dict[str, torch.Tensor], target_head: torch.Tensor, outside_head: torch.Tensor | None = None,
                 with_correct_rows: bool = False):  # fmt: skip
         """batch: the `ttt_loss` layout, optionally `positions`; target_head (N, Ht); outside_head (V-N, Ht) or None."""
-        positions = batch.get("positions")
-        known = None
-        if outside_head is not None and positions is not None:
-            lengths = batch.get("lengths")
-            if lengths is None:
-                lengths = torch.full_like(positions, batch["input_ids"].shape[1])
-            known = self.draftable.lookup(positions, lengths, batch["input_ids"].shape[1])
+        positions, width = batch.get("positions"), batch["input_ids"].shape[1]
+        cached = outside_head is not None and positions is not None  # no outside head: every position drafts
+        lengths = batch.get("lengths", torch.full_like(positions, width)) if cached else None
+        known = self.draftable.lookup(positions, lengths, width) if cached else None
         out = ttt_loss(self.drafter, batch, target_head, self.ttt_steps, outside_head=None if known is not None else outside_head,
                        with_correct_rows=with_correct_rows, target_temperature=self.target_temperature,
                        unreached_weight=self.unreached_weight, in_draft=known)  # fmt: skip
-        if known is None and outside_head is not None and positions is not None:
+        if cached and known is None:
             self.draftable.store(positions, lengths, out.in_draft)
         return out
 

@@ -432,7 +432,7 @@ class Trainer:
         # bf16 autocast on CUDA, and on a CPU whose bf16 matmuls are fast (the weights, optimiser
         # and loss sums stay fp32 either way).
         self.use_bf16 = cfg.bf16 and precision.bf16_autocast_pays(env.device)
-        if env.device.type == "cpu":  # measured per process: every rank follows the slowest one's answer
+        if env.device.type == "cpu":  # measured per process: all ranks train in fp32 if any rank's CPU says so
             agreed = _all_reduce(torch.tensor([0.0 if self.use_bf16 else 1.0]))
             self.use_bf16 = bool(agreed.item() == 0)
         if cfg.bf16 and env.device.type == "cpu":

@@ -421,6 +421,7 @@ def test_cpu_training_takes_bf16_where_the_host_runs_it_fast(tmp_path, one_threa
     from eagle_assets.drafter.train import train
 
     assert precision.cpu_bf16_speedup() > 0 and precision.bf16_autocast_pays("cuda")
+    # The one part that cannot be real: this host's CPU is of one kind, and both kinds must train.
     monkeypatch.setattr(precision, "cpu_bf16_speedup", lambda: speedup)
     assert precision.bf16_autocast_pays("cpu") == (expected == "bf16 autocast")
     cfg = write_tiny_run(tmp_path, num_samples=4, num_shards=1, micro_batch_samples=4, max_steps=30,
