@@ -2,6 +2,7 @@
 
     python benchmarks/parallel_drafting_cost.py --drafter data/smollm2-135m-instruct/drafter/drafter-vllm
     python benchmarks/parallel_drafting_cost.py --drafter DIR -k 3 -k 4 --compiled --num-prompts 16
+    python benchmarks/parallel_drafting_cost.py --drafter CHAIN_DIR --parallel-drafter PARALLEL_DIR -k 3 -k 4
 
 EAGLE-3 drafts K tokens in K drafter forwards: one over the tokens verification accepted, then
 K-1 of one token each, feeding back its own hidden state. vLLM also serves *parallel drafting*
@@ -18,6 +19,10 @@ is not what a drafter trained for parallel drafting reaches; its round's cost is
 cost at concurrency 1 is served AL / tokens/s, printed in steps of the target without
 speculation. From them: the AL a parallel drafter needs to match the step-by-step drafter's
 speedup (break-even) and to reach 1.6x.
+
+With --parallel-drafter, a drafter trained for parallel drafting (`ptd_token_id` in its config;
+best trained on the step-by-step drafter's corpus) is served in the copy's place: then the
+parallel rows' AL and speedup are its own, beside the step-by-step drafter's in the same run.
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ from pathlib import Path
 from served_on_cpu import served_on_cpu
 
 from eagle_assets.bench.served import ServedRun, SweepSettings, mt_bench_prompts
+from eagle_assets.drafter.config import folder_drafts_in_parallel
 from eagle_assets.engines.vllm_launch import speculative_config
 
 BASELINE = "no speculation"
@@ -64,6 +70,8 @@ def round_steps(run: ServedRun, baseline: ServedRun) -> float | None:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--drafter", type=Path, required=True, help="a drafter's vLLM export folder")
+    ap.add_argument("--parallel-drafter", type=Path,
+                    help="a drafter trained for parallel drafting (vLLM export) to serve instead of an untrained copy")
     ap.add_argument("-k", type=int, action="append", help="draft tokens per round (repeat); default 3")
     ap.add_argument("--num-prompts", type=int, default=16)
     ap.add_argument("--output-len", type=int, default=128)
@@ -71,13 +79,22 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     if not (a.drafter / "config.json").is_file() or not (a.drafter / "model.safetensors").is_file():
         sys.exit(f"{a.drafter} lacks config.json or model.safetensors: pass a drafter's vLLM export folder (drafter-vllm/)")
+    if a.parallel_drafter is not None:
+        if not folder_drafts_in_parallel(a.parallel_drafter):
+            sys.exit(f"{a.parallel_drafter} is not a parallel drafter's vLLM export (no ptd_token_id in config.json): "
+                     "train one with ptd_token_id set (TrainConfig.ptd_token_id, quality_drafter.py --ptd-token-id)")
     ks = tuple(a.k or [3])
     sweep = SweepSettings(output_len=a.output_len, concurrencies=(1,), progress=False)
     prompts = mt_bench_prompts(a.num_prompts)
     print(f"{a.num_prompts} MT-Bench first turns, {a.output_len} tokens each, greedy, concurrency 1, "
           f"{'compiled' if a.compiled else 'eager'}", flush=True)
     with tempfile.TemporaryDirectory() as tmp:
-        parallel = parallel_copy(a.drafter.resolve(), Path(tmp))
+        if a.parallel_drafter is not None:
+            parallel = a.parallel_drafter.resolve()
+            print(f"parallel: {parallel} (trained for parallel drafting)", flush=True)
+        else:
+            parallel = parallel_copy(a.drafter.resolve(), Path(tmp))
+            print("parallel: a copy of the drafter with untrained mask slots (its AL is not a trained one's)", flush=True)
         configs: dict[str, dict | None] = {BASELINE: None}
         for k in ks:
             configs[f"step by step, K={k}"] = speculative_config(a.drafter.resolve(), k)

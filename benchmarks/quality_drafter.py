@@ -183,7 +183,7 @@ def stage_shards(a, data: Path) -> dict:
 
 
 def stage_train(a, data: Path) -> dict:
-    from eagle_assets.drafter.config import sglang_can_capture
+    from eagle_assets.drafter.config import vllm_only_reason
     from eagle_assets.drafter.run_config import TrainConfig
     from eagle_assets.drafter.train import train
     from eagle_assets.embedded_target import pull
@@ -218,8 +218,7 @@ def stage_train(a, data: Path) -> dict:
         drafter_num_layers=1 if drafter else a.num_layers,  # a drafter dict holds it
         aux_layer_ids=aux,
         ptd_token_id=a.ptd_token_id,
-        # SGLang serves one layer only, drafts step by step, and cannot capture the last layer's output (id L)
-        export_engines=("vllm", "sglang") if a.num_layers == 1 and a.ptd_token_id is None and sglang_can_capture(aux, preset.num_layers) else ("vllm",),
+        export_engines=("vllm",) if vllm_only_reason(a.num_layers, aux, preset.num_layers, a.ptd_token_id is not None) else ("vllm", "sglang"),
     )  # fmt: skip
     summary = train(cfg)
     return summary or {}

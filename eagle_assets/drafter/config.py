@@ -40,6 +40,17 @@ def sglang_can_capture(aux_layer_ids, target_num_layers: int) -> bool:
     return max(aux_layer_ids) < target_num_layers
 
 
+def vllm_only_reason(num_layers: int, aux_layer_ids, target_num_layers: int, parallel: bool) -> str | None:
+    """Why a drafter of this shape is exported for vLLM only; None when SGLang serves it too."""
+    if parallel:
+        return "a parallel-drafting drafter (ptd_token_id) is exported for vLLM only: SGLang's EAGLE-3 drafts step by step"
+    if num_layers > 1:
+        return f"a {num_layers}-layer drafter is exported for vLLM only: SGLang's later layers compute another function"
+    if not sglang_can_capture(aux_layer_ids, target_num_layers):
+        return "a drafter that reads the last layer's output is exported for vLLM only: SGLang cannot capture it"
+    return None
+
+
 def _rope_type(rope_scaling: dict | None) -> str:
     if not rope_scaling:
         return "default"
@@ -386,13 +397,27 @@ class DrafterConfig:
         return cls.from_dict(json.loads(text))
 
 
-def folder_num_layers(folder) -> int:
-    """Decoder layers of a drafter folder, from its config.json; 1 when it cannot be read (the
-    warm start or the preflight reading that folder then names what is wrong with it)."""
+def _folder_config(folder) -> dict:
+    """A drafter folder's config.json; {} when it cannot be read (the warm start or the preflight
+    reading that folder then names what is wrong with it)."""
     try:
-        return int(json.loads((Path(folder) / "config.json").read_text()).get("num_hidden_layers", 1))
-    except (OSError, ValueError, AttributeError):
+        config = json.loads((Path(folder) / "config.json").read_text())
+    except (OSError, ValueError):
+        return {}
+    return config if isinstance(config, dict) else {}
+
+
+def folder_num_layers(folder) -> int:
+    """Decoder layers of a drafter folder, from its config.json; 1 when it cannot be read."""
+    try:
+        return int(_folder_config(folder).get("num_hidden_layers", 1))
+    except (TypeError, ValueError):
         return 1
+
+
+def folder_drafts_in_parallel(folder) -> bool:
+    """Whether a drafter folder was trained for parallel drafting (its config.json has ptd_token_id)."""
+    return _folder_config(folder).get("ptd_token_id") is not None
 
 
 def tiny_config(**overrides) -> DrafterConfig:

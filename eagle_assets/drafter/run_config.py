@@ -198,6 +198,11 @@ class TrainConfig:
                 problems.append("drafter_num_layers is set beside a `drafter` dict: put num_hidden_layers in the dict")
             if self.warm_start:
                 problems.append("drafter_num_layers is set with warm_start: a warm start keeps the parent's architecture")
+        if self.ptd_token_id is not None and self.warm_start:
+            problems.append(
+                "ptd_token_id is set with warm_start: a warm start keeps the parent's architecture (a parent trained "
+                "for parallel drafting keeps its ptd_token_id); train from scratch to add parallel drafting"
+            )
         layers = self.drafter.get("num_hidden_layers", 1) if isinstance(self.drafter, dict) else self.drafter_num_layers
         if layers > 1 and "sglang" in self.export_engines:
             problems.append(

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from eagle_assets.bench.reference_decoder import greedy_generate, speculative_generate
-from eagle_assets.drafter.config import DrafterConfig, tiny_config
+from eagle_assets.drafter.config import DrafterConfig, folder_drafts_in_parallel, tiny_config, vllm_only_reason
 from eagle_assets.drafter.export import export_vllm, load_drafter
 from eagle_assets.drafter.model import Eagle3Drafter
 from eagle_assets.drafter.ttt import ttt_loss, ttt_loss_dense
@@ -131,3 +131,14 @@ def test_training_learns_mask_slots_and_exports_them_for_vllm_only(tmp_path, one
     assert model.mask_hidden.shape == (config.fc_in_features,)
     with pytest.raises(ValueError, match="serves in vLLM only.*leave sglang out of export_engines"):
         train(cfg.replace(out_dir=str(tmp_path / "both"), export_engines=("vllm", "sglang")))
+
+    # What the asset reads to leave SGLang out, also for a child warm-started from this drafter
+    parent = summary["exports"]["vllm"]
+    assert folder_drafts_in_parallel(parent) and not folder_drafts_in_parallel(tmp_path / "no-such-parent")
+    assert "parallel-drafting" in vllm_only_reason(1, config.aux_layer_ids, 4, parallel=True)
+    assert vllm_only_reason(1, config.aux_layer_ids, 4, parallel=False) is None
+    with pytest.raises(ValueError, match="ptd_token_id is set with warm_start.*train from scratch"):
+        train(cfg.replace(out_dir=str(tmp_path / "child"), warm_start=parent))
+    child = train(cfg.replace(out_dir=str(tmp_path / "child"), warm_start=parent, ptd_token_id=None, max_steps=2))
+    child_model, child_config = load_drafter(child["exports"]["vllm"])
+    assert child_config.ptd_token_id == MASK_ID and child_model.mask_hidden.shape == model.mask_hidden.shape
