@@ -49,7 +49,9 @@ class TrainObjective(nn.Module):
         """batch: the `ttt_loss` layout, optionally `positions`; target_head (N, Ht); outside_head (V-N, Ht) or None."""
         positions, width = batch.get("positions"), batch["input_ids"].shape[1]
         cached = outside_head is not None and positions is not None  # no outside head: every position drafts
-        lengths = batch.get("lengths", torch.full_like(positions, width)) if cached else None
+        lengths = batch.get("lengths") if cached else None
+        if cached and lengths is None:  # built only when absent: dict.get's default would build it every batch
+            lengths = torch.full_like(positions, width)
         known = self.draftable.lookup(positions, lengths, width) if cached else None
         out = ttt_loss(self.drafter, batch, target_head, self.ttt_steps, outside_head=None if known is not None else outside_head,
                        with_correct_rows=with_correct_rows, target_temperature=self.target_temperature,
