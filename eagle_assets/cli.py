@@ -147,6 +147,8 @@ def bench(
     k: Optional[int] = typer.Option(None, "-k", help="Draft tokens per step; default: the K the drafter was trained with, else 3."),
     also_k: list[int] = typer.Option([], "--also-k", help="Also serve the drafter at this K, to find the fastest (repeat the option)."),
     ngram: bool = typer.Option(True, help="Also serve vLLM's n-gram speculation on the same prompts."),
+    baseline_again: bool = typer.Option(True, "--baseline-again/--baseline-once",
+                                        help="Serve no speculation again at the end, to measure the host's drift over the run."),
     parent_al: Optional[float] = typer.Option(None, help="A parent drafter's AL to check against."),
     compiled: bool = typer.Option(False, "--compiled/--eager", help="CPU: serve compiled, as a deployment does (starts take ~2 min), or eagerly."),
 ) -> None:
@@ -170,7 +172,7 @@ def bench(
     try:
         settings = BenchmarkSettings(num_prompts=num_prompts, output_len=output_len, concurrencies=tuple(concurrency),
                                      k=benchmark_k(k, summary, preset.ttt_steps),
-                                     also_k=tuple(also_k), ngram=ngram)  # fmt: skip
+                                     also_k=tuple(also_k), ngram=ngram, baseline_again=baseline_again)  # fmt: skip
         report, paths = run_benchmark(
             settings, preset.name, path, drafter, lambda spec: launch_vllm(target, speculative=spec, compiled=compiled), out,
             target_num_layers=preset.num_layers, parent_al=parent_al, notes=[serving_mode_note(host_device(), compiled)],

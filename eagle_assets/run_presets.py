@@ -41,7 +41,7 @@ RUN_PRESETS: dict[str, dict[str, dict]] = {
         "synthetic_corpus": {"max_tokens": 256, "concurrency": 64},
         "drafter_checkpoint": {"epochs": 18, "lr": 2e-3, "micro_batch_tokens": 16384,
                                "warmup_steps": 100, "val_fraction": 0.02, "val_interval": 500, "checkpoint_every": 500},
-        "benchmark_report": {"num_prompts": 80, "output_len": 128, "concurrencies": [1, 4, 8], "k": 3, "also_k": [2]},
+        "benchmark_report": {"num_prompts": 80, "output_len": 128, "concurrencies": [1, 4, 8], "k": 3, "also_k": [2, 4]},
     },
 }
 

@@ -48,7 +48,7 @@ def test_every_asset_materialised_with_blocking_checks_passed(materialized_graph
 def test_the_benchmark_serves_on_the_servers_the_drafter_check_left_running(materialized_graph):
     """The drafter's check starts the speculative and the plain server; on a CPU host both stay
     warm, so the benchmark of the same run starts no vLLM of its own (the tiny preset serves
-    no n-gram and one K)."""
+    no n-gram and one K; no speculation is served first and again last)."""
     instance, _, _ = materialized_graph
     run_id = instance.get_latest_materialization_event(dg.AssetKey("benchmark_report")).run_id
     assert instance.get_latest_materialization_event(dg.AssetKey("drafter_checkpoint")).run_id == run_id
@@ -56,7 +56,7 @@ def test_the_benchmark_serves_on_the_servers_the_drafter_check_left_running(mate
                 for step in ("drafter_checkpoint", "benchmark_report")}  # fmt: skip
     assert sum(m.startswith("starting vLLM") for m in messages["drafter_checkpoint"]) == 2
     assert not any(m.startswith("starting vLLM") for m in messages["benchmark_report"]), messages["benchmark_report"]
-    assert sum(m.startswith("reusing the running server") for m in messages["benchmark_report"]) == 2
+    assert sum(m.startswith("reusing the running server") for m in messages["benchmark_report"]) == 3
 
 
 def test_report_served_figures_come_from_the_engine_counters(materialized_graph):
@@ -73,6 +73,9 @@ def test_report_served_figures_come_from_the_engine_counters(materialized_graph)
     accepted = sum(s["accepted"] for s in stats)
     assert served_al == pytest.approx(1 + accepted / drafts)
     assert report["parity"]["parity_ok"], report["parity"]["sentence"]
+    # No speculation served again at the end: the host's drift over the run, from both runs.
+    first, last = (next(r for r in report["runs"] if r["label"] == label) for label in ("baseline", "baseline (end)"))
+    assert report["host_drift"]["1"] == pytest.approx(last["levels"][0]["tokens_per_s"] / first["levels"][0]["tokens_per_s"])
     # The drafter's own validation, from its training summary, stands beside the offline numbers.
     summary = json.loads((_base(data) / "drafter" / "summary.json").read_text())
     assert report["training"]["validation"]["al"] == pytest.approx(summary["val_al"])

@@ -6,8 +6,9 @@
 (None = no speculation); the Dagster asset passes its InferenceServer resource, tests pass
 `engines.serving.launch_vllm`. The same prompts go to the offline reference decoder and to
 the served configurations of one run (`served_configs`): baseline, our EAGLE-3 drafter at K
-(and at each `also_k`, to find the K to deploy), and vLLM's n-gram speculation (what a user
-would pick without training).
+(and at each `also_k`, to find the K to deploy), vLLM's n-gram speculation (what a user
+would pick without training), and the baseline again, which measures the host's drift over the
+run (`bench/checks.py`).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from typing import Callable, ContextManager, Mapping, Sequence
 
 import torch
 
+from eagle_assets.bench.checks import BASELINE, BASELINE_END
 from eagle_assets.bench.breakdown import answers_ending_early, offline_slices
 from eagle_assets.bench.parity import AcceptanceNumbers, ParityTolerance, TrainingFacts
 from eagle_assets.bench.reference_decoder import Result, speculative_generate
@@ -45,6 +47,9 @@ class BenchmarkSettings:
     fastest depends on the engine's cost of verifying K+1 tokens, so it is measured, not assumed."""
     ngram: bool = True
     """Also serve vLLM's n-gram speculation on the same prompts."""
+    baseline_again: bool = True
+    """Serve no speculation again after the other configurations: the report gives the host's
+    drift between the two and compares with their mean (one more server start)."""
     offline_prompts: int | None = None
     """Prompts for the offline reference (default: all of them)."""
     tolerance: ParityTolerance = field(default_factory=ParityTolerance)
@@ -63,10 +68,12 @@ class BenchmarkSettings:
 
 def served_configs(settings: BenchmarkSettings, drafter_dir: Path) -> list[tuple[str, dict | None]]:
     """(label, vLLM speculative config) of each served run, in the order they are served."""
-    configs: list[tuple[str, dict | None]] = [("baseline", None), ("eagle3", speculative_config(drafter_dir, settings.k))]
+    configs: list[tuple[str, dict | None]] = [(BASELINE, None), ("eagle3", speculative_config(drafter_dir, settings.k))]
     configs += [(f"eagle3 k={k}", speculative_config(drafter_dir, k)) for k in settings.also_k]
     if settings.ngram:
         configs.append(("ngram", ngram_config(settings.k)))
+    if settings.baseline_again:
+        configs.append((BASELINE_END, None))
     return configs
 
 

@@ -1,11 +1,15 @@
 """Pass/fail checks on benchmark results, as pure functions (asset checks wrap them).
 
     speedup_check(runs)              eagle3 tokens/s over baseline at concurrency 1 is above 1
+    host_drift(runs)                 the last baseline's tokens/s over the first's, per concurrency
     parity_check(verdict)            served acceptance within tolerance of the offline reference
     parent_al_check(al, parent_al)   a warm-started drafter's AL is at least its parent's
 
 Speedup = output tokens/s with speculation / without, same prompts, same engine, same run
 (DESIGN.md, "Metrics"): the two `ServedRun`s must share prompts, output length and model.
+A run serves its configurations one after another, so a host whose speed drifts (a shared VM)
+skews every ratio; serving no speculation again at the end (`BASELINE_END`) measures that drift,
+and the speedups then compare with the mean of both baselines.
 """
 
 from __future__ import annotations
@@ -19,6 +23,9 @@ from eagle_assets.bench.parity import Verdict
 from eagle_assets.bench.served import ServedRun
 
 BASELINE = "baseline"
+BASELINE_END = "baseline (end)"
+"""No speculation, served again after every other configuration of the run."""
+BASELINES = (BASELINE, BASELINE_END)
 
 
 @dataclass(frozen=True)
@@ -48,21 +55,48 @@ def _comparable(a: ServedRun, b: ServedRun) -> None:
         )
 
 
+def baseline_tokens_per_s(runs: Sequence[ServedRun], baseline: str = BASELINE) -> dict[int, float]:
+    """Tokens/s without speculation per concurrency: `baseline`'s, or with `BASELINE_END` also
+    served, the mean of the two, so the runs served between them compare with the host's speed
+    over the whole run rather than at its start."""
+    bases = [r for r in runs if r.label in (baseline, BASELINE_END)]
+    if not any(r.label == baseline for r in bases):
+        return {}
+    for other in bases[1:]:
+        _comparable(bases[0], other)
+    out = {}
+    for c in sorted({lv.concurrency for r in bases for lv in r.levels}):
+        measured = [lv.tokens_per_s for r in bases if (lv := r.level(c)) is not None and lv.tokens_per_s > 0]
+        if measured:
+            out[c] = sum(measured) / len(measured)
+    return out
+
+
+def host_drift(runs: Sequence[ServedRun], baseline: str = BASELINE) -> dict[int, float]:
+    """Per concurrency, `BASELINE_END`'s tokens/s over `baseline`'s: 1.0 on a steady host; the
+    further from it, the less the ratios between this run's configurations can be trusted."""
+    first = next((r for r in runs if r.label == baseline), None)
+    last = next((r for r in runs if r.label == BASELINE_END), None)
+    if first is None or last is None:
+        return {}
+    _comparable(first, last)
+    return {lv.concurrency: lv.tokens_per_s / b.tokens_per_s
+            for lv in last.levels if (b := first.level(lv.concurrency)) is not None and b.tokens_per_s > 0}  # fmt: skip
+
+
 def speedups(runs: Sequence[ServedRun], baseline: str = BASELINE) -> dict[str, dict[int, float]]:
-    """tokens/s of every non-baseline run over the baseline's, per concurrency both measured."""
+    """tokens/s of every speculative run over no speculation's (`baseline_tokens_per_s`), per
+    concurrency both measured."""
     base = next((r for r in runs if r.label == baseline), None)
     if base is None:
         return {}
+    without = baseline_tokens_per_s(runs, baseline)
     out: dict[str, dict[int, float]] = {}
     for run in runs:
-        if run.label == baseline:
+        if run.label in (baseline, BASELINE_END):
             continue
         _comparable(base, run)
-        out[run.label] = {
-            lv.concurrency: lv.tokens_per_s / b.tokens_per_s
-            for lv in run.levels
-            if (b := base.level(lv.concurrency)) is not None and b.tokens_per_s > 0
-        }
+        out[run.label] = {lv.concurrency: lv.tokens_per_s / without[lv.concurrency] for lv in run.levels if lv.concurrency in without}
     return out
 
 

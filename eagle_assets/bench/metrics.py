@@ -54,7 +54,14 @@ METRIC_DEFINITIONS: dict[str, str] = {
         "AL 2.05 at K=7 shows as 15%)"
     ),
     "p_k": "per-position acceptance: drafts whose k-th token was accepted / drafts (k = 1..K)",
-    "speedup": "output tokens/s with speculation / without, same prompts, same engine, same run",
+    "speedup": (
+        "output tokens/s with speculation / without, same prompts, same engine, same run (without: the mean "
+        "of no speculation served first and last, where the run served it twice)"
+    ),
+    "host_drift": (
+        "no speculation's tokens/s served last / served first: 1.00 on a steady host; ratios between the "
+        "run's configurations are uncertain by about its distance from 1"
+    ),
     "TTFT": "time to first token: request sent to first streamed output token",
     "ITL": "inter-token latency: gap between streamed chunks divided by the tokens each chunk carries",
     "tokens_per_s": "total output tokens of a concurrency level / wall time of that level",

@@ -27,7 +27,11 @@ from pathlib import Path
 
 from eagle_assets.bench.checks import (
     BASELINE,
+    BASELINE_END,
+    BASELINES,
     CheckResult,
+    baseline_tokens_per_s,
+    host_drift,
     parent_al_check,
     parity_check,
     pooled_spec_stats,
@@ -45,6 +49,8 @@ SUMMARY_TXT = "summary.txt"
 PLOT_ACCEPTANCE = "acceptance_per_position.png"
 PLOT_THROUGHPUT = "throughput.png"
 PLOT_SPEEDUP = "speedup.png"
+DRIFT_WARNING = 0.10
+"""A host whose speed without speculation moved more than this share during the run gets a warning."""
 
 
 @dataclass(frozen=True)
@@ -102,6 +108,7 @@ class BenchmarkReport:
                 "parent_al": self.parent_al,
                 "checks": [c.to_dict() for c in self.checks],
                 "speedups": {k: {str(c): v for c, v in by_c.items()} for k, by_c in self.speedups.items()},
+                "host_drift": {str(c): v for c, v in host_drift(self.runs).items()},
                 "definitions": dict(self.definitions),
                 "created_at": self.created_at,
                 "notes": list(self.notes),
@@ -234,6 +241,8 @@ def _ms(x: float | None) -> str:
 
 def _level_rows(report: BenchmarkReport) -> list[list[str]]:
     rows = []
+    # Served twice, no speculation is the reference through the mean of both, not either one.
+    baseline_cell = "mean = 1.00x" if report.run(BASELINE_END) else "1.00x"
     concurrencies = sorted({lv.concurrency for r in report.runs for lv in r.levels})
     for c in concurrencies:
         for run in report.runs:
@@ -246,7 +255,7 @@ def _level_rows(report: BenchmarkReport) -> list[list[str]]:
                 _ms(lv.ttft_s["mean"]), _ms(lv.ttft_s["p50"]), _ms(lv.ttft_s["p90"]),
                 _ms(lv.itl_s["mean"]), _ms(lv.itl_s["p50"]), _ms(lv.itl_s["p90"]),
                 _f(spec.al if spec else None), _f(spec.draft_acceptance_rate if spec else None, "{:.1%}"),
-                _f(report.speedups.get(run.label, {}).get(c), "{:.2f}x") if run.label != BASELINE else "1.00x",
+                _f(report.speedups.get(run.label, {}).get(c), "{:.2f}x") if run.label not in BASELINES else baseline_cell,
             ])
     return rows
 
@@ -336,6 +345,9 @@ def to_markdown(report: BenchmarkReport, plots: Mapping[str, str] | None = None)
         cs = sorted({c for v in report.speedups.values() for c in v})
         out += ["### Speedup over no speculation", "",
                 _table(["concurrency", *labels], [[str(c), *[_f(report.speedups[l].get(c), "{:.2f}x") for l in labels]] for c in cs]), ""]
+    if drift_lines := host_drift_lines(report):
+        out += ["### Host drift", "", "No speculation was served first and again last; its tokens/s last over first:", "",
+                *[f"- {line}" for line in drift_lines], ""]  # fmt: skip
     fastest = fastest_per_concurrency(report)
     if fastest:
         out += ["### Fastest configuration per concurrency", "", *[f"- {line}" for line in fastest], ""]
@@ -380,15 +392,32 @@ def other_served_al(report: BenchmarkReport) -> list[str]:
     return out
 
 
+def host_drift_lines(report: BenchmarkReport) -> list[str]:
+    """Per concurrency, how far the host's speed without speculation moved between the run's
+    first and last server, with a warning where it moved more than `DRIFT_WARNING`."""
+    lines = []
+    for c, drift in sorted(host_drift(report.runs).items()):
+        line = f"concurrency {c}: {drift:.2f}x"
+        if abs(drift - 1) > DRIFT_WARNING:
+            line += (f" - the host's speed moved {abs(drift - 1):.0%} during the run: ratios between its "
+                     "configurations at this load are uncertain by about as much; rerun on a quieter host")  # fmt: skip
+        lines.append(line)
+    return lines
+
+
 def fastest_per_concurrency(report: BenchmarkReport) -> list[str]:
     """Per measured concurrency, the configuration with the most output tokens/s, and by how
     much it beats the runner-up: what to serve at that load (speculation pays at low load and
-    can cost at high load, where verification competes with other requests for compute)."""
+    can cost at high load, where verification competes with other requests for compute).
+    No speculation counts once, at `baseline_tokens_per_s` (the mean, when served twice)."""
+    without = baseline_tokens_per_s(report.runs)
     lines = []
     for c in sorted({lv.concurrency for r in report.runs for lv in r.levels}):
+        measured = [(lv.tokens_per_s, r.label) for r in report.runs if r.label not in BASELINES and (lv := r.level(c)) is not None]
+        if c in without:
+            measured.append((without[c], BASELINE))
         # Ties go to no speculation: the simpler deployment.
-        measured = sorted(((lv.tokens_per_s, r.label) for r in report.runs if (lv := r.level(c)) is not None),
-                          key=lambda m: (m[0], m[1] == BASELINE), reverse=True)  # fmt: skip
+        measured.sort(key=lambda m: (m[0], m[1] == BASELINE), reverse=True)
         if len(measured) < 2 or not measured[1][0] > 0:
             continue
         (best, label), (second, other) = measured[0], measured[1]
@@ -423,14 +452,17 @@ def summary_text(report: BenchmarkReport) -> str:
             lv = r.level(c)
             s = report.speedups.get(r.label, {}).get(c)
             cells.append(f"{'-' if lv is None else f'{lv.tokens_per_s:.1f}':>9} ({_f(s, '{:.2f}x'):>5})"
-                         if r.label != BASELINE else f"{'-' if lv is None else f'{lv.tokens_per_s:.1f}':>16}")
+                         if r.label not in BASELINES else f"{'-' if lv is None else f'{lv.tokens_per_s:.1f}':>16}")
         lines.append(f"{c:>4}  " + "  ".join(cells))
+    if drift_lines := host_drift_lines(report):
+        lines.append("host drift (no speculation, last / first): " + "; ".join(drift_lines))
     fastest = fastest_per_concurrency(report)
     if fastest:
         lines.append("fastest: " + "; ".join(fastest))
     for ch in report.checks:
         lines.append(f"[{'pass' if ch.passed else 'FAIL'}] {ch.name}: {ch.description}")
-    lines.append("AL = 1 + accepted/drafts; draft acceptance = accepted/drafted; speedup = tok/s with / without speculation")
+    lines.append("AL = 1 + accepted/drafts; draft acceptance = accepted/drafted; speedup = tok/s with / without speculation"
+                 + (" (without: the mean of its first and last run)" if report.run(BASELINE_END) else ""))
     return "\n".join(lines)
 
 

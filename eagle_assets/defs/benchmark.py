@@ -9,6 +9,7 @@ from typing import Optional
 import dagster as dg
 
 from eagle_assets.bench.benchmark import BenchmarkSettings, benchmark_k, run_benchmark
+from eagle_assets.bench.checks import host_drift
 from eagle_assets.bench.parity import ParityTolerance
 from eagle_assets.defs.common import GROUP, check_result, hash_files, metadata, stage_version, target_of
 from eagle_assets.defs.drafter import drafter_checkpoint
@@ -26,6 +27,8 @@ class BenchmarkConfig(dg.Config):
     also_k: list[int] = []
     """Also serve the drafter at these K (each its own run), to find the fastest K to deploy."""
     ngram: bool = True
+    baseline_again: bool = True
+    """Serve no speculation again at the end: the report gives the host's drift over the run."""
     al_tolerance: float = 0.15
     """Parity holds when |served AL - offline AL| <= this share of the offline AL."""
     parent_al: Optional[float] = None
@@ -40,6 +43,7 @@ class BenchmarkConfig(dg.Config):
             k=k,
             also_k=tuple(self.also_k),
             ngram=self.ngram,
+            baseline_again=self.baseline_again,
             tolerance=ParityTolerance(al_rel=self.al_tolerance),
         )
 
@@ -83,6 +87,7 @@ def benchmark_report(context: dg.AssetExecutionContext, config: BenchmarkConfig,
                     "served_al": report.served.al if report.served else None,
                     "served_per_position": list(report.served.per_position_acceptance) if report.served else None,
                     "speedups": {label: {str(c): s for c, s in v.items()} for label, v in report.speedups.items()},
+                    "host_drift": {str(c): d for c, d in host_drift(report.runs).items()},
                     "verdict": report.parity.verdict if report.parity else None,
                     "verdict_sentence": report.parity.sentence if report.parity else None,
                 }

@@ -20,13 +20,14 @@ def test_k_is_the_one_asked_else_the_one_trained_else_the_targets():
 
 def test_every_k_is_served_with_the_same_drafter_and_ngram_at_the_main_k():
     configs = served_configs(BenchmarkSettings(k=3, also_k=(2, 4)), DRAFTER)
-    assert [label for label, _ in configs] == ["baseline", "eagle3", "eagle3 k=2", "eagle3 k=4", "ngram"]
+    assert [label for label, _ in configs] == ["baseline", "eagle3", "eagle3 k=2", "eagle3 k=4", "ngram", "baseline (end)"]
     specs = dict(configs)
-    assert specs["baseline"] is None
+    assert specs["baseline"] is None and specs["baseline (end)"] is None
     for label, k in (("eagle3", 3), ("eagle3 k=2", 2), ("eagle3 k=4", 4)):
         assert specs[label] == {"method": "eagle3", "model": str(DRAFTER), "num_speculative_tokens": k}
     assert specs["ngram"]["method"] == "ngram" and specs["ngram"]["num_speculative_tokens"] == 3
-    assert [label for label, _ in served_configs(BenchmarkSettings(k=2, ngram=False), DRAFTER)] == ["baseline", "eagle3"]
+    once = BenchmarkSettings(k=2, ngram=False, baseline_again=False)
+    assert [label for label, _ in served_configs(once, DRAFTER)] == ["baseline", "eagle3"]
 
 
 @pytest.mark.parametrize(("k", "also_k", "message"), [

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from eagle_assets.bench.checks import speedup_check, speedups
+from eagle_assets.bench.checks import host_drift, speedup_check, speedups
 from eagle_assets.bench.metrics import METRIC_DEFINITIONS, SpecStats
 from eagle_assets.bench.parity import AcceptanceNumbers, TrainingFacts
 from eagle_assets.bench.report import (
@@ -64,6 +64,33 @@ def test_speedup_is_tokens_per_s_with_over_without():
     check = speedup_check(slower)
     assert not check.passed and check.metadata["speedup"] == 45.0 / 50.0
     assert not speedup_check(RUNS[1:]).passed  # no baseline: nothing to compare with
+
+
+def test_a_baseline_served_again_gives_the_drift_and_the_mean_to_compare_with(tmp_path):
+    # The host slowed by a fifth during the run at concurrency 1 and held at 4 and 8.
+    end = _run("baseline (end)", {1: 40.0, 4: 160.0, 8: 240.0})
+    runs = [*RUNS, end]
+    assert host_drift(runs) == {1: 0.8, 4: 1.0, 8: 1.0}
+    assert host_drift(RUNS) == {}
+    s = speedups(runs)
+    assert s["eagle3"] == {1: 80.0 / 45.0, 4: 200.0 / 160.0, 8: 216.0 / 240.0}
+    assert set(s) == {"eagle3", "ngram"}
+    report = build_report("smollm2-135m-instruct", "d", runs, offline=OFFLINE)
+    assert report.checks[0].metadata["speedup"] == 80.0 / 45.0
+    text = summary_text(report)
+    assert "host drift (no speculation, last / first): concurrency 1: 0.80x - the host's speed moved 20% during the run" in text
+    assert "concurrency 4: 1.00x; concurrency 8: 1.00x" in text
+    # No speculation counts once among the fastest, at the mean of its two runs.
+    assert "concurrency 8: no speculation (240.0 tok/s, 1.00x ngram)" in text and "1.00x baseline (end)" not in text
+    assert "80.0 (1.78x)" in text and "(without: the mean of its first and last run)" in text
+    md = to_markdown(report)
+    assert "### Host drift" in md and "- concurrency 1: 0.80x - the host's speed moved 20%" in md
+    assert "| 1 | baseline (end) | 40.0 |" in md and "mean = 1.00x" in md
+    paths = write_report(report, tmp_path)
+    assert json.loads(paths.json.read_text())["host_drift"] == {"1": 0.8, "4": 1.0, "8": 1.0}
+    assert load_report(paths.json) == report
+    steady = build_report("t", "d", [*RUNS, _run("baseline (end)", {1: 52.0, 4: 160.0, 8: 240.0})], offline=OFFLINE)
+    assert "concurrency 1: 1.04x; concurrency 4" in summary_text(steady) and "moved" not in summary_text(steady)
 
 
 def test_speedup_refuses_runs_of_different_work():
