@@ -20,8 +20,8 @@ from typing import Callable, ContextManager, Mapping, Sequence
 
 import torch
 
-from eagle_assets.bench.checks import BASELINE, BASELINE_END
 from eagle_assets.bench.breakdown import answers_ending_early, offline_slices
+from eagle_assets.bench.checks import BASELINE, BASELINE_END
 from eagle_assets.bench.parity import AcceptanceNumbers, ParityTolerance, TrainingFacts
 from eagle_assets.bench.reference_decoder import Result, speculative_generate
 from eagle_assets.bench.report import BenchmarkReport, build_report, write_report
