@@ -149,6 +149,9 @@ def bench(
     ngram: bool = typer.Option(True, help="Also serve vLLM's n-gram speculation on the same prompts."),
     baseline_again: bool = typer.Option(True, "--baseline-again/--baseline-once",
                                         help="Serve no speculation again at the end, to measure the host's drift over the run."),
+    interleave: int = typer.Option(0, "--interleave", metavar="ROUNDS",
+                                   help="CPU: serve every configuration at once, each level in ROUNDS rounds alternating "
+                                        "between them, so a drifting host slows them alike (0: one after another)."),
     parent_al: Optional[float] = typer.Option(None, help="A parent drafter's AL to check against."),
     compiled: bool = typer.Option(False, "--compiled/--eager", help="CPU: serve compiled, as a deployment does (starts take ~2 min), or eagerly."),
 ) -> None:
@@ -172,7 +175,11 @@ def bench(
     try:
         settings = BenchmarkSettings(num_prompts=num_prompts, output_len=output_len, concurrencies=tuple(concurrency),
                                      k=benchmark_k(k, summary, preset.ttt_steps),
-                                     also_k=tuple(also_k), ngram=ngram, baseline_again=baseline_again)  # fmt: skip
+                                     also_k=tuple(also_k), ngram=ngram, baseline_again=baseline_again,
+                                     interleave_rounds=interleave)  # fmt: skip
+        if interleave and host_device() != "cpu":
+            _fail("--interleave needs every configuration's server up at once: on an accelerator each vLLM takes most "
+                  "of its memory. Leave --interleave out there.")
         report, paths = run_benchmark(
             settings, preset.name, path, drafter, lambda spec: launch_vllm(target, speculative=spec, compiled=compiled), out,
             target_num_layers=preset.num_layers, parent_al=parent_al, notes=[serving_mode_note(host_device(), compiled)],

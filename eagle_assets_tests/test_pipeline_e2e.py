@@ -16,6 +16,7 @@ import dagster as dg
 import pytest
 
 from eagle_assets.bench.benchmark import BenchmarkSettings, run_benchmark
+from eagle_assets.bench.checks import round_speedups
 from eagle_assets.bench.served import SweepSettings, mt_bench_prompts, run_served
 from eagle_assets.drafter.export import export_vllm, load_drafter
 from eagle_assets.drafter.model import Eagle3Drafter
@@ -110,7 +111,8 @@ def test_shifted_layer_ids_are_blamed_on_the_engine_wiring(materialized_graph, v
     ids = cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"]
     cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"] = [i + 1 for i in ids]  # SpecForge-style off-by-one
     (wrong / "config.json").write_text(json.dumps(cfg, indent=2))
-    settings = BenchmarkSettings(num_prompts=2, output_len=24, concurrencies=(1,), k=3, ngram=False)
+    # Served interleaved, both servers up at once, one prompt per round.
+    settings = BenchmarkSettings(num_prompts=2, output_len=24, concurrencies=(1,), k=3, ngram=False, interleave_rounds=2)
 
     def serve(spec):
         # The baseline is the session's plain server: one engine start fewer.
@@ -122,3 +124,5 @@ def test_shifted_layer_ids_are_blamed_on_the_engine_wiring(materialized_graph, v
     )  # fmt: skip
     assert report.parity.verdict == "engine_wiring", report.parity.sentence
     assert "layer" in " ".join(report.parity.causes).lower()
+    assert [r.label for r in report.runs] == ["baseline", "eagle3"]
+    assert len(round_speedups(report.runs)["eagle3"][1]) == 2 and any("interleaved" in n for n in report.notes)

@@ -8,12 +8,15 @@
 the served configurations of one run (`served_configs`): baseline, our EAGLE-3 drafter at K
 (and at each `also_k`, to find the K to deploy), vLLM's n-gram speculation (what a user
 would pick without training), and the baseline again, which measures the host's drift over the
-run (`bench/checks.py`).
+run (`bench/checks.py`). With `interleave_rounds`, all of them are up at once and each level is
+served in rounds that alternate between them (`bench/interleaved.py`), so that drift cancels
+out instead of being measured.
 """
 
 from __future__ import annotations
 
 import json
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, ContextManager, Mapping, Sequence
@@ -22,6 +25,7 @@ import torch
 
 from eagle_assets.bench.breakdown import answers_ending_early, offline_slices
 from eagle_assets.bench.checks import BASELINE, BASELINE_END
+from eagle_assets.bench.interleaved import ServedTarget, run_interleaved
 from eagle_assets.bench.parity import AcceptanceNumbers, ParityTolerance, TrainingFacts
 from eagle_assets.bench.reference_decoder import Result, speculative_generate
 from eagle_assets.bench.report import BenchmarkReport, build_report, write_report
@@ -50,6 +54,10 @@ class BenchmarkSettings:
     baseline_again: bool = True
     """Serve no speculation again after the other configurations: the report gives the host's
     drift between the two and compares with their mean (one more server start)."""
+    interleave_rounds: int = 0
+    """Serve every configuration from its own server, all up at once, each level in this many
+    rounds alternating between them (a drifting host then slows them alike); 0 serves them one
+    after another. Interleaved, no speculation is not served again: there is no drift to measure."""
     offline_prompts: int | None = None
     """Prompts for the offline reference (default: all of them)."""
     tolerance: ParityTolerance = field(default_factory=ParityTolerance)
@@ -59,6 +67,8 @@ class BenchmarkSettings:
         ks = (self.k, *self.also_k)
         if min(ks) < 1:
             raise ValueError(f"draft tokens per step must be at least 1; got k={self.k}, also_k={list(self.also_k)}")
+        if self.interleave_rounds < 0:
+            raise ValueError(f"interleave_rounds={self.interleave_rounds}: give 0 (one configuration after another) or more rounds")
         if len(set(ks)) != len(ks):
             raise ValueError(f"k={self.k} and also_k={list(self.also_k)} repeat a K: give each K once (k is served anyway)")
         # Checked here, before the offline reference and the servers' starts, not at the first
@@ -72,7 +82,7 @@ def served_configs(settings: BenchmarkSettings, drafter_dir: Path) -> list[tuple
     configs += [(f"eagle3 k={k}", speculative_config(drafter_dir, k)) for k in settings.also_k]
     if settings.ngram:
         configs.append(("ngram", ngram_config(settings.k)))
-    if settings.baseline_again:
+    if settings.baseline_again and not settings.interleave_rounds:
         configs.append((BASELINE_END, None))
     return configs
 
@@ -146,11 +156,17 @@ def run_benchmark(
     if ended_early:
         notes.append(f"{ended_early} of {len(results)} offline answers ended before {settings.output_len} "
                      "tokens and ran on past the target's end-of-answer token (EOS is ignored, served and offline alike)")  # fmt: skip
-    runs = []
-    for label, spec in served_configs(settings, served_drafter_dir):
-        with serve(spec) as server:
-            log(f"served sweep: {label} at concurrency {list(settings.concurrencies)}")
-            runs.append(run_served(label, server.base_url, server.model, prompts, sweep, api_key=server.api_key, config={"speculative": spec}))
+    configs = served_configs(settings, served_drafter_dir)
+    if settings.interleave_rounds:
+        notes.append(f"configurations served interleaved: all servers up at once, each concurrency level in up to "
+                     f"{settings.interleave_rounds} rounds of the same prompts, the order rotated every round")  # fmt: skip
+        runs = _serve_interleaved(configs, serve, prompts, sweep, settings.interleave_rounds, log)
+    else:
+        runs = []
+        for label, spec in configs:
+            with serve(spec) as server:
+                log(f"served sweep: {label} at concurrency {list(settings.concurrencies)}")
+                runs.append(run_served(label, server.base_url, server.model, prompts, sweep, api_key=server.api_key, config={"speculative": spec}))
     report = build_report(
         target=target_name,
         drafter=str(served_drafter_dir),
@@ -168,6 +184,19 @@ def run_benchmark(
     )
     paths = write_report(report, out_dir)
     return report, paths
+
+
+def _serve_interleaved(configs: Sequence[tuple[str, dict | None]], serve: Callable[[dict | None], ContextManager],
+                       prompts: Sequence, sweep: SweepSettings, rounds: int, log: Callable[[str], None]) -> list:  # fmt: skip
+    """Start (or reuse) every configuration's server, then serve them interleaved."""
+    with ExitStack() as stack:
+        targets = []
+        for label, spec in configs:
+            server = stack.enter_context(serve(spec))
+            targets.append(ServedTarget(label, server.base_url, server.model, server.api_key, {"speculative": spec}))
+        log(f"served sweeps: {', '.join(t.label for t in targets)} interleaved in up to {rounds} rounds "
+            f"at concurrency {list(sweep.concurrencies)}")  # fmt: skip
+        return run_interleaved(targets, prompts, sweep, rounds)
 
 
 def load_report_json(out_dir: Path) -> dict:

@@ -2,6 +2,7 @@
 
     speedup_check(runs)              eagle3 tokens/s over baseline at concurrency 1 is above 1
     host_drift(runs)                 the last baseline's tokens/s over the first's, per concurrency
+    round_speedups(runs)             each round's speedup, when the runs were served interleaved
     parity_check(verdict)            served acceptance within tolerance of the offline reference
     parent_al_check(al, parent_al)   a warm-started drafter's AL is at least its parent's
 
@@ -9,7 +10,9 @@ Speedup = output tokens/s with speculation / without, same prompts, same engine,
 (DESIGN.md, "Metrics"): the two `ServedRun`s must share prompts, output length and model.
 A run serves its configurations one after another, so a host whose speed drifts (a shared VM)
 skews every ratio; serving no speculation again at the end (`BASELINE_END`) measures that drift,
-and the speedups then compare with the mean of both baselines.
+and the speedups then compare with the mean of both baselines. Served interleaved in rounds
+(`bench/interleaved.py`), the drift hits every configuration alike, and the spread of the
+speedup from round to round says how steady the host was.
 """
 
 from __future__ import annotations
@@ -82,6 +85,28 @@ def host_drift(runs: Sequence[ServedRun], baseline: str = BASELINE) -> dict[int,
     _comparable(first, last)
     return {lv.concurrency: lv.tokens_per_s / b.tokens_per_s
             for lv in last.levels if (b := first.level(lv.concurrency)) is not None and b.tokens_per_s > 0}  # fmt: skip
+
+
+def round_speedups(runs: Sequence[ServedRun], baseline: str = BASELINE) -> dict[str, dict[int, tuple[float, ...]]]:
+    """Per speculative run and concurrency, its tokens/s over `baseline`'s in each round the two
+    were served interleaved in (the same prompts, one after the other); empty for runs served in
+    one go."""
+    base = next((r for r in runs if r.label == baseline), None)
+    if base is None:
+        return {}
+    out: dict[str, dict[int, tuple[float, ...]]] = {}
+    for run in runs:
+        if run.label in BASELINES:
+            continue
+        _comparable(base, run)
+        for lv in run.levels:
+            b = base.level(lv.concurrency)
+            if b is None or not lv.round_tokens_per_s or len(b.round_tokens_per_s) != len(lv.round_tokens_per_s):
+                continue
+            if min(b.round_tokens_per_s) > 0:
+                out.setdefault(run.label, {})[lv.concurrency] = tuple(
+                    x / y for x, y in zip(lv.round_tokens_per_s, b.round_tokens_per_s))
+    return out
 
 
 def speedups(runs: Sequence[ServedRun], baseline: str = BASELINE) -> dict[str, dict[int, float]]:

@@ -62,9 +62,13 @@ METRIC_DEFINITIONS: dict[str, str] = {
         "no speculation's tokens/s served last / served first: 1.00 on a steady host; ratios between the "
         "run's configurations are uncertain by about its distance from 1"
     ),
+    "round_speedup": (
+        "where the configurations were served interleaved in rounds of the same prompts: a round's tokens/s "
+        "with speculation / without; their spread shows how steady the host was"
+    ),
     "TTFT": "time to first token: request sent to first streamed output token",
     "ITL": "inter-token latency: gap between streamed chunks divided by the tokens each chunk carries",
-    "tokens_per_s": "total output tokens of a concurrency level / wall time of that level",
+    "tokens_per_s": "total output tokens of a concurrency level / wall time of that level (served in rounds: their sums)",
 }
 """The metric definitions, stated in every report."""
 

@@ -32,6 +32,7 @@ from eagle_assets.bench.checks import (
     CheckResult,
     baseline_tokens_per_s,
     host_drift,
+    round_speedups,
     parent_al_check,
     parity_check,
     pooled_spec_stats,
@@ -109,6 +110,7 @@ class BenchmarkReport:
                 "checks": [c.to_dict() for c in self.checks],
                 "speedups": {k: {str(c): v for c, v in by_c.items()} for k, by_c in self.speedups.items()},
                 "host_drift": {str(c): v for c, v in host_drift(self.runs).items()},
+                "round_speedups": {k: {str(c): list(v) for c, v in by_c.items()} for k, by_c in round_speedups(self.runs).items()},
                 "definitions": dict(self.definitions),
                 "created_at": self.created_at,
                 "notes": list(self.notes),
@@ -348,6 +350,11 @@ def to_markdown(report: BenchmarkReport, plots: Mapping[str, str] | None = None)
     if drift_lines := host_drift_lines(report):
         out += ["### Host drift", "", "No speculation was served first and again last; its tokens/s last over first:", "",
                 *[f"- {line}" for line in drift_lines], ""]  # fmt: skip
+    if round_lines := round_speedup_lines(report):
+        out += ["### Speedup from round to round", "",
+                "The configurations were served interleaved, in rounds of the same prompts with the order rotated, "
+                "so a change in the host's speed hits them alike; each round's speedup:", "",
+                *[f"- {line}" for line in round_lines], ""]  # fmt: skip
     fastest = fastest_per_concurrency(report)
     if fastest:
         out += ["### Fastest configuration per concurrency", "", *[f"- {line}" for line in fastest], ""]
@@ -405,6 +412,18 @@ def host_drift_lines(report: BenchmarkReport) -> list[str]:
     return lines
 
 
+def round_speedup_lines(report: BenchmarkReport) -> list[str]:
+    """Per speculative run and concurrency served interleaved: the level's speedup and the
+    lowest and highest of its rounds'."""
+    lines = []
+    for label, by_c in round_speedups(report.runs).items():
+        for c, ratios in sorted(by_c.items()):
+            whole = report.speedups.get(label, {}).get(c)
+            lines.append(f"{label} at concurrency {c}: {_f(whole, '{:.2f}x')} over the level, rounds {min(ratios):.2f}x "
+                         f"to {max(ratios):.2f}x ({', '.join(f'{x:.2f}' for x in ratios)})")  # fmt: skip
+    return lines
+
+
 def fastest_per_concurrency(report: BenchmarkReport) -> list[str]:
     """Per measured concurrency, the configuration with the most output tokens/s, and by how
     much it beats the runner-up: what to serve at that load (speculation pays at low load and
@@ -456,6 +475,10 @@ def summary_text(report: BenchmarkReport) -> str:
         lines.append(f"{c:>4}  " + "  ".join(cells))
     if drift_lines := host_drift_lines(report):
         lines.append("host drift (no speculation, last / first): " + "; ".join(drift_lines))
+    if rounds := round_speedups(report.runs):
+        lines.append("speedup by round, lowest-highest: " + "; ".join(
+            f"{label} " + ", ".join(f"c={c} {min(v):.2f}-{max(v):.2f}x" for c, v in sorted(by_c.items()))
+            for label, by_c in rounds.items()))  # fmt: skip
     fastest = fastest_per_concurrency(report)
     if fastest:
         lines.append("fastest: " + "; ".join(fastest))

@@ -39,7 +39,7 @@ import os
 import sys
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import httpx
@@ -137,6 +137,9 @@ class LevelResult:
     """Mean output tokens per streamed chunk (1 without speculation, about AL with it)."""
     spec: SpecStats | None = None
     """Speculation statistics of this level; None when the server runs without speculation."""
+    round_tokens_per_s: tuple[float, ...] = ()
+    """Tokens/s of each round when the level was served in rounds interleaved with other
+    configurations (`bench/interleaved.py`); empty when it was served in one go."""
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -147,6 +150,7 @@ class LevelResult:
     def from_dict(cls, d: Mapping) -> "LevelResult":
         d = dict(d)
         d["spec"] = SpecStats.from_dict(d["spec"]) if d.get("spec") else None
+        d["round_tokens_per_s"] = tuple(d.get("round_tokens_per_s", ()))
         return cls(**d)
 
 
@@ -379,22 +383,56 @@ def run_level(
 ) -> LevelResult:
     """Send every prompt once with `concurrency` requests in flight; measure the level."""
     refuse_too_few_prompts(len(prompts), (concurrency,), f"{len(prompts)} prompts")
-    before = _settled_scrape(base_url, api_key, model, settings.metrics_settle_s) if settings.engine == "vllm" else None
-    results, wall = asyncio.run(
-        _run_requests(base_url, model, prompts, settings, concurrency, api_key, f"c={concurrency}")
-    )
+    before = settled_counters(base_url, api_key, model, settings)
+    results, wall = send_prompts(base_url, model, prompts, concurrency, settings, api_key)
+    after = settled_counters(base_url, api_key, model, settings)
+    return level_result(concurrency, results, wall, settings, spec_between(before, after, results, settings))
+
+
+def send_prompts(
+    base_url: str,
+    model: str,
+    prompts: Sequence[Messages],
+    concurrency: int,
+    settings: SweepSettings,
+    api_key: str | None = None,
+    first_index: int = 0,
+) -> tuple[list[RequestResult], float]:
+    """Every prompt once, `concurrency` in flight: the requests (prompt indices counted from
+    `first_index`) and the wall time; refuses an answer of any length but `output_len`."""
+    results, wall = asyncio.run(_run_requests(base_url, model, prompts, settings, concurrency, api_key, f"c={concurrency}"))
     for r in results:
         if r.output_tokens != settings.output_len:
             raise RuntimeError(
-                f"prompt {r.prompt_index} at concurrency {concurrency} got {r.output_tokens} output "
+                f"prompt {first_index + r.prompt_index} at concurrency {concurrency} got {r.output_tokens} output "
                 f"tokens, expected exactly {settings.output_len}: the server did not honour "
                 "min_tokens/ignore_eos, or output_len exceeds max-model-len minus the prompt"
             )
+    return [replace(r, prompt_index=first_index + r.prompt_index) for r in results], wall
+
+
+def settled_counters(base_url: str, api_key: str | None, model: str, settings: SweepSettings) -> SpecCounters | None:
+    """vLLM's spec-decode counters once they stop moving; None for SGLang (its requests carry them)."""
+    return _settled_scrape(base_url, api_key, model, settings.metrics_settle_s) if settings.engine == "vllm" else None
+
+
+def spec_between(before: SpecCounters | None, after: SpecCounters | None, results: Sequence[RequestResult],
+                 settings: SweepSettings) -> SpecStats | None:  # fmt: skip
+    """The level's speculation statistics: vLLM's counter deltas, or SGLang's per-request details."""
     if settings.engine == "vllm":
-        after = _settled_scrape(base_url, api_key, model, settings.metrics_settle_s)
-        spec = spec_stats_between(before, after)
-    else:
-        spec = spec_stats_from_sglang(r.spec_details for r in results if r.spec_details)
+        return spec_stats_between(before, after)
+    return spec_stats_from_sglang(r.spec_details for r in results if r.spec_details)
+
+
+def level_result(
+    concurrency: int,
+    results: Sequence[RequestResult],
+    wall: float,
+    settings: SweepSettings,
+    spec: SpecStats | None,
+    round_tokens_per_s: Sequence[float] = (),
+) -> LevelResult:
+    """One level's figures from its requests and the wall time they took."""
     out_tokens = sum(r.output_tokens for r in results)
     level = LevelResult(
         concurrency=concurrency,
@@ -407,6 +445,7 @@ def run_level(
         itl_s=_dist([x for r in results for x in r.itl_s]),
         tokens_per_chunk=out_tokens / sum(r.chunks for r in results),
         spec=spec,
+        round_tokens_per_s=tuple(round_tokens_per_s),
     )
     al = f", AL {spec.al:.2f} over {spec.drafts} drafts" if spec and spec.drafts else ""
     log.info(

@@ -29,6 +29,9 @@ class BenchmarkConfig(dg.Config):
     ngram: bool = True
     baseline_again: bool = True
     """Serve no speculation again at the end: the report gives the host's drift over the run."""
+    interleave_rounds: int = 0
+    """CPU hosts: serve all configurations at once, each concurrency level in this many rounds
+    alternating between them, so a drifting host slows them alike (0: one after another)."""
     al_tolerance: float = 0.15
     """Parity holds when |served AL - offline AL| <= this share of the offline AL."""
     parent_al: Optional[float] = None
@@ -44,6 +47,7 @@ class BenchmarkConfig(dg.Config):
             also_k=tuple(self.also_k),
             ngram=self.ngram,
             baseline_again=self.baseline_again,
+            interleave_rounds=self.interleave_rounds,
             tolerance=ParityTolerance(al_rel=self.al_tolerance),
         )
 

@@ -61,9 +61,12 @@ class InferenceServerResource(dg.ConfigurableResource):
     configuration: on a CPU host the last two (the drafter's check and the benchmark both want
     the plain and the speculative server), on a GPU the last one (each vLLM takes most of its
     memory). A server only ever serves one stage at a time; an idle one keeps its memory and
-    ~1.5% of a core."""
+    ~1.5% of a core. A benchmark interleaving its configurations holds all of their servers at
+    once; none is stopped while a block still uses it, and the warm ones are trimmed back to
+    the limit after."""
 
     _warm: "OrderedDict[str, tuple[InferenceServer, ExitStack]]" = PrivateAttr(default_factory=OrderedDict)
+    _in_use: "dict[str, int]" = PrivateAttr(default_factory=dict)
 
     def teardown_after_execution(self, context) -> None:
         self.stop_warm()
@@ -76,25 +79,52 @@ class InferenceServerResource(dg.ConfigurableResource):
         _, (_, stack) = self._warm.popitem(last=False)
         stack.close()
 
+    def _stop_oldest_idle(self) -> bool:
+        """Stop the oldest warm server no block is using; False when every one is in use."""
+        idle = next((key for key in self._warm if not self._in_use.get(key)), None)
+        if idle is None:
+            return False
+        self._stop(idle)
+        return True
+
+    @contextmanager
+    def _using(self, key: str) -> Iterator[None]:
+        self._in_use[key] = self._in_use.get(key, 0) + 1
+        try:
+            yield
+        finally:
+            self._in_use[key] -= 1
+            if not self._in_use[key]:
+                del self._in_use[key]
+
     def _stop(self, key: str) -> None:
         held = self._warm.pop(key, None)
         if held is not None:
             held[1].close()
 
     def _make_room(self, needed_bytes: int, log: Callable[[str], None]) -> None:
-        """Stop warm servers, oldest first, until a new one of `needed_bytes` fits in the memory
-        this host has available: a warm server saves a start-up, never worth the kernel's
-        out-of-memory killer taking a server or the run itself."""
-        while self._warm:
+        """Stop idle warm servers, oldest first, until a new one of `needed_bytes` fits in the
+        memory this host has available: a warm server saves a start-up, never worth the kernel's
+        out-of-memory killer taking a server or the run itself. Refuses the start when servers
+        in use leave too little."""
+        while True:
             available = available_memory_bytes()
             if available is None or available >= needed_bytes + HEADROOM_BYTES:
                 return
-            oldest = next(iter(self._warm.values()))[0]
+            idle = next((key for key in self._warm if not self._in_use.get(key)), None)
+            if idle is None:
+                break
             log(
-                f"stopping the warm server at {oldest.base_url} to make room: {available / 2**30:.1f} GiB available, "
+                f"stopping the warm server at {self._warm[idle][0].base_url} to make room: {available / 2**30:.1f} GiB available, "
                 f"the next server needs ~{needed_bytes / 2**30:.1f} GiB and {HEADROOM_BYTES / 2**30:.0f} GiB stay free"
             )
-            self._stop_oldest()
+            self._stop(idle)
+        if self._in_use:
+            raise MemoryError(
+                f"{len(self._in_use)} servers in use leave {available / 2**30:.1f} GiB available; one more needs "
+                f"~{(needed_bytes + HEADROOM_BYTES) / 2**30:.1f} GiB with headroom. Serve the configurations one after "
+                "another (the benchmark's interleave_rounds: 0), serve fewer (also_k, ngram) or lower kv_cache_gib."
+            )
 
     def serving_note(self) -> str | None:
         """How a launched server runs the models, for a report (None for a server of yours)."""
@@ -126,14 +156,21 @@ class InferenceServerResource(dg.ConfigurableResource):
             server, _ = self._warm[key]
             log(f"reusing the running server at {server.base_url}")
             try:
-                yield server
+                with self._using(key):
+                    yield server
             except BaseException:
                 self._stop(key)  # a failure inside may have left the server in any state
                 raise
+            self._trim()
             return
+        if self._in_use and (self.device or host_device()) != "cpu":
+            raise RuntimeError(
+                "a second vLLM cannot start beside one in use on this accelerator: each takes most of its memory. "
+                "Serve the benchmark's configurations one after another (interleave_rounds: 0)."
+            )
         capacity = self._warm_capacity() if self.keep_warm else 0
-        while self._warm and len(self._warm) >= max(capacity, 1):
-            self._stop_oldest()
+        while len(self._warm) >= max(capacity, 1) and self._stop_oldest_idle():
+            pass
         # Resolved (and, for the embedded target, checksummed) once: the launch is given the folder.
         folder = resolve_target(self.target, log=log)[1]
         if self._warm and (self.device or host_device()) == "cpu":
@@ -165,10 +202,18 @@ class InferenceServerResource(dg.ConfigurableResource):
             return
         self._warm[key] = (server, stack)
         try:
-            yield server
+            with self._using(key):
+                yield server
         except BaseException:
             self._stop(key)
             raise
+        self._trim()
+
+    def _trim(self) -> None:
+        """Back to the warm limit, oldest first, once a block holding several servers at once
+        has let go of all of them (trimmed earlier, the first it lets go of would go, newest or not)."""
+        while not self._in_use and len(self._warm) > self._warm_capacity():
+            self._stop_oldest()
 
 
 def server_key(drafter: str | Path | None, k: int, speculative: dict | None) -> str:

@@ -28,6 +28,9 @@ def test_every_k_is_served_with_the_same_drafter_and_ngram_at_the_main_k():
     assert specs["ngram"]["method"] == "ngram" and specs["ngram"]["num_speculative_tokens"] == 3
     once = BenchmarkSettings(k=2, ngram=False, baseline_again=False)
     assert [label for label, _ in served_configs(once, DRAFTER)] == ["baseline", "eagle3"]
+    # Interleaved, every configuration meets the same host: no speculation is not served again.
+    interleaved = BenchmarkSettings(k=3, interleave_rounds=5)
+    assert [label for label, _ in served_configs(interleaved, DRAFTER)] == ["baseline", "eagle3", "ngram"]
 
 
 @pytest.mark.parametrize(("k", "also_k", "message"), [
@@ -39,6 +42,11 @@ def test_every_k_is_served_with_the_same_drafter_and_ngram_at_the_main_k():
 def test_settings_refuse_a_k_that_cannot_be_served_or_is_given_twice(k, also_k, message):
     with pytest.raises(ValueError, match=message):
         BenchmarkSettings(k=k, also_k=also_k)
+
+
+def test_settings_refuse_negative_rounds():
+    with pytest.raises(ValueError, match="interleave_rounds=-1: give 0"):
+        BenchmarkSettings(interleave_rounds=-1)
 
 
 def test_settings_refuse_fewer_prompts_than_a_level_keeps_in_flight():

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from eagle_assets.bench.checks import host_drift, speedup_check, speedups
+from eagle_assets.bench.checks import host_drift, round_speedups, speedup_check, speedups
 from eagle_assets.bench.metrics import METRIC_DEFINITIONS, SpecStats
 from eagle_assets.bench.parity import AcceptanceNumbers, TrainingFacts
 from eagle_assets.bench.report import (
@@ -91,6 +91,29 @@ def test_a_baseline_served_again_gives_the_drift_and_the_mean_to_compare_with(tm
     assert load_report(paths.json) == report
     steady = build_report("t", "d", [*RUNS, _run("baseline (end)", {1: 52.0, 4: 160.0, 8: 240.0})], offline=OFFLINE)
     assert "concurrency 1: 1.04x; concurrency 4" in summary_text(steady) and "moved" not in summary_text(steady)
+
+
+def test_runs_served_in_rounds_give_each_rounds_speedup(tmp_path):
+    # Interleaved in two rounds of 4 prompts at concurrency 1: the host was twice as fast in the
+    # second round for both configurations, so each round's ratio shows it and the level's is theirs.
+    def interleaved(label: str, rounds: tuple[float, float], spec: SpecStats | None = None) -> ServedRun:
+        walls = [4 * 64 / tps for tps in rounds]
+        level = dataclasses.replace(_level(1, 8 * 64 / sum(walls), spec), wall_s=sum(walls), round_tokens_per_s=rounds)
+        return ServedRun(label, "vllm", "smollm2-135m-instruct", "http://127.0.0.1:8150", 64, 8, (level,))
+
+    runs = [interleaved("baseline", (40.0, 80.0)), interleaved("eagle3", (60.0, 128.0), EAGLE), interleaved("ngram", (44.0, 88.0), NGRAM)]
+    assert round_speedups(runs) == {"eagle3": {1: (1.5, 1.6)}, "ngram": {1: (1.1, 1.1)}}
+    assert round_speedups(RUNS) == {}  # served in one go: no rounds
+    report = build_report("smollm2-135m-instruct", "d", runs, offline=OFFLINE)
+    assert report.speedups["eagle3"][1] == pytest.approx((8 * 64 / (256 / 60 + 256 / 128)) / (8 * 64 / (256 / 40 + 256 / 80)))
+    text = summary_text(report)
+    assert "speedup by round, lowest-highest: eagle3 c=1 1.50-1.60x; ngram c=1 1.10-1.10x" in text
+    md = to_markdown(report)
+    assert "### Speedup from round to round" in md
+    assert "- eagle3 at concurrency 1: 1.53x over the level, rounds 1.50x to 1.60x (1.50, 1.60)" in md
+    paths = write_report(report, tmp_path)
+    assert json.loads(paths.json.read_text())["round_speedups"] == {"eagle3": {"1": [1.5, 1.6]}, "ngram": {"1": [1.1, 1.1]}}
+    assert load_report(paths.json) == report
 
 
 def test_speedup_refuses_runs_of_different_work():

@@ -14,7 +14,8 @@ import time
 import httpx
 import pytest
 
-from eagle_assets.bench.checks import pooled_spec_stats
+from eagle_assets.bench.checks import pooled_spec_stats, round_speedups
+from eagle_assets.bench.interleaved import ServedTarget, run_interleaved
 from eagle_assets.bench.metrics import ACCEPTED_PER_POS, parse_prometheus, scrape, spec_stats_between
 from eagle_assets.bench.served import (
     ServedRun,
@@ -93,6 +94,32 @@ def test_sweep_measures_every_level_with_exact_token_counts(ngram_server):
 
     again = ServedRun.from_dict(run.to_dict())
     assert again == run
+
+
+@pytest.mark.engine
+def test_two_configurations_served_interleaved_keep_their_own_requests_and_counters(vllm_server, ngram_server):
+    # The session's plain server and the n-gram one, up together: 4 prompts in 2 rounds per level.
+    settings = SweepSettings(output_len=16, concurrencies=(1, 2), warmup_requests=1, progress=False)
+    targets = [ServedTarget("baseline", vllm_server.base_url, MODEL),
+               ServedTarget("ngram", ngram_server, MODEL, config={"speculative_config": NGRAM})]  # fmt: skip
+    base, ngram = run_interleaved(targets, PROMPTS * 2, settings, rounds=2)
+
+    assert (base.label, ngram.label) == ("baseline", "ngram") and ngram.config == {"speculative_config": NGRAM}
+    for run in (base, ngram):
+        assert [lv.concurrency for lv in run.levels] == [1, 2]
+        for lv in run.levels:
+            assert lv.num_requests == 4 and lv.output_tokens == 4 * 16
+            assert len(lv.round_tokens_per_s) == 2
+            # The level's time is its two rounds' (2 prompts x 16 tokens each), nothing between them.
+            assert lv.wall_s == pytest.approx(sum(2 * 16 / x for x in lv.round_tokens_per_s))
+            assert lv.tokens_per_s == pytest.approx(lv.output_tokens / lv.wall_s)
+    assert all(lv.spec is None for lv in base.levels)  # the plain server exports no spec counters
+    for lv in ngram.levels:
+        # The n-gram server's counters moved for its own 4 requests only (15 decode tokens each).
+        assert lv.spec is not None and lv.spec.drafts + lv.spec.accepted <= 4 * (15 + K)
+    assert pooled_spec_stats(ngram).drafts > 0
+    assert set(round_speedups([base, ngram])["ngram"]) == {1, 2}
+    assert ServedRun.from_dict(ngram.to_dict()) == ngram
 
 
 @pytest.mark.engine

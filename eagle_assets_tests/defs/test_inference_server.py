@@ -1,7 +1,7 @@
 """Which launched servers the resource keeps warm, which request names which server, and how a CPU server runs the models."""
 
 import json
-from contextlib import ExitStack
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -70,6 +70,52 @@ def test_warm_servers_are_stopped_oldest_first_until_the_next_one_fits(monkeypat
     assert stopped == ["older"]
     resource._make_room(64 << 30, lines.append)  # nothing fits: every warm server goes, none is left to stop
     assert stopped == ["older", "newer"] and not resource._warm
+
+
+def test_servers_in_use_together_are_never_stopped_and_the_warm_ones_trimmed_after(tmp_path, monkeypatch):
+    # What is checked is the resource's bookkeeping when a benchmark interleaving its
+    # configurations holds several servers at once; a launched server is stood in for by a
+    # context manager recording its start and stop (real ones: test_pipeline_e2e.py).
+    (tmp_path / "config.json").write_text("{}")
+    started, stopped = [], []
+
+    @contextmanager
+    def launch(folder, speculative=None, **_):
+        name = (speculative or {}).get("num_speculative_tokens", "plain")
+        started.append(name)
+        try:
+            yield SimpleNamespace(base_url=f"http://{name}")
+        finally:
+            stopped.append(name)
+
+    monkeypatch.setattr(inference_server, "launch_vllm", launch)
+    monkeypatch.setattr(inference_server, "resolve_target", lambda target, log: (None, tmp_path))
+    available = {"bytes": 64 << 30}
+    monkeypatch.setattr(inference_server, "available_memory_bytes", lambda: available["bytes"])
+    resource = InferenceServerResource(device="cpu")
+    specs = [None, ngram_config(2), ngram_config(3)]
+    with ExitStack() as stack:
+        servers = [stack.enter_context(resource.serve(speculative=s, log=lambda m: None)) for s in specs]
+        assert started == ["plain", 2, 3] and stopped == []  # three at once, over the warm limit of two
+        assert [s.base_url for s in servers] == ["http://plain", "http://2", "http://3"]
+    assert stopped == ["plain"] and len(resource._warm) == 2  # back to two warm, the oldest gone
+
+    # Short of memory with servers in use: the idle one goes, then the start is refused, saying what to change.
+    available["bytes"] = 1 << 30
+    with resource.serve(speculative=specs[2], log=lambda m: None):
+        with pytest.raises(MemoryError, match="interleave_rounds: 0"):
+            with resource.serve(speculative=ngram_config(4), log=lambda m: None):
+                pass
+        assert stopped == ["plain", 2] and started == ["plain", 2, 3]
+    resource.stop_warm()
+    assert stopped == ["plain", 2, 3]
+
+    gpu = InferenceServerResource(device="cuda")
+    with gpu.serve(log=lambda m: None):
+        with pytest.raises(RuntimeError, match="one after another"):
+            with gpu.serve(speculative=specs[1], log=lambda m: None):
+                pass
+    gpu.stop_warm()
 
 
 def test_a_cpu_server_runs_eagerly_unless_asked_to_compile_and_the_report_says_which(tmp_path, monkeypatch):

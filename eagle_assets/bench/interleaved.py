@@ -1,0 +1,112 @@
+"""Served sweeps of several configurations at once, interleaved in rounds.
+
+Served one after another, configurations meet the host at different times: on a shared VM
+whose speed drifts by 10-20% within half an hour, that skews every speedup by as much (the
+baseline served again at the end, `BASELINE_END`, only measures the drift). Here every
+configuration has its own server, all up together, and each concurrency level is split into
+rounds of the same prompts:
+
+    round 1: baseline, eagle3, ngram      (prompts 0-15)
+    round 2: eagle3, ngram, baseline      (prompts 16-31)
+    round 3: ngram, baseline, eagle3      (prompts 32-47) ...
+
+A slow spell then hits every configuration's share of the work alike, and the order rotates so
+none is always served first (after an idle spell) or last. A configuration's level adds up its
+rounds' requests and wall times, so its tokens/s is still output tokens / time serving them;
+each round's tokens/s is kept as well, so the report can show how far the speedup moved from
+round to round (`bench/checks.py: round_speedups`).
+
+Only one server works at a time: the others sit idle, holding their memory.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from eagle_assets.bench.served import (
+    RequestResult,
+    ServedRun,
+    SweepSettings,
+    as_messages,
+    level_result,
+    refuse_too_few_prompts,
+    send_prompts,
+    settled_counters,
+    spec_between,
+    warm_up,
+)
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ServedTarget:
+    """One configuration's server, as the sweep addresses it."""
+
+    label: str
+    base_url: str
+    model: str
+    api_key: str | None = field(default=None, repr=False)
+    config: Mapping = field(default_factory=dict)
+
+
+def round_slices(num_prompts: int, concurrency: int, rounds: int) -> list[range]:
+    """The prompts of each round at one level: `rounds` contiguous, nearly equal slices, fewer
+    when a slice would hold fewer prompts than `concurrency` keeps in flight."""
+    refuse_too_few_prompts(num_prompts, (concurrency,), f"{num_prompts} prompts")
+    n = max(1, min(rounds, num_prompts // concurrency))
+    bounds = [i * num_prompts // n for i in range(n + 1)]
+    return [range(a, b) for a, b in zip(bounds, bounds[1:])]
+
+
+def round_order(num_configs: int, round_index: int) -> list[int]:
+    """Which configuration each round serves first, second, ...: rotated by one per round."""
+    return [(round_index + i) % num_configs for i in range(num_configs)]
+
+
+def run_interleaved(
+    targets: Sequence[ServedTarget],
+    prompts: Sequence[str | Sequence[Mapping]],
+    settings: SweepSettings,
+    rounds: int,
+) -> list[ServedRun]:
+    """One `ServedRun` per target, in the order given, each level served in `rounds` rounds
+    interleaved with the other targets'."""
+    if rounds < 1:
+        raise ValueError(f"rounds={rounds}: serve in at least one round")
+    if len({t.label for t in targets}) != len(targets):
+        raise ValueError(f"labels {[t.label for t in targets]} repeat: give each configuration its own")
+    msgs = [as_messages(p) for p in prompts]
+    if not msgs:
+        raise ValueError("no prompts to send: give at least one")
+    for c in settings.concurrencies:
+        refuse_too_few_prompts(len(msgs), (c,), f"{len(msgs)} prompts")
+    started = time.time()
+    for t in targets:
+        warm_up(t.base_url, t.model, msgs, settings, t.api_key)
+    levels: dict[str, list] = {t.label: [] for t in targets}
+    for c in settings.concurrencies:
+        slices = round_slices(len(msgs), c, rounds)
+        before = [settled_counters(t.base_url, t.api_key, t.model, settings) for t in targets]
+        served: list[list[RequestResult]] = [[] for _ in targets]
+        walls: list[list[float]] = [[] for _ in targets]
+        for r, chosen in enumerate(slices):
+            for i in round_order(len(targets), r):
+                t = targets[i]
+                results, wall = send_prompts(t.base_url, t.model, msgs[chosen.start : chosen.stop], c, settings, t.api_key, chosen.start)
+                served[i] += results
+                walls[i].append(wall)
+            log.info("concurrency %d: round %d/%d served by %d configurations", c, r + 1, len(slices), len(targets))
+        for i, t in enumerate(targets):
+            after = settled_counters(t.base_url, t.api_key, t.model, settings)
+            per_round = [len(s) * settings.output_len / w for s, w in zip(slices, walls[i])]
+            spec = spec_between(before[i], after, served[i], settings)
+            levels[t.label].append(level_result(c, sorted(served[i], key=lambda x: x.prompt_index), sum(walls[i]), settings, spec, per_round))
+    return [
+        ServedRun(label=t.label, engine=settings.engine, model=t.model, base_url=t.base_url, output_len=settings.output_len,
+                  num_prompts=len(msgs), levels=tuple(levels[t.label]), started_at=started, config=dict(t.config))  # fmt: skip
+        for t in targets
+    ]
