@@ -196,7 +196,7 @@ def _serve_interleaved(configs: Sequence[tuple[str, dict | None]], serve: Callab
             targets.append(ServedTarget(label, server.base_url, server.model, server.api_key, {"speculative": spec}))
         log(f"served sweeps: {', '.join(t.label for t in targets)} interleaved in up to {rounds} rounds "
             f"at concurrency {list(sweep.concurrencies)}")  # fmt: skip
-        return run_interleaved(targets, prompts, sweep, rounds)
+        return run_interleaved(targets, prompts, sweep, rounds, progress=log)
 
 
 def load_report_json(out_dir: Path) -> dict:

@@ -396,19 +396,21 @@ def send_prompts(
     concurrency: int,
     settings: SweepSettings,
     api_key: str | None = None,
-    first_index: int = 0,
+    indices: Sequence[int] | None = None,
 ) -> tuple[list[RequestResult], float]:
-    """Every prompt once, `concurrency` in flight: the requests (prompt indices counted from
-    `first_index`) and the wall time; refuses an answer of any length but `output_len`."""
+    """Every prompt once, `concurrency` in flight: the requests (numbered by `indices`, the
+    prompts' places in a larger list, when given) and the wall time; refuses an answer of any
+    length but `output_len`."""
+    indices = list(indices) if indices is not None else list(range(len(prompts)))
     results, wall = asyncio.run(_run_requests(base_url, model, prompts, settings, concurrency, api_key, f"c={concurrency}"))
     for r in results:
         if r.output_tokens != settings.output_len:
             raise RuntimeError(
-                f"prompt {first_index + r.prompt_index} at concurrency {concurrency} got {r.output_tokens} output "
+                f"prompt {indices[r.prompt_index]} at concurrency {concurrency} got {r.output_tokens} output "
                 f"tokens, expected exactly {settings.output_len}: the server did not honour "
                 "min_tokens/ignore_eos, or output_len exceeds max-model-len minus the prompt"
             )
-    return [replace(r, prompt_index=first_index + r.prompt_index) for r in results], wall
+    return [replace(r, prompt_index=indices[r.prompt_index]) for r in results], wall
 
 
 def settled_counters(base_url: str, api_key: str | None, model: str, settings: SweepSettings) -> SpecCounters | None:

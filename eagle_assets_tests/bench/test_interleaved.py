@@ -5,19 +5,24 @@ from __future__ import annotations
 
 import pytest
 
-from eagle_assets.bench.interleaved import ServedTarget, round_order, round_slices, run_interleaved
+from eagle_assets.bench.interleaved import ServedTarget, round_order, round_prompts, run_interleaved
 from eagle_assets.bench.served import SweepSettings
 
 
-def test_rounds_cover_every_prompt_once_and_keep_the_level_in_flight():
-    assert round_slices(80, 1, 5) == [range(0, 16), range(16, 32), range(32, 48), range(48, 64), range(64, 80)]
-    assert round_slices(10, 1, 3) == [range(0, 3), range(3, 6), range(6, 10)]
+def test_rounds_take_every_nth_prompt_and_keep_the_level_in_flight():
+    assert round_prompts(10, 1, 3) == [range(0, 10, 3), range(1, 10, 3), range(2, 10, 3)]
+    # MT-Bench's 80 come 10 per category: each of 5 rounds holds 2 of every category.
+    plan = round_prompts(80, 1, 5)
+    assert [list(r)[:3] for r in plan] == [[0, 5, 10], [1, 6, 11], [2, 7, 12], [3, 8, 13], [4, 9, 14]]
+    for r in plan:
+        assert len(r) == 16 and sorted(i // 10 for i in r) == sorted(list(range(8)) * 2)
+    assert sorted(i for r in plan for i in r) == list(range(80))  # every prompt once
     # 8 in flight: 80 prompts hold 5 rounds of 16, 20 prompts only 2 of at least 8.
-    assert round_slices(80, 8, 5) == [range(i * 16, (i + 1) * 16) for i in range(5)]
-    assert round_slices(20, 8, 5) == [range(0, 10), range(10, 20)]
-    assert round_slices(9, 8, 5) == [range(0, 9)]
+    assert round_prompts(80, 8, 5) == plan
+    assert round_prompts(20, 8, 5) == [range(0, 20, 2), range(1, 20, 2)]
+    assert round_prompts(9, 8, 5) == [range(0, 9)]
     with pytest.raises(ValueError, match="cannot keep 8 requests in flight"):
-        round_slices(4, 8, 2)
+        round_prompts(4, 8, 2)
 
 
 def test_the_order_rotates_so_each_configuration_takes_each_place_in_turn():

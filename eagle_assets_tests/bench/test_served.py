@@ -102,7 +102,8 @@ def test_two_configurations_served_interleaved_keep_their_own_requests_and_count
     settings = SweepSettings(output_len=16, concurrencies=(1, 2), warmup_requests=1, progress=False)
     targets = [ServedTarget("baseline", vllm_server.base_url, MODEL),
                ServedTarget("ngram", ngram_server, MODEL, config={"speculative_config": NGRAM})]  # fmt: skip
-    base, ngram = run_interleaved(targets, PROMPTS * 2, settings, rounds=2)
+    lines = []
+    base, ngram = run_interleaved(targets, PROMPTS * 2, settings, rounds=2, progress=lines.append)
 
     assert (base.label, ngram.label) == ("baseline", "ngram") and ngram.config == {"speculative_config": NGRAM}
     for run in (base, ngram):
@@ -120,6 +121,10 @@ def test_two_configurations_served_interleaved_keep_their_own_requests_and_count
     assert pooled_spec_stats(ngram).drafts > 0
     assert set(round_speedups([base, ngram])["ngram"]) == {1, 2}
     assert ServedRun.from_dict(ngram.to_dict()) == ngram
+    assert [line.split(":")[0] for line in lines] == [
+        "concurrency 1, round 1/2 (2 prompts)", "concurrency 1, round 2/2 (2 prompts)",
+        "concurrency 2, round 1/2 (2 prompts)", "concurrency 2, round 2/2 (2 prompts)"]  # fmt: skip
+    assert "baseline" in lines[0] and lines[0].endswith(" tok/s")
 
 
 @pytest.mark.engine
