@@ -12,7 +12,7 @@ A run serves its configurations one after another, so a host whose speed drifts 
 skews every ratio; serving no speculation again at the end (`BASELINE_END`) measures that drift,
 and the speedups then compare with the mean of both baselines. Served interleaved in rounds
 (`bench/interleaved.py`), the drift hits every configuration alike, and the spread of the
-speedup from round to round says how steady the host was.
+speedup from round to round says how far the ratio of a single run could move.
 """
 
 from __future__ import annotations

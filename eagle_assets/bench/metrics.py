@@ -64,7 +64,7 @@ METRIC_DEFINITIONS: dict[str, str] = {
     ),
     "round_speedup": (
         "where the configurations were served interleaved in rounds of the same prompts: a round's tokens/s "
-        "with speculation / without; their spread shows how steady the host was"
+        "with speculation / without; their spread shows how far one run's ratio can move"
     ),
     "TTFT": "time to first token: request sent to first streamed output token",
     "ITL": "inter-token latency: gap between streamed chunks divided by the tokens each chunk carries",

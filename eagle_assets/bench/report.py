@@ -32,10 +32,10 @@ from eagle_assets.bench.checks import (
     CheckResult,
     baseline_tokens_per_s,
     host_drift,
-    round_speedups,
     parent_al_check,
     parity_check,
     pooled_spec_stats,
+    round_speedups,
     speedup_check,
     speedups,
 )
