@@ -86,8 +86,7 @@ def run_interleaved(
     msgs = [as_messages(p) for p in prompts]
     if not msgs:
         raise ValueError("no prompts to send: give at least one")
-    for c in settings.concurrencies:
-        refuse_too_few_prompts(len(msgs), (c,), f"{len(msgs)} prompts")
+    refuse_too_few_prompts(len(msgs), settings.concurrencies, f"{len(msgs)} prompts")  # before any warm-up request
     started = time.time()
     for t in targets:
         warm_up(t.base_url, t.model, msgs, settings, t.api_key)

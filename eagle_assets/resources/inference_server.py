@@ -79,9 +79,13 @@ class InferenceServerResource(dg.ConfigurableResource):
         _, (_, stack) = self._warm.popitem(last=False)
         stack.close()
 
+    def _oldest_idle(self) -> str | None:
+        """The key of the oldest warm server no block is using; None when every one is in use."""
+        return next((key for key in self._warm if not self._in_use.get(key)), None)
+
     def _stop_oldest_idle(self) -> bool:
         """Stop the oldest warm server no block is using; False when every one is in use."""
-        idle = next((key for key in self._warm if not self._in_use.get(key)), None)
+        idle = self._oldest_idle()
         if idle is None:
             return False
         self._stop(idle)
@@ -111,7 +115,7 @@ class InferenceServerResource(dg.ConfigurableResource):
             available = available_memory_bytes()
             if available is None or available >= needed_bytes + HEADROOM_BYTES:
                 return
-            idle = next((key for key in self._warm if not self._in_use.get(key)), None)
+            idle = self._oldest_idle()
             if idle is None:
                 break
             log(
