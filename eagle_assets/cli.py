@@ -101,6 +101,8 @@ def serve(
     target: str = typer.Option(EMBEDDED_TARGET, help="Preset name or model folder."),
     drafter: Optional[Path] = typer.Option(None, help="EAGLE-3 drafter folder."),
     num_speculative_tokens: int = typer.Option(3, "--num-speculative-tokens", "-k"),
+    k_schedule: Optional[str] = typer.Option(None, "--k-schedule", metavar="SCHEDULE",
+                                             help="K by batch size instead of one K, e.g. 1-2:3,3-:0 (a benchmark report recommends one)."),
     port: int = typer.Option(8000),
     check: bool = typer.Option(
         False, help="Send smoke chat completions, print the first, stop the server and exit; with a drafter, also check "
@@ -109,6 +111,7 @@ def serve(
     startup_timeout: float = typer.Option(600, help="Seconds to wait for the server to answer."),
 ) -> None:
     """Launch vLLM for a target (optionally with a drafter), watch it, and tear it down on exit."""
+    from eagle_assets.engines.k_schedule import KSchedule
     from eagle_assets.engines.preflight import PreflightError
     from eagle_assets.engines.process import PortBusy, ServerFailed, stop_recorded
     from eagle_assets.engines.serving import COLD_TEMPERATURE, SMOKE_PROMPTS, chat_once, cold_sampling_check, launch_vllm
@@ -117,8 +120,12 @@ def serve(
     if stop:
         typer.echo(stop_recorded(runs_dir() / "servers", port))
         return
+    if k_schedule and drafter is None:
+        _fail("--k-schedule says how many tokens the drafter drafts: give --drafter too")
     try:
-        with launch_vllm(target, drafter=drafter, k=num_speculative_tokens, port=port, startup_timeout_s=startup_timeout) as server:
+        schedule = KSchedule.parse(k_schedule) if k_schedule else None
+        with launch_vllm(target, drafter=drafter, k=num_speculative_tokens, k_schedule=schedule, port=port,
+                         startup_timeout_s=startup_timeout) as server:  # fmt: skip
             if check:
                 greedy = [chat_once(server, p) for p in SMOKE_PROMPTS]
                 typer.echo(f"chat completion from {server.model}: {greedy[0]!r}")
@@ -146,6 +153,9 @@ def bench(
     concurrency: list[int] = typer.Option([1, 4, 8], help="Concurrency levels of the sweep (repeat the option)."),
     k: Optional[int] = typer.Option(None, "-k", help="Draft tokens per step; default: the K the drafter was trained with, else 3."),
     also_k: list[int] = typer.Option([], "--also-k", help="Also serve the drafter at this K, to find the fastest (repeat the option)."),
+    k_schedule: Optional[str] = typer.Option(None, "--k-schedule", metavar="SCHEDULE",
+                                             help="Also serve the drafter with K by batch size, e.g. 1-2:3,3-:0 (K 3 for "
+                                                  "batches of 1-2 requests, none from 3 up); the report recommends one."),
     ngram: bool = typer.Option(True, help="Also serve vLLM's n-gram speculation on the same prompts."),
     baseline_again: bool = typer.Option(True, "--baseline-again/--baseline-once",
                                         help="Serve no speculation again at the end, to measure the host's drift over the run."),
@@ -161,6 +171,7 @@ def bench(
 
     from eagle_assets.bench.benchmark import BenchmarkSettings, benchmark_k, run_benchmark
     from eagle_assets.embedded_target import resolve_target
+    from eagle_assets.engines.k_schedule import KSchedule
     from eagle_assets.engines.envs import host_device
     from eagle_assets.engines.serving import launch_vllm
     from eagle_assets.engines.vllm_launch import serving_mode_note
@@ -176,7 +187,8 @@ def bench(
         settings = BenchmarkSettings(num_prompts=num_prompts, output_len=output_len, concurrencies=tuple(concurrency),
                                      k=benchmark_k(k, summary, preset.ttt_steps),
                                      also_k=tuple(also_k), ngram=ngram, baseline_again=baseline_again,
-                                     interleave_rounds=interleave)  # fmt: skip
+                                     interleave_rounds=interleave,
+                                     k_schedule=KSchedule.parse(k_schedule) if k_schedule else None)  # fmt: skip
         if interleave and host_device() != "cpu":
             _fail("--interleave needs every configuration's server up at once: on an accelerator each vLLM takes most "
                   "of its memory. Leave --interleave out there.")

@@ -6,9 +6,9 @@
 (None = no speculation); the Dagster asset passes its InferenceServer resource, tests pass
 `engines.serving.launch_vllm`. The same prompts go to the offline reference decoder and to
 the served configurations of one run (`served_configs`): baseline, our EAGLE-3 drafter at K
-(and at each `also_k`, to find the K to deploy), vLLM's n-gram speculation (what a user
-would pick without training), and the baseline again, which measures the host's drift over the
-run (`bench/checks.py`). With `interleave_rounds`, all of them are up at once and each level is
+(and at each `also_k`, to find the K to deploy; with `k_schedule`, at a K that follows the
+batch size), vLLM's n-gram speculation (what a user would pick without training), and the
+baseline again, which measures the host's drift over the run (`bench/checks.py`). With `interleave_rounds`, all of them are up at once and each level is
 served in rounds that alternate between them (`bench/interleaved.py`), so that drift cancels
 out instead of being measured.
 """
@@ -31,6 +31,7 @@ from eagle_assets.bench.reference_decoder import Result, speculative_generate
 from eagle_assets.bench.report import BenchmarkReport, build_report, write_report
 from eagle_assets.bench.served import SweepSettings, mt_bench_categories, mt_bench_prompts, refuse_too_few_prompts, run_served
 from eagle_assets.drafter.export import load_drafter
+from eagle_assets.engines.k_schedule import KSchedule
 from eagle_assets.engines.vllm_launch import ngram_config, speculative_config
 from eagle_assets.precision import use_exact_fp32
 
@@ -49,6 +50,9 @@ class BenchmarkSettings:
     also_k: tuple[int, ...] = ()
     """Also serve the drafter at these K, each its own run (`eagle3 k=2`, ...): which K serves
     fastest depends on the engine's cost of verifying K+1 tokens, so it is measured, not assumed."""
+    k_schedule: KSchedule | None = None
+    """Also serve the drafter with the K following the batch size (`eagle3 k=1-2:3,3-:0`), as
+    vLLM's dynamic speculative decoding does; the report recommends one from the fixed K served."""
     ngram: bool = True
     """Also serve vLLM's n-gram speculation on the same prompts."""
     baseline_again: bool = True
@@ -80,6 +84,8 @@ def served_configs(settings: BenchmarkSettings, drafter_dir: Path) -> list[tuple
     """(label, vLLM speculative config) of each served run, in the order they are served."""
     configs: list[tuple[str, dict | None]] = [(BASELINE, None), ("eagle3", speculative_config(drafter_dir, settings.k))]
     configs += [(f"eagle3 k={k}", speculative_config(drafter_dir, k)) for k in settings.also_k]
+    if settings.k_schedule is not None:
+        configs.append((f"eagle3 k={settings.k_schedule.text()}", speculative_config(drafter_dir, settings.k, settings.k_schedule)))
     if settings.ngram:
         configs.append(("ngram", ngram_config(settings.k)))
     if settings.baseline_again and not settings.interleave_rounds:

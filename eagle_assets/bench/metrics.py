@@ -66,6 +66,10 @@ METRIC_DEFINITIONS: dict[str, str] = {
         "where the configurations were served interleaved in rounds of the same prompts: a round's tokens/s "
         "with speculation / without; their spread shows how far one run's ratio can move"
     ),
+    "k_schedule": (
+        "the K drafted at each batch size (vLLM's num_speculative_tokens_per_batch_size), written FIRST-LAST:K; "
+        "recommended: the K that served fastest at each concurrency measured, 0 where none beat no speculation"
+    ),
     "TTFT": "time to first token: request sent to first streamed output token",
     "ITL": "inter-token latency: gap between streamed chunks divided by the tokens each chunk carries",
     "tokens_per_s": "total output tokens of a concurrency level / wall time of that level (served in rounds: their sums)",

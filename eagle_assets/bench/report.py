@@ -39,10 +39,12 @@ from eagle_assets.bench.checks import (
     speedup_check,
     speedups,
 )
+from eagle_assets.bench.k_choice import k_schedule_lines, recommended_k_schedule, speedups_by_k
 from eagle_assets.bench.metrics import METRIC_DEFINITIONS, SpecStats
 from eagle_assets.bench.parity import AcceptanceNumbers, ParityTolerance, TrainingFacts, Verdict, judge_parity
 from eagle_assets.bench.plots import plot_acceptance, plot_speedup, plot_throughput
 from eagle_assets.bench.served import ServedRun
+from eagle_assets.engines.k_schedule import KSchedule
 
 REPORT_MD = "report.md"
 REPORT_JSON = "report.json"
@@ -94,6 +96,14 @@ class BenchmarkReport:
     def passed(self) -> bool:
         return all(c.passed for c in self.checks)
 
+    def k_schedule_dict(self) -> dict:
+        """The speedup at each fixed K served and the K by batch size they recommend."""
+        schedule = recommended_k_schedule(self.runs, self.speedups)
+        return {
+            "recommended": schedule.text() if schedule else None,
+            "speedups_by_k": {str(k): {str(c): v for c, v in by_c.items()} for k, by_c in speedups_by_k(self.runs, self.speedups).items()},
+        }
+
     def to_dict(self) -> dict:
         return _finite(
             {
@@ -111,6 +121,7 @@ class BenchmarkReport:
                 "speedups": {k: {str(c): v for c, v in by_c.items()} for k, by_c in self.speedups.items()},
                 "host_drift": {str(c): v for c, v in host_drift(self.runs).items()},
                 "round_speedups": {k: {str(c): list(v) for c, v in by_c.items()} for k, by_c in round_speedups(self.runs).items()},
+                "k_schedule": self.k_schedule_dict(),
                 "definitions": dict(self.definitions),
                 "created_at": self.created_at,
                 "notes": list(self.notes),
@@ -281,7 +292,8 @@ def to_markdown(report: BenchmarkReport, plots: Mapping[str, str] | None = None)
     if first:
         out.append(f"- load: {first.num_prompts} prompts, greedy, exactly {first.output_len} output tokens each, "
                    f"concurrency {', '.join(str(lv.concurrency) for lv in first.levels)}")
-    ks = [f"{r.label} {k}" for r in report.runs if (k := draft_tokens_per_step(r)) is not None]
+    ks = [f"{r.label} {'by batch size' if KSchedule.of_config((r.config or {}).get('speculative')) else k}"
+          for r in report.runs if (k := draft_tokens_per_step(r)) is not None]
     if ks:
         out.append(f"- draft tokens per step (K): {', '.join(ks)}; parity and checks at `{report.spec_label}`'s")
     out.append(f"- created: {time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime(report.created_at))}")
@@ -358,6 +370,8 @@ def to_markdown(report: BenchmarkReport, plots: Mapping[str, str] | None = None)
     fastest = fastest_per_concurrency(report)
     if fastest:
         out += ["### Fastest configuration per concurrency", "", *[f"- {line}" for line in fastest], ""]
+    if k_lines := k_schedule_lines(report.drafter, report.runs, report.speedups):
+        out += ["### K to serve at each load", "", *[f"- {line}" for line in k_lines], ""]
     for name, alt in ((PLOT_THROUGHPUT, "throughput"), (PLOT_SPEEDUP, "speedup")):
         if name in plots:
             out += [f"![{alt}]({plots[name]})", ""]
@@ -482,6 +496,10 @@ def summary_text(report: BenchmarkReport) -> str:
     fastest = fastest_per_concurrency(report)
     if fastest:
         lines.append("fastest: " + "; ".join(fastest))
+    if speedups_by_k(report.runs, report.speedups):
+        schedule = recommended_k_schedule(report.runs, report.speedups)
+        lines.append("K by batch size, fastest per load: " + (f"{schedule.text()} ({schedule.describe()}; serve with --k-schedule "
+                     f"{schedule.text()})" if schedule else "none (no K beat no speculation): serve without the drafter"))  # fmt: skip
     for ch in report.checks:
         lines.append(f"[{'pass' if ch.passed else 'FAIL'}] {ch.name}: {ch.description}")
     lines.append("AL = 1 + accepted/drafts; draft acceptance = accepted/drafted; speedup = tok/s with / without speculation"

@@ -13,6 +13,7 @@ from eagle_assets.bench.checks import host_drift, round_speedups
 from eagle_assets.bench.parity import ParityTolerance
 from eagle_assets.defs.common import GROUP, check_result, hash_files, metadata, stage_version, target_of
 from eagle_assets.defs.drafter import drafter_checkpoint
+from eagle_assets.engines.k_schedule import KSchedule
 from eagle_assets.resources.inference_server import InferenceServerResource
 from eagle_assets.resources.storage import StorageResource
 
@@ -26,6 +27,9 @@ class BenchmarkConfig(dg.Config):
     """Draft tokens per step; default: the drafter's training unroll K."""
     also_k: list[int] = []
     """Also serve the drafter at these K (each its own run), to find the fastest K to deploy."""
+    k_schedule: str = ""
+    """Also serve the drafter with K by batch size, e.g. "1-2:3,3-:0" (K 3 for 1 or 2 requests in
+    a batch, none from 3 up; vLLM's dynamic speculative decoding). The report recommends one."""
     ngram: bool = True
     baseline_again: bool = True
     """Serve no speculation again at the end: the report gives the host's drift over the run."""
@@ -45,6 +49,7 @@ class BenchmarkConfig(dg.Config):
             concurrencies=tuple(self.concurrencies),
             k=k,
             also_k=tuple(self.also_k),
+            k_schedule=KSchedule.parse(self.k_schedule) if self.k_schedule.strip() else None,
             ngram=self.ngram,
             baseline_again=self.baseline_again,
             interleave_rounds=self.interleave_rounds,
@@ -93,6 +98,7 @@ def benchmark_report(context: dg.AssetExecutionContext, config: BenchmarkConfig,
                     "speedups": {label: {str(c): s for c, s in v.items()} for label, v in report.speedups.items()},
                     "host_drift": {str(c): d for c, d in host_drift(report.runs).items()},
                     "round_speedups": {label: {str(c): list(v) for c, v in by_c.items()} for label, by_c in round_speedups(report.runs).items()},
+                    "recommended_k_schedule": report.k_schedule_dict()["recommended"],
                     "verdict": report.parity.verdict if report.parity else None,
                     "verdict_sentence": report.parity.sentence if report.parity else None,
                 }

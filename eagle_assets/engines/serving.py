@@ -22,6 +22,7 @@ from typing import Callable, Iterator
 
 from eagle_assets.embedded_target import resolve_target
 from eagle_assets.engines.envs import host_device
+from eagle_assets.engines.k_schedule import KSchedule
 from eagle_assets.engines.preflight import PreflightError, engine_args_for, preflight
 from eagle_assets.engines.process import ServerFailed, ServerProcess, free_port
 from eagle_assets.engines.vllm_launch import ENGINE_SITE, VllmLaunch, engine_environment, engine_python, speculative_config
@@ -88,6 +89,7 @@ def launch_vllm(
     drafter: str | Path | None = None,
     k: int = 3,
     speculative: dict | None = None,
+    k_schedule: KSchedule | None = None,
     port: int | None = None,
     device: str | None = None,
     kv_cache_gib: int = 1,
@@ -98,7 +100,8 @@ def launch_vllm(
     run_preflight: bool = True,
     log: Callable[[str], None] = print,
 ) -> Iterator[InferenceServer]:
-    """Launch vLLM for `target` (preset or folder), optionally with an EAGLE-3 drafter; always torn down."""
+    """Launch vLLM for `target` (preset or folder), optionally with an EAGLE-3 drafter (at `k`, or
+    at the K `k_schedule` gives each batch size); always torn down."""
     preset, folder = resolve_target(target, log=log)
     device = device or host_device()
     venv = venv or engine_venv("vllm")
@@ -106,9 +109,10 @@ def launch_vllm(
         raise FileNotFoundError(f"no vLLM environment at {venv}: run `make setup` (or `eagle-assets setup engine`) first")
     if drafter is not None:
         drafter = Path(drafter).expanduser().resolve()
-        speculative = speculative_config(drafter, k)
+        speculative = speculative_config(drafter, k, k_schedule)
         if run_preflight:
-            report = preflight(folder, drafter, "vllm", k, engine_args_for(preset, device), venv)
+            k_max = speculative["num_speculative_tokens"]
+            report = preflight(folder, drafter, "vllm", k_max, engine_args_for(preset, device), venv)
             for line in report.render().splitlines():
                 log(line)
             if not report.ok:
@@ -136,7 +140,10 @@ def launch_vllm(
         record_dir=runs_dir() / "servers",
     )
     base = f"http://127.0.0.1:{port}"
-    log(f"starting vLLM for {preset.name} on port {port}" + (f" with {speculative['method']} (k={speculative['num_speculative_tokens']})" if speculative else "") + f"; log: {log_path}")
+    if speculative:
+        schedule = KSchedule.of_config(speculative)
+        ks = f"k by batch size {schedule.text()}" if schedule else f"k={speculative['num_speculative_tokens']}"
+    log(f"starting vLLM for {preset.name} on port {port}" + (f" with {speculative['method']} ({ks})" if speculative else "") + f"; log: {log_path}")
     try:
         proc.start()
         took = proc.wait_ready([f"{base}/health", f"{base}/v1/models"], startup_timeout_s, progress=log)

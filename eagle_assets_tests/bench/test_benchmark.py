@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from eagle_assets.bench.benchmark import BenchmarkSettings, benchmark_k, served_configs
+from eagle_assets.engines.k_schedule import KSchedule
 
 DRAFTER = Path("/drafters/smollm2/drafter-vllm")
 
@@ -31,6 +32,14 @@ def test_every_k_is_served_with_the_same_drafter_and_ngram_at_the_main_k():
     # Interleaved, every configuration meets the same host: no speculation is not served again.
     interleaved = BenchmarkSettings(k=3, interleave_rounds=5)
     assert [label for label, _ in served_configs(interleaved, DRAFTER)] == ["baseline", "eagle3", "ngram"]
+
+
+def test_a_k_schedule_is_served_as_one_more_configuration_of_the_same_drafter():
+    schedule = KSchedule.parse("1-2:4,3-:0")
+    configs = served_configs(BenchmarkSettings(k=3, k_schedule=schedule), DRAFTER)
+    assert [label for label, _ in configs] == ["baseline", "eagle3", "eagle3 k=1-2:4,3-:0", "ngram", "baseline (end)"]
+    assert dict(configs)["eagle3 k=1-2:4,3-:0"] == {"method": "eagle3", "model": str(DRAFTER), "num_speculative_tokens": 4,
+                                                     "num_speculative_tokens_per_batch_size": [[1, 2, 4], [3, 4096, 0]]}  # fmt: skip
 
 
 @pytest.mark.parametrize(("k", "also_k", "message"), [

@@ -231,3 +231,33 @@ def test_other_ks_are_compared_and_the_fastest_named():
     assert "- draft tokens per step (K): eagle3 3, eagle3 k=2 2, ngram 3; parity and checks at `eagle3`'s" in md
     assert "| 1 | eagle3 k=2 | 88.0 |" in md
     assert f"Other speculative runs, from the engine's counters: {others}." in md
+    # The fastest K per level, as a schedule to serve by batch size: K=2 at 1, K=3 at 4, none at 8.
+    assert ("K by batch size, fastest per load: 1:2,2-4:3,5-:0 (K 2 at batch size 1, 3 at batch sizes 2-4, 0 from 5 up; "
+            "serve with --k-schedule 1:2,2-4:3,5-:0)") in text
+    assert "### K to serve at each load" in md and "The fastest of K=2, K=3 at each concurrency" in md
+    assert ('`--speculative-config \'{"method": "eagle3", "model": "d", "num_speculative_tokens": 3, '
+            '"num_speculative_tokens_per_batch_size": [[1, 1, 2], [2, 4, 3], [5, 4096, 0]]}\'`') in md
+    assert "`eagle-assets bench --drafter d --k-schedule 1:2,2-4:3,5-:0`" in md
+    assert report.to_dict()["k_schedule"] == {"recommended": "1:2,2-4:3,5-:0", "speedups_by_k": {
+        "3": {"1": 1.6, "4": 1.25, "8": 0.9}, "2": {"1": 88.0 / 50.0, "4": 190.0 / 160.0, "8": 230.0 / 240.0}}}
+
+
+def test_a_run_served_by_batch_size_is_measured_but_recommends_nothing():
+    def with_config(run: ServedRun, spec: dict) -> ServedRun:
+        return dataclasses.replace(run, config={"speculative": spec})
+
+    fixed = with_config(_run("eagle3", {1: 80.0, 4: 150.0, 8: 200.0}, EAGLE), {"method": "eagle3", "num_speculative_tokens": 3})
+    scheduled = with_config(_run("eagle3 k=1:3,2-:0", {1: 79.0, 4: 158.0, 8: 236.0}, EAGLE), {
+        "method": "eagle3", "num_speculative_tokens": 3, "num_speculative_tokens_per_batch_size": [[1, 1, 3], [2, 4096, 0]]})
+    report = build_report("smollm2-135m-instruct", "d", [RUNS[0], fixed, scheduled], offline=OFFLINE)
+    assert report.speedups["eagle3 k=1:3,2-:0"][8] == 236.0 / 240.0
+    md = to_markdown(report)
+    assert "- draft tokens per step (K): eagle3 3, eagle3 k=1:3,2-:0 by batch size;" in md
+    # Its speedups come from the fixed K alone; the schedule it recommends was served, so no command to confirm it.
+    assert report.to_dict()["k_schedule"]["recommended"] == "1:3,2-:0" and "Serve it beside" not in md
+    # No K above 1x anywhere: serve without the drafter.
+    slow = with_config(_run("eagle3", {1: 49.0, 4: 150.0, 8: 200.0}, EAGLE), {"method": "eagle3", "num_speculative_tokens": 3})
+    report = build_report("smollm2-135m-instruct", "d", [RUNS[0], slow], offline=OFFLINE)
+    assert "K by batch size, fastest per load: none (no K beat no speculation): serve without the drafter" in summary_text(report)
+    assert "No K measured (K=3) served faster than no speculation at any concurrency: serve without the drafter." in to_markdown(report)
+    assert report.to_dict()["k_schedule"]["recommended"] is None

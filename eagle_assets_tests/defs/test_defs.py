@@ -135,3 +135,12 @@ def test_every_run_preset_fits_its_assets_configs(defs, preset):
     from eagle_assets.defs.benchmark import BenchmarkConfig
 
     BenchmarkConfig(**resolved_config(graph, dg.AssetKey("benchmark_report"), run_config(preset)["ops"]["benchmark_report"]["config"])).settings(k=3)
+
+
+def test_benchmark_config_reads_a_k_schedule_and_refuses_a_bad_one():
+    from eagle_assets.defs.benchmark import BenchmarkConfig
+
+    assert BenchmarkConfig(k_schedule="1-2:3,3-:0").settings(k=3).k_schedule.vllm_entries() == [[1, 2, 3], [3, 4096, 0]]
+    assert BenchmarkConfig().settings(k=3).k_schedule is None
+    with pytest.raises(ValueError, match="K schedule '1-2:3,4-:0': the range 4- starts at 4, not 3"):
+        BenchmarkConfig(k_schedule="1-2:3,4-:0").settings(k=3)

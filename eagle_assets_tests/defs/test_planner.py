@@ -84,3 +84,13 @@ def test_bench_refuses_a_repeated_k_or_too_few_prompts_before_any_server(tmp_pat
     assert "k=3 and also_k=[2, 3] repeat a K" in result.output
     result = CliRunner().invoke(app, ["bench", "--drafter", str(tmp_path), "--num-prompts", "4"])
     assert result.exit_code == 1 and "num_prompts=4 cannot keep 8 requests in flight" in result.output
+
+
+def test_a_bad_k_schedule_is_refused_before_any_server(tmp_path):
+    (tmp_path / "config.json").write_text("{}")
+    result = CliRunner().invoke(app, ["bench", "--drafter", str(tmp_path), "--k-schedule", "2-:3"])
+    assert result.exit_code == 1 and "K schedule '2-:3': the range 2- starts at 2, not 1" in result.output
+    result = CliRunner().invoke(app, ["serve", "--drafter", str(tmp_path), "--k-schedule", "1-2:3;3-:0"])
+    assert result.exit_code == 1 and "cannot read '1-2:3;3-:0'" in result.output and "e.g. 1-2:3,3-:0" in result.output
+    result = CliRunner().invoke(app, ["serve", "--k-schedule", "1:3,2-:0"])
+    assert result.exit_code == 1 and "--k-schedule says how many tokens the drafter drafts: give --drafter too" in result.output

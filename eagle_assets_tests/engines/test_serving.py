@@ -83,6 +83,36 @@ def test_eagle3_keeps_greedy_output_and_cold_sampling_too(vllm_server, smollm2_c
     assert "vLLM issue #55005" in unfixed.stderr and "engine_site" in unfixed.stderr
 
 
+def _drafts(base_url: str) -> float:
+    metrics = urllib.request.urlopen(f"{base_url}/metrics").read().decode()
+    return float(next(line for line in metrics.splitlines() if line.startswith("vllm:spec_decode_num_drafts_total")).rsplit(" ", 1)[1])
+
+
+def test_k_by_batch_size_drafts_for_a_request_alone_and_not_beside_others(vllm_server, smollm2_config, tmp_path):
+    """vLLM's dynamic speculative decoding as `--k-schedule 1:3,2-:0` serves it: a request alone
+    drafts 3 tokens a step and keeps the greedy answer; requests batched together draft none."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from eagle_assets.engines.k_schedule import KSchedule
+
+    drafter = write_random_drafter(tmp_path / "drafter", smollm2_config)
+    plain = [chat(vllm_server.base_url, vllm_server.model, p) for p in PROMPTS]
+    with launch_vllm(EMBEDDED_TARGET, drafter=drafter, k_schedule=KSchedule.parse("1:3,2-:0"), log=lambda m: None) as server:
+        assert server.speculative["num_speculative_tokens_per_batch_size"] == [[1, 1, 3], [2, 4096, 0]]
+        alone = [chat(server.base_url, server.model, p) for p in PROMPTS]
+        drafts_alone = _drafts(server.base_url)
+        with ThreadPoolExecutor(2 * len(PROMPTS)) as pool:
+            together = list(pool.map(lambda p: chat(server.base_url, server.model, p), 2 * PROMPTS))
+        drafts_together = _drafts(server.base_url) - drafts_alone
+    assert [r["choices"][0]["message"]["content"] for r in alone] == [r["choices"][0]["message"]["content"] for r in plain]
+    # A random drafter's drafts are all rejected: one draft per decode step of a request alone.
+    tokens_alone = sum(r["usage"]["completion_tokens"] for r in alone)
+    assert drafts_alone >= tokens_alone - 2 * len(PROMPTS), (drafts_alone, tokens_alone)
+    # Batched, only the steps where one request was left (a staggered start or end) draft.
+    tokens_together = sum(r["usage"]["completion_tokens"] for r in together)
+    assert drafts_together <= 0.25 * tokens_together, (drafts_together, tokens_together)
+
+
 def test_the_model_worker_runs_on_every_core_of_a_small_host(vllm_server):
     # vLLM keeps one core for its front end; on a small host we give its model worker them all.
     # The engine's own log says what it bound.

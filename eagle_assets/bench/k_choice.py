@@ -1,0 +1,56 @@
+"""Which K to serve at which load, from the K the benchmark served the drafter at.
+
+The sweep serves the drafter at K (and at each `also_k`) on the same prompts at every
+concurrency; `recommended_k_schedule` turns the fastest K per level into a schedule vLLM
+serves by batch size (`engines/k_schedule.py`), and `k_schedule_lines` says it in the report,
+with the config to deploy and the command that serves it beside the rest to confirm it.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+
+from eagle_assets.bench.served import ServedRun
+from eagle_assets.engines.k_schedule import KSchedule, schedule_from_speedups
+
+
+def fixed_k(run: ServedRun) -> int | None:
+    """The K of an EAGLE-3 run served at one K for every batch (None for the others)."""
+    spec = (run.config or {}).get("speculative") or {}
+    if spec.get("method") != "eagle3" or KSchedule.of_config(spec) is not None:
+        return None
+    return int(spec["num_speculative_tokens"])
+
+
+def speedups_by_k(runs: Sequence[ServedRun], speedups: Mapping[str, Mapping[int, float]]) -> dict[int, dict[int, float]]:
+    """K -> concurrency -> speedup of the drafter's runs at one fixed K each."""
+    return {k: dict(speedups[run.label]) for run in runs if (k := fixed_k(run)) is not None and run.label in speedups}
+
+
+def recommended_k_schedule(runs: Sequence[ServedRun], speedups: Mapping[str, Mapping[int, float]]) -> KSchedule | None:
+    """The fastest K per level as a schedule; None where none beat no speculation."""
+    return schedule_from_speedups(speedups_by_k(runs, speedups))
+
+
+def k_schedule_lines(drafter: str, runs: Sequence[ServedRun], speedups: Mapping[str, Mapping[int, float]]) -> list[str]:
+    """The report's lines on what to serve at each load (none when the drafter served at no fixed K)."""
+    by_k = speedups_by_k(runs, speedups)
+    if not by_k:
+        return []
+    measured = ", ".join(f"K={k}" for k in sorted(by_k))
+    schedule = schedule_from_speedups(by_k)
+    if schedule is None:
+        return [f"No K measured ({measured}) served faster than no speculation at any concurrency: serve without the drafter."]
+    config = {"method": "eagle3", "model": drafter, "num_speculative_tokens": schedule.max_k,
+              "num_speculative_tokens_per_batch_size": schedule.vllm_entries()}  # fmt: skip
+    lines = [f"The fastest of {measured} at each concurrency, as vLLM's K by batch size: `{schedule.text()}` "
+             f"({schedule.describe()}). A level at concurrency c covers the batch sizes above the level below it, up "
+             "to c; K 0 still runs the drafter's first forward (it keeps its KV cache in step), so it costs a little "
+             "more than no drafter.",
+             f"vLLM: `--speculative-config '{json.dumps(config)}'`"]  # fmt: skip
+    served = [run.label for run in runs if KSchedule.of_config((run.config or {}).get("speculative")) is not None]
+    if not served:
+        lines.append(f"Serve it beside the others to confirm it: `eagle-assets bench --drafter {drafter} --k-schedule "
+                     f"{schedule.text()}` (its run is `eagle3 k={schedule.text()}`).")  # fmt: skip
+    return lines
