@@ -42,6 +42,10 @@ def k_schedule_lines(drafter: str, runs: Sequence[ServedRun], speedups: Mapping[
     schedule = schedule_from_speedups(by_k)
     if schedule is None:
         return [f"No K measured ({measured}) served faster than no speculation at any concurrency: serve without the drafter."]
+    if len(schedule.ranges) == 1:
+        among = f" of {measured}" if len(by_k) > 1 else ""
+        return [f"K={schedule.max_k} served fastest{among} at every concurrency measured, above no speculation: serve "
+                f"it at every batch size (`-k {schedule.max_k}`), no schedule needed."]  # fmt: skip
     config = {"method": "eagle3", "model": drafter, "num_speculative_tokens": schedule.max_k,
               "num_speculative_tokens_per_batch_size": schedule.vllm_entries()}  # fmt: skip
     lines = [f"The fastest of {measured} at each concurrency, as vLLM's K by batch size: `{schedule.text()}` "

@@ -498,8 +498,13 @@ def summary_text(report: BenchmarkReport) -> str:
         lines.append("fastest: " + "; ".join(fastest))
     if speedups_by_k(report.runs, report.speedups):
         schedule = recommended_k_schedule(report.runs, report.speedups)
-        lines.append("K by batch size, fastest per load: " + (f"{schedule.text()} ({schedule.describe()}; serve with --k-schedule "
-                     f"{schedule.text()})" if schedule else "none (no K beat no speculation): serve without the drafter"))  # fmt: skip
+        if schedule is None:
+            advice = "none (no K beat no speculation): serve without the drafter"
+        elif len(schedule.ranges) == 1:
+            advice = f"K={schedule.max_k} at every load measured (no schedule needed)"
+        else:
+            advice = f"{schedule.text()} ({schedule.describe()}; serve with --k-schedule {schedule.text()})"
+        lines.append(f"K by batch size, fastest per load: {advice}")
     for ch in report.checks:
         lines.append(f"[{'pass' if ch.passed else 'FAIL'}] {ch.name}: {ch.description}")
     lines.append("AL = 1 + accepted/drafts; draft acceptance = accepted/drafted; speedup = tok/s with / without speculation"

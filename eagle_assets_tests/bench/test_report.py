@@ -242,7 +242,7 @@ def test_other_ks_are_compared_and_the_fastest_named():
         "3": {"1": 1.6, "4": 1.25, "8": 0.9}, "2": {"1": 88.0 / 50.0, "4": 190.0 / 160.0, "8": 230.0 / 240.0}}}
 
 
-def test_a_run_served_by_batch_size_is_measured_but_recommends_nothing():
+def test_a_run_served_by_batch_size_is_measured_and_the_advice_follows_the_fixed_k():
     def with_config(run: ServedRun, spec: dict) -> ServedRun:
         return dataclasses.replace(run, config={"speculative": spec})
 
@@ -255,6 +255,13 @@ def test_a_run_served_by_batch_size_is_measured_but_recommends_nothing():
     assert "- draft tokens per step (K): eagle3 3, eagle3 k=1:3,2-:0 by batch size;" in md
     # Its speedups come from the fixed K alone; the schedule it recommends was served, so no command to confirm it.
     assert report.to_dict()["k_schedule"]["recommended"] == "1:3,2-:0" and "Serve it beside" not in md
+    # Faster at every load: one K, no schedule.
+    steady = with_config(_run("eagle3", {1: 80.0, 4: 170.0, 8: 250.0}, EAGLE), {"method": "eagle3", "num_speculative_tokens": 3})
+    report = build_report("smollm2-135m-instruct", "d", [RUNS[0], steady], offline=OFFLINE)
+    assert "K by batch size, fastest per load: K=3 at every load measured (no schedule needed)" in summary_text(report)
+    assert ("K=3 served fastest at every concurrency measured, above no speculation: serve it at every batch size (`-k 3`), "
+            "no schedule needed.") in to_markdown(report)
+    assert report.to_dict()["k_schedule"]["recommended"] == "1-:3"
     # No K above 1x anywhere: serve without the drafter.
     slow = with_config(_run("eagle3", {1: 49.0, 4: 150.0, 8: 200.0}, EAGLE), {"method": "eagle3", "num_speculative_tokens": 3})
     report = build_report("smollm2-135m-instruct", "d", [RUNS[0], slow], offline=OFFLINE)
