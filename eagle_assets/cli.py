@@ -171,8 +171,8 @@ def bench(
 
     from eagle_assets.bench.benchmark import BenchmarkSettings, benchmark_k, run_benchmark
     from eagle_assets.embedded_target import resolve_target
-    from eagle_assets.engines.k_schedule import KSchedule
     from eagle_assets.engines.envs import host_device
+    from eagle_assets.engines.k_schedule import KSchedule
     from eagle_assets.engines.serving import launch_vllm
     from eagle_assets.engines.vllm_launch import serving_mode_note
 

@@ -8,9 +8,10 @@
 the served configurations of one run (`served_configs`): baseline, our EAGLE-3 drafter at K
 (and at each `also_k`, to find the K to deploy; with `k_schedule`, at a K that follows the
 batch size), vLLM's n-gram speculation (what a user would pick without training), and the
-baseline again, which measures the host's drift over the run (`bench/checks.py`). With `interleave_rounds`, all of them are up at once and each level is
-served in rounds that alternate between them (`bench/interleaved.py`), so that drift cancels
-out instead of being measured.
+baseline again, which measures the host's drift over the run (`bench/checks.py`). With
+`interleave_rounds`, all of them are up at once and each level is served in rounds that
+alternate between them (`bench/interleaved.py`), so that drift cancels out instead of being
+measured.
 """
 
 from __future__ import annotations

@@ -2,8 +2,9 @@
 
 The sweep serves the drafter at K (and at each `also_k`) on the same prompts at every
 concurrency; `recommended_k_schedule` turns the fastest K per level into a schedule vLLM
-serves by batch size (`engines/k_schedule.py`), and `k_schedule_lines` says it in the report,
-with the config to deploy and the command that serves it beside the rest to confirm it.
+serves by batch size (`engines/k_schedule.py`); `k_schedule_lines` says it in the report,
+with the config to deploy and the command that serves it beside the rest to confirm it, and
+`k_schedule_summary` in one line of the console summary.
 """
 
 from __future__ import annotations
@@ -33,6 +34,20 @@ def recommended_k_schedule(runs: Sequence[ServedRun], speedups: Mapping[str, Map
     return schedule_from_speedups(speedups_by_k(runs, speedups))
 
 
+def k_schedule_summary(runs: Sequence[ServedRun], speedups: Mapping[str, Mapping[int, float]]) -> str | None:
+    """The console summary's line on what to serve at each load (None when the drafter served at no fixed K)."""
+    if not speedups_by_k(runs, speedups):
+        return None
+    schedule = recommended_k_schedule(runs, speedups)
+    if schedule is None:
+        advice = "none (no K beat no speculation): serve without the drafter"
+    elif len(schedule.ranges) == 1:
+        advice = f"K={schedule.max_k} at every load measured (no schedule needed)"
+    else:
+        advice = f"{schedule.text()} ({schedule.describe()}; serve with --k-schedule {schedule.text()})"
+    return f"K by batch size, fastest per load: {advice}"
+
+
 def k_schedule_lines(drafter: str, runs: Sequence[ServedRun], speedups: Mapping[str, Mapping[int, float]]) -> list[str]:
     """The report's lines on what to serve at each load (none when the drafter served at no fixed K)."""
     by_k = speedups_by_k(runs, speedups)
@@ -53,8 +68,7 @@ def k_schedule_lines(drafter: str, runs: Sequence[ServedRun], speedups: Mapping[
              "to c; K 0 still runs the drafter's first forward (it keeps its KV cache in step), so it costs a little "
              "more than no drafter.",
              f"vLLM: `--speculative-config '{json.dumps(config)}'`"]  # fmt: skip
-    served = [run.label for run in runs if KSchedule.of_config((run.config or {}).get("speculative")) is not None]
-    if not served:
+    if not any(KSchedule.of_config((run.config or {}).get("speculative")) for run in runs):
         lines.append(f"Serve it beside the others to confirm it: `eagle-assets bench --drafter {drafter} --k-schedule "
                      f"{schedule.text()}` (its run is `eagle3 k={schedule.text()}`).")  # fmt: skip
     return lines

@@ -39,7 +39,7 @@ from eagle_assets.bench.checks import (
     speedup_check,
     speedups,
 )
-from eagle_assets.bench.k_choice import k_schedule_lines, recommended_k_schedule, speedups_by_k
+from eagle_assets.bench.k_choice import k_schedule_lines, k_schedule_summary, recommended_k_schedule, speedups_by_k
 from eagle_assets.bench.metrics import METRIC_DEFINITIONS, SpecStats
 from eagle_assets.bench.parity import AcceptanceNumbers, ParityTolerance, TrainingFacts, Verdict, judge_parity
 from eagle_assets.bench.plots import plot_acceptance, plot_speedup, plot_throughput
@@ -496,15 +496,8 @@ def summary_text(report: BenchmarkReport) -> str:
     fastest = fastest_per_concurrency(report)
     if fastest:
         lines.append("fastest: " + "; ".join(fastest))
-    if speedups_by_k(report.runs, report.speedups):
-        schedule = recommended_k_schedule(report.runs, report.speedups)
-        if schedule is None:
-            advice = "none (no K beat no speculation): serve without the drafter"
-        elif len(schedule.ranges) == 1:
-            advice = f"K={schedule.max_k} at every load measured (no schedule needed)"
-        else:
-            advice = f"{schedule.text()} ({schedule.describe()}; serve with --k-schedule {schedule.text()})"
-        lines.append(f"K by batch size, fastest per load: {advice}")
+    if k_line := k_schedule_summary(report.runs, report.speedups):
+        lines.append(k_line)
     for ch in report.checks:
         lines.append(f"[{'pass' if ch.passed else 'FAIL'}] {ch.name}: {ch.description}")
     lines.append("AL = 1 + accepted/drafts; draft acceptance = accepted/drafted; speedup = tok/s with / without speculation"
