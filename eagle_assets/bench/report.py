@@ -39,12 +39,12 @@ from eagle_assets.bench.checks import (
     speedup_check,
     speedups,
 )
-from eagle_assets.bench.k_choice import k_schedule_lines, k_schedule_summary, recommended_k_schedule, speedups_by_k
+from eagle_assets.bench.k_choice import k_schedule_lines, k_schedule_summary, run_schedule, speedups_by_k
 from eagle_assets.bench.metrics import METRIC_DEFINITIONS, SpecStats
 from eagle_assets.bench.parity import AcceptanceNumbers, ParityTolerance, TrainingFacts, Verdict, judge_parity
 from eagle_assets.bench.plots import plot_acceptance, plot_speedup, plot_throughput
 from eagle_assets.bench.served import ServedRun
-from eagle_assets.engines.k_schedule import KSchedule
+from eagle_assets.engines.k_schedule import schedule_from_speedups
 
 REPORT_MD = "report.md"
 REPORT_JSON = "report.json"
@@ -98,10 +98,11 @@ class BenchmarkReport:
 
     def k_schedule_dict(self) -> dict:
         """The speedup at each fixed K served and the K by batch size they recommend."""
-        schedule = recommended_k_schedule(self.runs, self.speedups)
+        by_k = speedups_by_k(self.runs, self.speedups)
+        schedule = schedule_from_speedups(by_k)
         return {
             "recommended": schedule.text() if schedule else None,
-            "speedups_by_k": {str(k): {str(c): v for c, v in by_c.items()} for k, by_c in speedups_by_k(self.runs, self.speedups).items()},
+            "speedups_by_k": {str(k): {str(c): v for c, v in by_c.items()} for k, by_c in by_k.items()},
         }
 
     def to_dict(self) -> dict:
@@ -292,8 +293,7 @@ def to_markdown(report: BenchmarkReport, plots: Mapping[str, str] | None = None)
     if first:
         out.append(f"- load: {first.num_prompts} prompts, greedy, exactly {first.output_len} output tokens each, "
                    f"concurrency {', '.join(str(lv.concurrency) for lv in first.levels)}")
-    ks = [f"{r.label} {'by batch size' if KSchedule.of_config((r.config or {}).get('speculative')) else k}"
-          for r in report.runs if (k := draft_tokens_per_step(r)) is not None]
+    ks = [f"{r.label} {'by batch size' if run_schedule(r) else k}" for r in report.runs if (k := draft_tokens_per_step(r)) is not None]
     if ks:
         out.append(f"- draft tokens per step (K): {', '.join(ks)}; parity and checks at `{report.spec_label}`'s")
     out.append(f"- created: {time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime(report.created_at))}")

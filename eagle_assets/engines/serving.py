@@ -140,10 +140,7 @@ def launch_vllm(
         record_dir=runs_dir() / "servers",
     )
     base = f"http://127.0.0.1:{port}"
-    if speculative:
-        schedule = KSchedule.of_config(speculative)
-        ks = f"k by batch size {schedule.text()}" if schedule else f"k={speculative['num_speculative_tokens']}"
-    log(f"starting vLLM for {preset.name} on port {port}" + (f" with {speculative['method']} ({ks})" if speculative else "") + f"; log: {log_path}")
+    log(f"starting vLLM for {preset.name} on port {port}{speculation_words(speculative)}; log: {log_path}")
     try:
         proc.start()
         took = proc.wait_ready([f"{base}/health", f"{base}/v1/models"], startup_timeout_s, progress=log)
@@ -159,6 +156,15 @@ def launch_vllm(
         )
     finally:
         proc.stop()
+
+
+def speculation_words(speculative: dict | None) -> str:
+    """" with eagle3 (k=3)", " with eagle3 (k by batch size 1:3,2-:0)", or "" without speculation."""
+    if not speculative:
+        return ""
+    schedule = KSchedule.of_config(speculative)
+    ks = f"k by batch size {schedule.text()}" if schedule else f"k={speculative['num_speculative_tokens']}"
+    return f" with {speculative['method']} ({ks})"
 
 
 def chat_once(server: InferenceServer, prompt: str, max_tokens: int = 32, timeout_s: float = 600, temperature: float = 0.0) -> str:
