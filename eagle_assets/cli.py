@@ -159,9 +159,10 @@ def bench(
     ngram: bool = typer.Option(True, help="Also serve vLLM's n-gram speculation on the same prompts."),
     baseline_again: bool = typer.Option(True, "--baseline-again/--baseline-once",
                                         help="Serve no speculation again at the end, to measure the host's drift over the run."),
-    interleave: int = typer.Option(0, "--interleave", metavar="ROUNDS",
-                                   help="CPU: serve every configuration at once, each level in ROUNDS rounds alternating "
-                                        "between them, so a drifting host slows them alike (0: one after another)."),
+    interleave: Optional[int] = typer.Option(None, "--interleave", metavar="ROUNDS",
+                                             help="CPU: serve every configuration at once, each level in ROUNDS rounds alternating "
+                                                  "between them, so a drifting host slows them alike (0: one after another). "
+                                                  "Default: 10 where every server fits in memory at once, else 0."),
     parent_al: Optional[float] = typer.Option(None, help="A parent drafter's AL to check against."),
     compiled: bool = typer.Option(False, "--compiled/--eager", help="CPU: serve compiled, as a deployment does (starts take ~2 min), or eagerly."),
 ) -> None:
@@ -171,10 +172,12 @@ def bench(
 
     from eagle_assets.bench.benchmark import BenchmarkSettings, benchmark_k, run_benchmark
     from eagle_assets.embedded_target import resolve_target
+    from eagle_assets.engines import host_memory
     from eagle_assets.engines.envs import host_device
+    from eagle_assets.engines.host_memory import available_memory_bytes, server_footprint_bytes
     from eagle_assets.engines.k_schedule import KSchedule
     from eagle_assets.engines.serving import launch_vllm
-    from eagle_assets.engines.vllm_launch import serving_mode_note
+    from eagle_assets.engines.vllm_launch import DEFAULT_KV_CACHE_GIB, serving_mode_note
 
     drafter = drafter.expanduser().resolve()
     if not (drafter / "config.json").is_file():
@@ -192,10 +195,15 @@ def bench(
         if interleave and host_device() != "cpu":
             _fail("--interleave needs every configuration's server up at once: on an accelerator each vLLM takes most "
                   "of its memory. Leave --interleave out there.")
+
+        def why_not_at_once(specs: list[dict | None]) -> str | None:  # each server launched here is a new one
+            footprints = [server_footprint_bytes(path, (spec or {}).get("model"), DEFAULT_KV_CACHE_GIB) for spec in specs]
+            return host_memory.why_not_at_once(footprints, available_memory_bytes(), host_device())
+
         report, paths = run_benchmark(
             settings, preset.name, path, drafter, lambda spec: launch_vllm(target, speculative=spec, compiled=compiled), out,
             target_num_layers=preset.num_layers, parent_al=parent_al, notes=[serving_mode_note(host_device(), compiled)],
-            training_summary=summary,
+            training_summary=summary, why_not_at_once=why_not_at_once,
         )  # fmt: skip
     except (FileNotFoundError, ValueError) as exc:
         _fail(str(exc))

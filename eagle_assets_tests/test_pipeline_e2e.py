@@ -16,7 +16,7 @@ import dagster as dg
 import pytest
 
 from eagle_assets.bench.benchmark import BenchmarkSettings, run_benchmark
-from eagle_assets.bench.checks import round_speedups
+from eagle_assets.bench.checks import host_drift, round_speedups
 from eagle_assets.bench.served import SweepSettings, mt_bench_prompts, run_served
 from eagle_assets.drafter.export import export_vllm, load_drafter
 from eagle_assets.drafter.model import Eagle3Drafter
@@ -49,15 +49,20 @@ def test_every_asset_materialised_with_blocking_checks_passed(materialized_graph
 def test_the_benchmark_serves_on_the_servers_the_drafter_check_left_running(materialized_graph):
     """The drafter's check starts the speculative and the plain server; on a CPU host both stay
     warm, so the benchmark of the same run starts no vLLM of its own (the tiny preset serves
-    no n-gram and one K; no speculation is served first and again last)."""
-    instance, _, _ = materialized_graph
+    no n-gram and one K) and, both being up, serves them interleaved, as it does by default
+    where its servers fit at once."""
+    instance, data, _ = materialized_graph
     run_id = instance.get_latest_materialization_event(dg.AssetKey("benchmark_report")).run_id
     assert instance.get_latest_materialization_event(dg.AssetKey("drafter_checkpoint")).run_id == run_id
     messages = {step: [e.user_message for e in instance.all_logs(run_id) if e.step_key == step]
                 for step in ("drafter_checkpoint", "benchmark_report")}  # fmt: skip
     assert sum(m.startswith("starting vLLM") for m in messages["drafter_checkpoint"]) == 2
     assert not any(m.startswith("starting vLLM") for m in messages["benchmark_report"]), messages["benchmark_report"]
-    assert sum(m.startswith("reusing the running server") for m in messages["benchmark_report"]) == 3
+    assert sum(m.startswith("reusing the running server") for m in messages["benchmark_report"]) == 2
+    report = json.loads((_base(data) / "report" / "report.json").read_text())
+    assert [r["label"] for r in report["runs"]] == ["baseline", "eagle3"]
+    assert any("interleaved" in n and "the default where every server fits at once" in n for n in report["notes"])
+    assert all(len(r["levels"][0]["round_tokens_per_s"]) == 2 for r in report["runs"])  # 2 prompts: a round each
 
 
 def test_report_served_figures_come_from_the_engine_counters(materialized_graph):
@@ -74,9 +79,6 @@ def test_report_served_figures_come_from_the_engine_counters(materialized_graph)
     accepted = sum(s["accepted"] for s in stats)
     assert served_al == pytest.approx(1 + accepted / drafts)
     assert report["parity"]["parity_ok"], report["parity"]["sentence"]
-    # No speculation served again at the end: the host's drift over the run, from both runs.
-    first, last = (next(r for r in report["runs"] if r["label"] == label) for label in ("baseline", "baseline (end)"))
-    assert report["host_drift"]["1"] == pytest.approx(last["levels"][0]["tokens_per_s"] / first["levels"][0]["tokens_per_s"])
     # The drafter's own validation, from its training summary, stands beside the offline numbers.
     summary = json.loads((_base(data) / "drafter" / "summary.json").read_text())
     assert report["training"]["validation"]["al"] == pytest.approx(summary["val_al"])
@@ -111,8 +113,8 @@ def test_shifted_layer_ids_are_blamed_on_the_engine_wiring(materialized_graph, v
     ids = cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"]
     cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"] = [i + 1 for i in ids]  # SpecForge-style off-by-one
     (wrong / "config.json").write_text(json.dumps(cfg, indent=2))
-    # Served interleaved, both servers up at once, one prompt per round.
-    settings = BenchmarkSettings(num_prompts=2, output_len=24, concurrencies=(1,), k=3, ngram=False, interleave_rounds=2)
+    # Served one after another (the graph's run served interleaved), no speculation again last.
+    settings = BenchmarkSettings(num_prompts=2, output_len=24, concurrencies=(1,), k=3, ngram=False, interleave_rounds=0)
 
     def serve(spec):
         # The baseline is the session's plain server: one engine start fewer.
@@ -124,5 +126,8 @@ def test_shifted_layer_ids_are_blamed_on_the_engine_wiring(materialized_graph, v
     )  # fmt: skip
     assert report.parity.verdict == "engine_wiring", report.parity.sentence
     assert "layer" in " ".join(report.parity.causes).lower()
-    assert [r.label for r in report.runs] == ["baseline", "eagle3"]
-    assert len(round_speedups(report.runs)["eagle3"][1]) == 2 and any("interleaved" in n for n in report.notes)
+    assert [r.label for r in report.runs] == ["baseline", "eagle3", "baseline (end)"]
+    # The host's drift over the run, from no speculation served first and again last.
+    first, last = report.runs[0].levels[0], report.runs[2].levels[0]
+    assert host_drift(report.runs)[1] == pytest.approx(last.tokens_per_s / first.tokens_per_s)
+    assert not round_speedups(report.runs) and not any("interleaved" in n for n in report.notes)

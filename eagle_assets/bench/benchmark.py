@@ -9,16 +9,16 @@ the served configurations of one run (`served_configs`): baseline, our EAGLE-3 d
 (and at each `also_k`, to find the K to deploy; with `k_schedule`, at a K that follows the
 batch size), vLLM's n-gram speculation (what a user would pick without training), and the
 baseline again, which measures the host's drift over the run (`bench/checks.py`). With
-`interleave_rounds`, all of them are up at once and each level is served in rounds that
-alternate between them (`bench/interleaved.py`), so that drift cancels out instead of being
-measured.
+`interleave_rounds` (by default, where every server fits at once), all of them are up at once
+and each level is served in rounds that alternate between them (`bench/interleaved.py`), so
+that drift cancels out instead of being measured.
 """
 
 from __future__ import annotations
 
 import json
 from contextlib import ExitStack
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable, ContextManager, Mapping, Sequence
 
@@ -59,10 +59,11 @@ class BenchmarkSettings:
     baseline_again: bool = True
     """Serve no speculation again after the other configurations: the report gives the host's
     drift between the two and compares with their mean (one more server start)."""
-    interleave_rounds: int = 0
+    interleave_rounds: int | None = None
     """Serve every configuration from its own server, all up at once, each level in this many
     rounds alternating between them (a drifting host then slows them alike); 0 serves them one
-    after another. Interleaved, no speculation is not served again: there is no drift to measure."""
+    after another. Interleaved, no speculation is not served again: there is no drift to measure.
+    None: `DEFAULT_INTERLEAVE_ROUNDS` where every server fits at once, else one after another."""
     offline_prompts: int | None = None
     """Prompts for the offline reference (default: all of them)."""
     tolerance: ParityTolerance = field(default_factory=ParityTolerance)
@@ -72,13 +73,20 @@ class BenchmarkSettings:
         ks = (self.k, *self.also_k)
         if min(ks) < 1:
             raise ValueError(f"draft tokens per step must be at least 1; got k={self.k}, also_k={list(self.also_k)}")
-        if self.interleave_rounds < 0:
+        if self.interleave_rounds is not None and self.interleave_rounds < 0:
             raise ValueError(f"interleave_rounds={self.interleave_rounds}: give 0 (one configuration after another) or more rounds")
         if len(set(ks)) != len(ks):
             raise ValueError(f"k={self.k} and also_k={list(self.also_k)} repeat a K: give each K once (k is served anyway)")
         # Checked here, before the offline reference and the servers' starts, not at the first
         # level that cannot be filled.
         refuse_too_few_prompts(self.num_prompts, self.concurrencies, f"num_prompts={self.num_prompts}")
+
+
+# Rounds per level when the benchmark chooses. On all 80 MT-Bench turns, which come category
+# by category in tens, a round of every 10th prompt holds one turn of each category, and at
+# concurrency 8 it is one batch; shorter rounds cancel faster drift (two servers of one config
+# read within 1% over 20 rounds, 5% over 5, in one run each).
+DEFAULT_INTERLEAVE_ROUNDS = 10
 
 
 def served_configs(settings: BenchmarkSettings, drafter_dir: Path) -> list[tuple[str, dict | None]]:
@@ -92,6 +100,31 @@ def served_configs(settings: BenchmarkSettings, drafter_dir: Path) -> list[tuple
     if settings.baseline_again and not settings.interleave_rounds:
         configs.append((BASELINE_END, None))
     return configs
+
+
+def interleaving(settings: BenchmarkSettings, drafter_dir: Path,
+                 why_not_at_once: Callable[[list[dict | None]], str | None] | None) -> tuple[BenchmarkSettings, str | None]:
+    """The settings with `interleave_rounds` decided, and the report's note on how the
+    configurations were served. As asked, or (None) `DEFAULT_INTERLEAVE_ROUNDS` where
+    `why_not_at_once(specs)` finds no reason their servers cannot all be up together (no such
+    function: nothing known against it), else one after another, saying why."""
+    chosen = settings.interleave_rounds
+    why = None
+    if chosen is None:
+        specs = [spec for _, spec in served_configs(replace(settings, interleave_rounds=1), drafter_dir)]
+        why = why_not_at_once(specs) if why_not_at_once else None
+        chosen = 0 if why else DEFAULT_INTERLEAVE_ROUNDS
+    if chosen:
+        note = (f"configurations served interleaved: all servers up at once, each concurrency level in up to {chosen} "
+                "rounds of the same prompts, the order rotated every round")  # fmt: skip
+        if settings.interleave_rounds is None:
+            note += " (the default where every server fits at once)"
+    elif why:
+        note = (f"configurations served one after another, not interleaved: {why}"
+                + ("; the baseline is served again at the end, to measure the host's drift" if settings.baseline_again else ""))  # fmt: skip
+    else:
+        note = None
+    return replace(settings, interleave_rounds=chosen), note
 
 
 def offline_results(target_path: Path, drafter_dir: Path, prompts: Sequence[Sequence[dict]], settings: BenchmarkSettings,
@@ -141,13 +174,16 @@ def run_benchmark(
     served_drafter_dir: Path | None = None,
     notes: Sequence[str | None] = (),
     training_summary: Mapping | None = None,
+    why_not_at_once: Callable[[list[dict | None]], str | None] | None = None,
     log: Callable[[str], None] = print,
 ) -> tuple[BenchmarkReport, object]:
     """Offline reference on `drafter_dir` (the drafter as trained), served sweeps with the
     export at `served_drafter_dir` (default: the same folder), report written to `out_dir`;
     `notes` (how the servers ran, say; None skipped) go into the report as they are.
     `training_summary`, the trainer's `summary.json`: its aux layer ids (unless
-    `trained_aux_layer_ids` is given) go to the verdict, its validation beside the offline numbers."""
+    `trained_aux_layer_ids` is given) go to the verdict, its validation beside the offline numbers.
+    `why_not_at_once(specs)` says why these configurations' servers cannot all be up together
+    (None when they can), for the default of `interleave_rounds` (`interleaving`)."""
     training_summary = training_summary or {}
     if trained_aux_layer_ids is None:
         trained_aux_layer_ids = training_summary.get("aux_layer_ids")
@@ -163,10 +199,11 @@ def run_benchmark(
     if ended_early:
         notes.append(f"{ended_early} of {len(results)} offline answers ended before {settings.output_len} "
                      "tokens and ran on past the target's end-of-answer token (EOS is ignored, served and offline alike)")  # fmt: skip
+    settings, how_served = interleaving(settings, served_drafter_dir, why_not_at_once)
+    if how_served:
+        notes.append(how_served)
     configs = served_configs(settings, served_drafter_dir)
     if settings.interleave_rounds:
-        notes.append(f"configurations served interleaved: all servers up at once, each concurrency level in up to "
-                     f"{settings.interleave_rounds} rounds of the same prompts, the order rotated every round")  # fmt: skip
         runs = _serve_interleaved(configs, serve, prompts, sweep, settings.interleave_rounds, log)
     else:
         runs = []

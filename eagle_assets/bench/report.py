@@ -421,7 +421,8 @@ def host_drift_lines(report: BenchmarkReport) -> list[str]:
         line = f"concurrency {c}: {drift:.2f}x"
         if abs(drift - 1) > DRIFT_WARNING:
             line += (f" - the host's speed moved {abs(drift - 1):.0%} during the run: ratios between its "
-                     "configurations at this load are uncertain by about as much; rerun on a quieter host")  # fmt: skip
+                     "configurations at this load are uncertain by about as much; rerun on a quieter host, or "
+                     "interleaved (--interleave 10, interleave_rounds: 10) where the servers fit in memory at once")  # fmt: skip
         lines.append(line)
     return lines
 

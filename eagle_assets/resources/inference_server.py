@@ -19,22 +19,14 @@ from pydantic import PrivateAttr
 
 from eagle_assets.embedded_target import resolve_target
 from eagle_assets.engines.envs import host_device
+from eagle_assets.engines.host_memory import HEADROOM_BYTES, available_memory_bytes, server_footprint_bytes, why_not_at_once
 from eagle_assets.engines.serving import InferenceServer, api_key_from_env, connect, launch_vllm
-from eagle_assets.engines.vllm_launch import serving_mode_note, speculative_config
+from eagle_assets.engines.vllm_launch import DEFAULT_KV_CACHE_GIB, serving_mode_note, speculative_config
 from eagle_assets.targets import EMBEDDED_TARGET
 
 # The drafter's check serves plain and speculative, then the benchmark serves both again: two
 # warm servers save a vLLM start-up (~50 s on 2 cores) in every run of the graph.
 WARM_SERVERS_ON_CPU = 2
-# What a launched vLLM holds on a CPU host beyond its float32 weights and its KV cache: the API
-# server, the engine core and the worker with their libraries. Measured on SmolLM2 (0.5 GB of
-# float32 weights, 1 GiB of cache): a started server took 3.2 GB of MemAvailable, its processes
-# 4.0 GB resident together (shared libraries counted in each).
-ENGINE_OVERHEAD_BYTES = 2 << 30
-# Memory left to the rest of the run (the pipeline's own process, the page cache) after a start.
-HEADROOM_BYTES = 1 << 30
-
-
 class InferenceServerResource(dg.ConfigurableResource):
     """Where the target is served. Leave `url` empty to launch vLLM for `target` here."""
 
@@ -50,7 +42,7 @@ class InferenceServerResource(dg.ConfigurableResource):
     """Port for a launched server; 0 picks a free one."""
     device: Optional[str] = None
     """cpu or cuda; default: this host's."""
-    kv_cache_gib: int = 1
+    kv_cache_gib: int = DEFAULT_KV_CACHE_GIB
     max_num_seqs: Optional[int] = None
     compiled: bool = False
     """CPU only: serve compiled (torch.compile), as a deployment does, instead of eagerly (the
@@ -133,6 +125,25 @@ class InferenceServerResource(dg.ConfigurableResource):
     def serving_note(self) -> str | None:
         """How a launched server runs the models, for a report (None for a server of yours)."""
         return None if self.url else serving_mode_note(self.device or host_device(), self.compiled)
+
+    def why_not_at_once(self, specs: "list[dict | None]") -> str | None:
+        """Why the servers of these speculative configs (None: no speculation) cannot all be up
+        together here, or None when they can. A warm server of one of them is counted as up
+        already; the idle warm others as memory that stopping them would give back."""
+        if self.url:
+            return "the resource points at one existing server (url is set)"
+        device = self.device or host_device()
+        if device != "cpu":
+            return why_not_at_once([], None, device)
+        wanted = {server_key(None, 0, spec): spec for spec in specs}
+        folder = resolve_target(self.target, log=lambda m: None)[1]
+        starts = [server_footprint_bytes(folder, (spec or {}).get("model"), self.kv_cache_gib)
+                  for key, spec in wanted.items() if key not in self._warm]  # fmt: skip
+        available = available_memory_bytes()
+        if available is not None:
+            idle = [key for key in self._warm if key not in wanted and not self._in_use.get(key)]
+            available += sum(server_footprint_bytes(folder, (json.loads(key) or {}).get("model"), self.kv_cache_gib) for key in idle)
+        return why_not_at_once(starts, available, device)
 
     def _warm_capacity(self) -> int:
         return WARM_SERVERS_ON_CPU if (self.device or host_device()) == "cpu" else 1
@@ -226,33 +237,3 @@ def server_key(drafter: str | Path | None, k: int, speculative: dict | None) -> 
     if drafter is not None:
         speculative = speculative_config(Path(drafter).expanduser().resolve(), k)
     return json.dumps(speculative, sort_keys=True)
-
-
-def available_memory_bytes() -> int | None:
-    """The kernel's estimate of memory available for new work (MemAvailable), or None where
-    /proc/meminfo does not give it."""
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
-    except OSError:
-        return None
-    return None
-
-
-def server_footprint_bytes(target_folder: Path, drafter: str | Path | None, kv_cache_gib: int) -> int:
-    """Host memory a vLLM server of this target takes on a CPU host: the target's (and drafter's)
-    weights as float32, which the CPU engine serves whatever their stored dtype, the KV cache, and
-    the engine's own."""
-    weights = _float32_bytes(Path(target_folder))
-    if drafter is not None:
-        weights += _float32_bytes(Path(drafter).expanduser())
-    return weights + (kv_cache_gib << 30) + ENGINE_OVERHEAD_BYTES
-
-
-def _float32_bytes(folder: Path) -> int:
-    config_path = folder / "config.json"
-    config = json.loads(config_path.read_text()) if config_path.is_file() else {}
-    stored = str(config.get("torch_dtype") or config.get("dtype") or (config.get("text_config") or {}).get("torch_dtype") or "bfloat16")
-    per_param = {"float32": 4, "float16": 2, "bfloat16": 2, "float8_e4m3fn": 1}.get(stored.replace("torch.", ""), 2)
-    return sum(f.stat().st_size for f in folder.glob("*.safetensors")) * 4 // per_param

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from eagle_assets.bench.benchmark import BenchmarkSettings, benchmark_k, served_configs
+from eagle_assets.bench.benchmark import DEFAULT_INTERLEAVE_ROUNDS, BenchmarkSettings, benchmark_k, interleaving, served_configs
 from eagle_assets.engines.k_schedule import KSchedule
 
 DRAFTER = Path("/drafters/smollm2/drafter-vllm")
@@ -51,6 +51,42 @@ def test_a_k_schedule_is_served_as_one_more_configuration_of_the_same_drafter():
 def test_settings_refuse_a_k_that_cannot_be_served_or_is_given_twice(k, also_k, message):
     with pytest.raises(ValueError, match=message):
         BenchmarkSettings(k=k, also_k=also_k)
+
+
+def test_by_default_the_configurations_are_interleaved_where_their_servers_fit_at_once():
+    asked = []
+
+    def fits(specs):
+        asked.append(specs)
+        return None
+
+    settings, note = interleaving(BenchmarkSettings(k=3), DRAFTER, fits)
+    assert settings.interleave_rounds == DEFAULT_INTERLEAVE_ROUNDS == 10
+    assert "interleaved" in note and "the default where every server fits at once" in note
+    # Asked about the servers an interleaved run holds: no baseline served again at the end.
+    assert [None if s is None else s["method"] for s in asked[0]] == [None, "eagle3", "ngram"]
+    assert [label for label, _ in served_configs(settings, DRAFTER)] == ["baseline", "eagle3", "ngram"]
+
+
+def test_servers_that_do_not_fit_at_once_are_served_one_after_another_and_the_report_says_why():
+    why = "3 more servers at once need ~12.0 GiB with headroom, and 6.0 GiB is available"
+    settings, note = interleaving(BenchmarkSettings(k=3), DRAFTER, lambda specs: why)
+    assert settings.interleave_rounds == 0
+    assert note == ("configurations served one after another, not interleaved: " + why
+                    + "; the baseline is served again at the end, to measure the host's drift")  # fmt: skip
+    assert served_configs(settings, DRAFTER)[-1][0] == "baseline (end)"
+
+
+def test_rounds_asked_for_are_kept_without_asking_the_host():
+    def refuse(specs):
+        raise AssertionError("asked about memory although the rounds were given")
+
+    one_by_one, note = interleaving(BenchmarkSettings(k=3, interleave_rounds=0), DRAFTER, refuse)
+    assert one_by_one.interleave_rounds == 0 and note is None
+    three, note = interleaving(BenchmarkSettings(k=3, interleave_rounds=3), DRAFTER, refuse)
+    assert three.interleave_rounds == 3 and "up to 3 rounds" in note and "default" not in note
+    # Nothing known against it (a caller that cannot tell): interleaved.
+    assert interleaving(BenchmarkSettings(k=3), DRAFTER, None)[0].interleave_rounds == DEFAULT_INTERLEAVE_ROUNDS
 
 
 def test_settings_refuse_negative_rounds():

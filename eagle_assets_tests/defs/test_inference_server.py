@@ -10,7 +10,8 @@ import pytest
 from eagle_assets.defs.resources import default_resources
 from eagle_assets.engines.vllm_launch import VllmLaunch, ngram_config, speculative_config
 from eagle_assets.resources import inference_server
-from eagle_assets.resources.inference_server import ENGINE_OVERHEAD_BYTES, InferenceServerResource, server_footprint_bytes, server_key
+from eagle_assets.engines.host_memory import ENGINE_OVERHEAD_BYTES, HEADROOM_BYTES
+from eagle_assets.resources.inference_server import InferenceServerResource, server_key
 from eagle_assets.targets import EMBEDDED_TARGET, get_preset
 
 
@@ -27,17 +28,6 @@ def test_a_drafter_folder_and_k_name_the_server_of_the_config_they_expand_to(tmp
 def test_two_warm_servers_on_a_cpu_host_one_on_a_gpu():
     assert InferenceServerResource(device="cpu")._warm_capacity() == 2
     assert InferenceServerResource(device="cuda")._warm_capacity() == 1  # each vLLM takes most of the GPU's memory
-
-
-def test_server_footprint_counts_the_weights_as_float32_the_cache_and_the_engine(tmp_path):
-    target, drafter = tmp_path / "target", tmp_path / "drafter"
-    for folder, size in ((target, 3_000_000), (drafter, 500_000)):
-        folder.mkdir()
-        (folder / "config.json").write_text(json.dumps({"torch_dtype": "bfloat16"}))
-        (folder / "model.safetensors").write_bytes(b"\0" * size)
-    plain = server_footprint_bytes(target, None, kv_cache_gib=2)
-    assert plain == 2 * 3_000_000 + (2 << 30) + ENGINE_OVERHEAD_BYTES  # bf16 on disk, float32 served
-    assert server_footprint_bytes(target, drafter, kv_cache_gib=2) == plain + 2 * 500_000
 
 
 def test_warm_servers_are_stopped_oldest_first_until_the_next_one_fits(monkeypatch):
@@ -116,6 +106,36 @@ def test_servers_in_use_together_are_never_stopped_and_the_warm_ones_trimmed_aft
             with gpu.serve(speculative=specs[1], log=lambda m: None):
                 pass
     gpu.stop_warm()
+
+
+def test_servers_already_warm_count_as_up_and_idle_others_as_memory_to_free(tmp_path, monkeypatch):
+    # Whether a benchmark's servers fit at once, asked before it starts them. Warm servers are
+    # stood in for by what the resource holds of one, as above.
+    target, drafter = tmp_path / "target", tmp_path / "drafter"
+    for folder in (target, drafter):
+        folder.mkdir()
+        (folder / "config.json").write_text(json.dumps({"torch_dtype": "float32"}))
+        (folder / "model.safetensors").write_bytes(b"\0" * (1 << 20))
+    monkeypatch.setattr(inference_server, "resolve_target", lambda target_name, log: (None, target))
+    available = {"bytes": 0}
+    monkeypatch.setattr(inference_server, "available_memory_bytes", lambda: available["bytes"])
+    resource = InferenceServerResource(device="cpu", kv_cache_gib=1)
+    one = (1 << 20) + (1 << 30) + ENGINE_OVERHEAD_BYTES  # the target's weights, the cache, the engine
+    eagle, ngram = speculative_config(drafter, 3), ngram_config(3)
+    specs = [None, eagle, ngram]
+    available["bytes"] = 3 * one + (1 << 20) + HEADROOM_BYTES  # the drafter adds its 1 MiB of weights
+    assert resource.why_not_at_once(specs) is None
+    available["bytes"] -= 1
+    assert resource.why_not_at_once(specs).startswith("3 more servers at once need ~")
+    for key in (server_key(None, 3, None), server_key(drafter, 3, None)):  # the drafter check's two, left warm
+        resource._warm[key] = (SimpleNamespace(base_url="http://warm"), ExitStack())
+    available["bytes"] = one + HEADROOM_BYTES  # only n-gram's server is still to start
+    assert resource.why_not_at_once(specs) is None
+    assert resource.why_not_at_once([*specs, ngram_config(4)]).startswith("2 more servers")
+    # An idle warm server the benchmark does not want would be stopped to make room.
+    assert resource.why_not_at_once([ngram_config(4), ngram]) is None
+    assert "accelerator" in InferenceServerResource(device="cuda").why_not_at_once(specs)
+    assert "url is set" in InferenceServerResource(url="http://elsewhere:8000").why_not_at_once([None])
 
 
 def test_a_cpu_server_runs_eagerly_unless_asked_to_compile_and_the_report_says_which(tmp_path, monkeypatch):
