@@ -25,7 +25,7 @@ from typing import Callable, ContextManager, Mapping, Sequence
 import torch
 
 from eagle_assets.bench.breakdown import answers_ending_early, offline_slices
-from eagle_assets.bench.checks import BASELINE, BASELINE_END
+from eagle_assets.bench.checks import BASELINE, BASELINE_END, NGRAM
 from eagle_assets.bench.interleaved import ServedTarget, run_interleaved
 from eagle_assets.bench.parity import AcceptanceNumbers, ParityTolerance, TrainingFacts
 from eagle_assets.bench.reference_decoder import Result, speculative_generate
@@ -96,7 +96,7 @@ def served_configs(settings: BenchmarkSettings, drafter_dir: Path) -> list[tuple
     if settings.k_schedule is not None:
         configs.append((f"eagle3 k={settings.k_schedule.text()}", speculative_config(drafter_dir, settings.k, settings.k_schedule)))
     if settings.ngram:
-        configs.append(("ngram", ngram_config(settings.k)))
+        configs.append((NGRAM, ngram_config(settings.k)))
     if settings.baseline_again and not settings.interleave_rounds:
         configs.append((BASELINE_END, None))
     return configs
@@ -202,6 +202,7 @@ def run_benchmark(
     settings, how_served = interleaving(settings, served_drafter_dir, why_not_at_once)
     if how_served:
         notes.append(how_served)
+        log(how_served)
     configs = served_configs(settings, served_drafter_dir)
     if settings.interleave_rounds:
         runs = _serve_interleaved(configs, serve, prompts, sweep, settings.interleave_rounds, log)

@@ -3,6 +3,7 @@
     speedup_check(runs)              eagle3 tokens/s over baseline at concurrency 1 is above 1
     host_drift(runs)                 the last baseline's tokens/s over the first's, per concurrency
     round_speedups(runs)             each round's speedup, when the runs were served interleaved
+    against(runs, "eagle3", NGRAM)   one run's tokens/s over another's (our drafter against n-gram)
     parity_check(verdict)            served acceptance within tolerance of the offline reference
     parent_al_check(al, parent_al)   a warm-started drafter's AL is at least its parent's
 
@@ -29,6 +30,8 @@ BASELINE = "baseline"
 BASELINE_END = "baseline (end)"
 """No speculation, served again after every other configuration of the run."""
 BASELINES = (BASELINE, BASELINE_END)
+NGRAM = "ngram"
+"""vLLM's n-gram speculation: what a user serves without training a drafter."""
 
 
 @dataclass(frozen=True)
@@ -106,6 +109,25 @@ def round_speedups(runs: Sequence[ServedRun], baseline: str = BASELINE) -> dict[
             if min(b.round_tokens_per_s) > 0:
                 out.setdefault(run.label, {})[lv.concurrency] = tuple(
                     x / y for x, y in zip(lv.round_tokens_per_s, b.round_tokens_per_s))
+    return out
+
+
+def against(runs: Sequence[ServedRun], label: str, other: str) -> dict[int, tuple[float, tuple[float, ...]]]:
+    """Per concurrency both served, `label`'s tokens/s over `other`'s (the ratio of their
+    speedups: same prompts, same run), with the same ratio in each round where they were served
+    interleaved (else no rounds). Empty when either is missing."""
+    mine, theirs = (next((r for r in runs if r.label == x), None) for x in (label, other))
+    if mine is None or theirs is None:
+        return {}
+    _comparable(mine, theirs)
+    out = {}
+    for lv in mine.levels:
+        o = theirs.level(lv.concurrency)
+        if o is None or not o.tokens_per_s > 0:
+            continue
+        rounds = lv.round_tokens_per_s, o.round_tokens_per_s
+        paired = len(rounds[0]) == len(rounds[1]) and all(y > 0 for y in rounds[1])
+        out[lv.concurrency] = (lv.tokens_per_s / o.tokens_per_s, tuple(x / y for x, y in zip(*rounds)) if paired else ())
     return out
 
 

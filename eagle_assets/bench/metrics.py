@@ -66,6 +66,10 @@ METRIC_DEFINITIONS: dict[str, str] = {
         "where the configurations were served interleaved in rounds of the same prompts: a round's tokens/s "
         "with speculation / without; their spread shows how far one run's ratio can move"
     ),
+    "against_ngram": (
+        "our drafter's tokens/s / n-gram speculation's, same prompts, same run (equal to the ratio of their "
+        "speedups): above 1x, training the drafter paid over what needs no training"
+    ),
     "k_schedule": (
         "the K drafted at each batch size (vLLM's num_speculative_tokens_per_batch_size), written FIRST-LAST:K; "
         "recommended: the K that served fastest at each concurrency measured, 0 where none beat no speculation"

@@ -29,7 +29,9 @@ from eagle_assets.bench.checks import (
     BASELINE,
     BASELINE_END,
     BASELINES,
+    NGRAM,
     CheckResult,
+    against,
     baseline_tokens_per_s,
     host_drift,
     parent_al_check,
@@ -122,6 +124,7 @@ class BenchmarkReport:
                 "speedups": {k: {str(c): v for c, v in by_c.items()} for k, by_c in self.speedups.items()},
                 "host_drift": {str(c): v for c, v in host_drift(self.runs).items()},
                 "round_speedups": {k: {str(c): list(v) for c, v in by_c.items()} for k, by_c in round_speedups(self.runs).items()},
+                "against_ngram": {str(c): {"ratio": r, "rounds": list(rounds)} for c, (r, rounds) in against(self.runs, self.spec_label, NGRAM).items()},
                 "k_schedule": self.k_schedule_dict(),
                 "definitions": dict(self.definitions),
                 "created_at": self.created_at,
@@ -367,6 +370,11 @@ def to_markdown(report: BenchmarkReport, plots: Mapping[str, str] | None = None)
                 "The configurations were served interleaved, in rounds of the same prompts with the order rotated, "
                 "so a change in the host's speed hits them alike; each round's speedup:", "",
                 *[f"- {line}" for line in round_lines], ""]  # fmt: skip
+    if ngram_lines := against_ngram_lines(report):
+        out += [f"### {report.spec_label} against n-gram", "",
+                "What training the drafter bought over vLLM's n-gram speculation, which needs none: "
+                f"{report.spec_label}'s tokens/s over n-gram's in the same run.", "",
+                *[f"- {line}" for line in ngram_lines], ""]  # fmt: skip
     fastest = fastest_per_concurrency(report)
     if fastest:
         out += ["### Fastest configuration per concurrency", "", *[f"- {line}" for line in fastest], ""]
@@ -439,6 +447,15 @@ def round_speedup_lines(report: BenchmarkReport) -> list[str]:
     return lines
 
 
+def against_ngram_lines(report: BenchmarkReport) -> list[str]:
+    """Per concurrency, the drafter's tokens/s over n-gram's, with its rounds' lowest and highest."""
+    lines = []
+    for c, (ratio, rounds) in sorted(against(report.runs, report.spec_label, NGRAM).items()):
+        spread = f" (rounds {min(rounds):.2f}x to {max(rounds):.2f}x)" if rounds else ""
+        lines.append(f"concurrency {c}: {ratio:.2f}x{spread}")
+    return lines
+
+
 def fastest_per_concurrency(report: BenchmarkReport) -> list[str]:
     """Per measured concurrency, the configuration with the most output tokens/s, and by how
     much it beats the runner-up: what to serve at that load (speculation pays at low load and
@@ -494,6 +511,10 @@ def summary_text(report: BenchmarkReport) -> str:
         lines.append("speedup by round, lowest-highest: " + "; ".join(
             f"{label} " + ", ".join(f"c={c} {min(v):.2f}-{max(v):.2f}x" for c, v in sorted(by_c.items()))
             for label, by_c in rounds.items()))  # fmt: skip
+    if ngram := against(report.runs, report.spec_label, NGRAM):
+        lines.append(f"{report.spec_label} over n-gram (tok/s): " + "; ".join(
+            f"c={c} {ratio:.2f}x" + (f" (rounds {min(rounds):.2f}-{max(rounds):.2f}x)" if rounds else "")
+            for c, (ratio, rounds) in sorted(ngram.items())))  # fmt: skip
     fastest = fastest_per_concurrency(report)
     if fastest:
         lines.append("fastest: " + "; ".join(fastest))

@@ -27,6 +27,8 @@ from eagle_assets.targets import EMBEDDED_TARGET
 # The drafter's check serves plain and speculative, then the benchmark serves both again: two
 # warm servers save a vLLM start-up (~50 s on 2 cores) in every run of the graph.
 WARM_SERVERS_ON_CPU = 2
+
+
 class InferenceServerResource(dg.ConfigurableResource):
     """Where the target is served. Leave `url` empty to launch vLLM for `target` here."""
 

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from eagle_assets.bench.checks import host_drift, round_speedups, speedup_check, speedups
+from eagle_assets.bench.checks import against, host_drift, round_speedups, speedup_check, speedups
 from eagle_assets.bench.metrics import METRIC_DEFINITIONS, SpecStats
 from eagle_assets.bench.parity import AcceptanceNumbers, TrainingFacts
 from eagle_assets.bench.report import (
@@ -114,6 +114,31 @@ def test_runs_served_in_rounds_give_each_rounds_speedup(tmp_path):
     paths = write_report(report, tmp_path)
     assert json.loads(paths.json.read_text())["round_speedups"] == {"eagle3": {"1": [1.5, 1.6]}, "ngram": {"1": [1.1, 1.1]}}
     assert load_report(paths.json) == report
+
+
+def test_the_drafter_is_set_against_ngram_per_level_and_per_round(tmp_path):
+    # The question after "does it pay": does it pay more than n-gram, which needs no training?
+    assert against(RUNS, "eagle3", "ngram") == {1: (80.0 / 55.0, ()), 4: (200.0 / 168.0, ()), 8: (216.0 / 240.0, ())}
+    assert against(RUNS[:2], "eagle3", "ngram") == {}
+    text = summary_text(build_report("smollm2-135m-instruct", "d", RUNS, offline=OFFLINE))
+    assert "eagle3 over n-gram (tok/s): c=1 1.45x; c=4 1.19x; c=8 0.90x" in text
+
+    def interleaved(label: str, rounds: tuple[float, float], spec: SpecStats | None = None) -> ServedRun:
+        walls = [4 * 64 / tps for tps in rounds]
+        level = dataclasses.replace(_level(1, 8 * 64 / sum(walls), spec), wall_s=sum(walls), round_tokens_per_s=rounds)
+        return ServedRun(label, "vllm", "smollm2-135m-instruct", "http://127.0.0.1:8150", 64, 8, (level,))
+
+    runs = [interleaved("baseline", (40.0, 80.0)), interleaved("eagle3", (66.0, 120.0), EAGLE), interleaved("ngram", (44.0, 100.0), NGRAM)]
+    level = (8 * 64 / (256 / 66 + 256 / 120)) / (8 * 64 / (256 / 44 + 256 / 100))
+    assert against(runs, "eagle3", "ngram") == {1: (pytest.approx(level), (1.5, 1.2))}
+    report = build_report("smollm2-135m-instruct", "d", runs, offline=OFFLINE)
+    assert report.speedups["eagle3"][1] / report.speedups["ngram"][1] == pytest.approx(level)  # the ratio of the speedups
+    assert f"eagle3 over n-gram (tok/s): c=1 {level:.2f}x (rounds 1.20-1.50x)" in summary_text(report)
+    md = to_markdown(report)
+    assert "### eagle3 against n-gram" in md and f"- concurrency 1: {level:.2f}x (rounds 1.20x to 1.50x)" in md
+    assert "against_ngram" in report.definitions
+    saved = json.loads(write_report(report, tmp_path).json.read_text())["against_ngram"]
+    assert saved == {"1": {"ratio": pytest.approx(level), "rounds": [1.5, 1.2]}}
 
 
 def test_speedup_refuses_runs_of_different_work():
