@@ -9,7 +9,7 @@ from typing import Optional
 import dagster as dg
 
 from eagle_assets.bench.benchmark import BenchmarkSettings, benchmark_k, run_benchmark
-from eagle_assets.bench.checks import host_drift, round_speedups
+from eagle_assets.bench.checks import NGRAM, against, host_drift, round_speedups
 from eagle_assets.bench.parity import ParityTolerance
 from eagle_assets.defs.common import GROUP, check_result, hash_files, metadata, stage_version, target_of
 from eagle_assets.defs.drafter import drafter_checkpoint
@@ -99,6 +99,7 @@ def benchmark_report(context: dg.AssetExecutionContext, config: BenchmarkConfig,
                     "speedups": {label: {str(c): s for c, s in v.items()} for label, v in report.speedups.items()},
                     "host_drift": {str(c): d for c, d in host_drift(report.runs).items()},
                     "round_speedups": {label: {str(c): list(v) for c, v in by_c.items()} for label, by_c in round_speedups(report.runs).items()},
+                    "against_ngram": {str(c): ratio for c, (ratio, _) in against(report.runs, report.spec_label, NGRAM).items()},
                     "recommended_k_schedule": report.k_schedule_dict()["recommended"],
                     "verdict": report.parity.verdict if report.parity else None,
                     "verdict_sentence": report.parity.sentence if report.parity else None,
