@@ -182,3 +182,12 @@ class LogWatcher:
 
     def tail(self, n: int = 30) -> list[str]:
         return [strip_prefix(x) for x in self.lines[-n:]]
+
+    def last_record(self) -> str:
+        """The engine's last log record ("INFO 12-03 17:05:09 [file.py:12] ..."), for progress
+        lines: a traceback Python printed and ignored (a finaliser failing during compilation,
+        say) would otherwise show its last line, "RecursionError: ...", while the start goes on."""
+        for line in reversed(self.lines):
+            if _LOG_LINE.match(clean := strip_prefix(line)):
+                return clean
+        return (self.tail(1) or [""])[0]

