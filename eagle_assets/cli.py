@@ -163,6 +163,8 @@ def bench(
                                              help="CPU: serve every configuration at once, each level in ROUNDS rounds alternating "
                                                   "between them, so a drifting host slows them alike (0: one after another). "
                                                   "Default: 10 where every server fits in memory at once, else 0."),
+    control: bool = typer.Option(False, "--control", help="Interleaved: also serve no speculation from a second server, an A/A "
+                                                         "control whose ratio to the first is the run's noise floor."),
     parent_al: Optional[float] = typer.Option(None, help="A parent drafter's AL to check against."),
     compiled: bool = typer.Option(False, "--compiled/--eager", help="CPU: serve compiled, as a deployment does (starts take ~2 min), or eagerly."),
 ) -> None:
@@ -190,7 +192,7 @@ def bench(
         settings = BenchmarkSettings(num_prompts=num_prompts, output_len=output_len, concurrencies=tuple(concurrency),
                                      k=benchmark_k(k, summary, preset.ttt_steps),
                                      also_k=tuple(also_k), ngram=ngram, baseline_again=baseline_again,
-                                     interleave_rounds=interleave,
+                                     interleave_rounds=interleave, control=control,
                                      k_schedule=KSchedule.parse(k_schedule) if k_schedule else None)  # fmt: skip
         if interleave and host_device() != "cpu":
             _fail("--interleave needs every configuration's server up at once: on an accelerator each vLLM takes most "
@@ -201,7 +203,7 @@ def bench(
             return host_memory.why_not_at_once(footprints, available_memory_bytes(), host_device())
 
         report, paths = run_benchmark(
-            settings, preset.name, path, drafter, lambda spec: launch_vllm(target, speculative=spec, compiled=compiled), out,
+            settings, preset.name, path, drafter, lambda spec, replica=0: launch_vllm(target, speculative=spec, compiled=compiled), out,
             target_num_layers=preset.num_layers, parent_al=parent_al, notes=[serving_mode_note(host_device(), compiled)],
             training_summary=summary, why_not_at_once=why_not_at_once,
         )  # fmt: skip

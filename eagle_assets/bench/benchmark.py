@@ -25,7 +25,7 @@ from typing import Callable, ContextManager, Mapping, Sequence
 import torch
 
 from eagle_assets.bench.breakdown import answers_ending_early, offline_slices
-from eagle_assets.bench.checks import BASELINE, BASELINE_END, NGRAM
+from eagle_assets.bench.checks import BASELINE, BASELINE_END, CONTROL, NGRAM
 from eagle_assets.bench.interleaved import ServedTarget, run_interleaved
 from eagle_assets.bench.parity import AcceptanceNumbers, ParityTolerance, TrainingFacts
 from eagle_assets.bench.reference_decoder import Result, speculative_generate
@@ -64,6 +64,9 @@ class BenchmarkSettings:
     rounds alternating between them (a drifting host then slows them alike); 0 serves them one
     after another. Interleaved, no speculation is not served again: there is no drift to measure.
     None: `DEFAULT_INTERLEAVE_ROUNDS` where every server fits at once, else one after another."""
+    control: bool = False
+    """Also serve no speculation from a second server (`CONTROL`), interleaved with the rest: an
+    A/A control whose tokens/s over the baseline's is the run's noise floor."""
     offline_prompts: int | None = None
     """Prompts for the offline reference (default: all of them)."""
     tolerance: ParityTolerance = field(default_factory=ParityTolerance)
@@ -75,6 +78,10 @@ class BenchmarkSettings:
             raise ValueError(f"draft tokens per step must be at least 1; got k={self.k}, also_k={list(self.also_k)}")
         if self.interleave_rounds is not None and self.interleave_rounds < 0:
             raise ValueError(f"interleave_rounds={self.interleave_rounds}: give 0 (one configuration after another) or more rounds")
+        if self.control and self.interleave_rounds == 0:
+            raise ValueError("control=True serves a second server without speculation interleaved with the rest; with "
+                             "interleave_rounds=0 serve the baseline again at the end instead (baseline_again), "
+                             "which measures the host's drift over the run")  # fmt: skip
         if len(set(ks)) != len(ks):
             raise ValueError(f"k={self.k} and also_k={list(self.also_k)} repeat a K: give each K once (k is served anyway)")
         # Checked here, before the offline reference and the servers' starts, not at the first
@@ -91,7 +98,10 @@ DEFAULT_INTERLEAVE_ROUNDS = 10
 
 def served_configs(settings: BenchmarkSettings, drafter_dir: Path) -> list[tuple[str, dict | None]]:
     """(label, vLLM speculative config) of each served run, in the order they are served."""
-    configs: list[tuple[str, dict | None]] = [(BASELINE, None), ("eagle3", speculative_config(drafter_dir, settings.k))]
+    configs: list[tuple[str, dict | None]] = [(BASELINE, None)]
+    if settings.control and settings.interleave_rounds:
+        configs.append((CONTROL, None))
+    configs.append(("eagle3", speculative_config(drafter_dir, settings.k)))
     configs += [(f"eagle3 k={k}", speculative_config(drafter_dir, k)) for k in settings.also_k]
     if settings.k_schedule is not None:
         configs.append((f"eagle3 k={settings.k_schedule.text()}", speculative_config(drafter_dir, settings.k, settings.k_schedule)))
@@ -121,10 +131,11 @@ def interleaving(settings: BenchmarkSettings, drafter_dir: Path,
             note += " (the default where every server fits at once)"
     elif why:
         note = (f"configurations served one after another, not interleaved: {why}"
-                + ("; the baseline is served again at the end, to measure the host's drift" if settings.baseline_again else ""))  # fmt: skip
+                + ("; the baseline is served again at the end, to measure the host's drift" if settings.baseline_again else "")
+                + ("; the A/A control, which needs interleaving, was not served" if settings.control else ""))  # fmt: skip
     else:
         note = None
-    return replace(settings, interleave_rounds=chosen), note
+    return replace(settings, interleave_rounds=chosen, control=settings.control and bool(chosen)), note
 
 
 def offline_results(target_path: Path, drafter_dir: Path, prompts: Sequence[Sequence[dict]], settings: BenchmarkSettings,
@@ -166,7 +177,7 @@ def run_benchmark(
     target_name: str,
     target_path: Path,
     drafter_dir: Path,
-    serve: Callable[[dict | None], ContextManager],
+    serve: Callable[..., ContextManager],
     out_dir: Path,
     trained_aux_layer_ids: Sequence[int] | None = None,
     target_num_layers: int | None = None,
@@ -183,7 +194,9 @@ def run_benchmark(
     `training_summary`, the trainer's `summary.json`: its aux layer ids (unless
     `trained_aux_layer_ids` is given) go to the verdict, its validation beside the offline numbers.
     `why_not_at_once(specs)` says why these configurations' servers cannot all be up together
-    (None when they can), for the default of `interleave_rounds` (`interleaving`)."""
+    (None when they can; a spec given twice is two servers), for the default of
+    `interleave_rounds` (`interleaving`). With `settings.control`, `serve(None, replica=1)` must
+    give a second server without speculation, not the first one again."""
     training_summary = training_summary or {}
     if trained_aux_layer_ids is None:
         trained_aux_layer_ids = training_summary.get("aux_layer_ids")
@@ -231,13 +244,15 @@ def run_benchmark(
     return report, paths
 
 
-def _serve_interleaved(configs: Sequence[tuple[str, dict | None]], serve: Callable[[dict | None], ContextManager],
+def _serve_interleaved(configs: Sequence[tuple[str, dict | None]], serve: Callable[..., ContextManager],
                        prompts: Sequence, sweep: SweepSettings, rounds: int, log: Callable[[str], None]) -> list:  # fmt: skip
-    """Start (or reuse) every configuration's server, then serve them interleaved."""
+    """Start (or reuse) every configuration's server, then serve them interleaved. A config
+    given twice (the A/A control) gets a server of its own: `serve(spec, replica=1)`."""
     with ExitStack() as stack:
         targets = []
-        for label, spec in configs:
-            server = stack.enter_context(serve(spec))
+        for i, (label, spec) in enumerate(configs):
+            replica = sum(other == spec for _, other in configs[:i])
+            server = stack.enter_context(serve(spec, replica=replica) if replica else serve(spec))
             targets.append(ServedTarget(label, server.base_url, server.model, server.api_key, {"speculative": spec}))
         log(f"served sweeps: {', '.join(t.label for t in targets)} interleaved in up to {rounds} rounds "
             f"at concurrency {list(sweep.concurrencies)}")  # fmt: skip

@@ -3,7 +3,8 @@
     speedup_check(runs)              eagle3 tokens/s over baseline at concurrency 1 is above 1
     host_drift(runs)                 the last baseline's tokens/s over the first's, per concurrency
     round_speedups(runs)             each round's speedup, when the runs were served interleaved
-    against(runs, "eagle3", NGRAM)   one run's tokens/s over another's (our drafter against n-gram)
+    against(runs, "eagle3", NGRAM)   one run's tokens/s over another's (our drafter against n-gram;
+                                     the A/A control against the baseline: the run's noise floor)
     parity_check(verdict)            served acceptance within tolerance of the offline reference
     parent_al_check(al, parent_al)   a warm-started drafter's AL is at least its parent's
 
@@ -30,6 +31,9 @@ BASELINE = "baseline"
 BASELINE_END = "baseline (end)"
 """No speculation, served again after every other configuration of the run."""
 BASELINES = (BASELINE, BASELINE_END)
+CONTROL = "baseline (control)"
+"""No speculation from a second server of its own, served interleaved with the rest: an A/A
+control, whose tokens/s over the baseline's is how far two identical servers read apart."""
 NGRAM = "ngram"
 """vLLM's n-gram speculation: what a user serves without training a drafter."""
 

@@ -70,6 +70,10 @@ METRIC_DEFINITIONS: dict[str, str] = {
         "our drafter's tokens/s / n-gram speculation's, same prompts, same run (equal to the ratio of their "
         "speedups): above 1x, training the drafter paid over what needs no training"
     ),
+    "control": (
+        "an A/A control: no speculation served from a second server, interleaved with the rest; its tokens/s / "
+        "the baseline's, 1.00x on a quiet host, is the run's noise floor"
+    ),
     "k_schedule": (
         "the K drafted at each batch size (vLLM's num_speculative_tokens_per_batch_size), written FIRST-LAST:K; "
         "recommended: the K that served fastest at each concurrency measured, 0 where none beat no speculation"

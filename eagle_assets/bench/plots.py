@@ -20,7 +20,7 @@ from matplotlib.figure import Figure
 from eagle_assets.bench.served import ServedRun
 
 # One colour per series name, so the same configuration looks the same in every plot.
-COLOURS = {"offline": "#4c72b0", "served": "#dd8452", "baseline": "#555555", "baseline (end)": "#aaaaaa", "eagle3": "#dd8452", "ngram": "#55a868"}
+COLOURS = {"offline": "#4c72b0", "served": "#dd8452", "baseline": "#555555", "baseline (end)": "#aaaaaa", "baseline (control)": "#aaaaaa", "eagle3": "#dd8452", "ngram": "#55a868"}
 _FALLBACK = ("#8172b3", "#c44e52", "#937860", "#da8bc3", "#8c8c8c")
 
 

@@ -29,6 +29,7 @@ from eagle_assets.bench.checks import (
     BASELINE,
     BASELINE_END,
     BASELINES,
+    CONTROL,
     NGRAM,
     CheckResult,
     against,
@@ -125,6 +126,7 @@ class BenchmarkReport:
                 "host_drift": {str(c): v for c, v in host_drift(self.runs).items()},
                 "round_speedups": {k: {str(c): list(v) for c, v in by_c.items()} for k, by_c in round_speedups(self.runs).items()},
                 "against_ngram": {str(c): {"ratio": r, "rounds": list(rounds)} for c, (r, rounds) in against(self.runs, self.spec_label, NGRAM).items()},
+                "control": {str(c): {"ratio": r, "rounds": list(rounds)} for c, (r, rounds) in against(self.runs, CONTROL, BASELINE).items()},
                 "k_schedule": self.k_schedule_dict(),
                 "definitions": dict(self.definitions),
                 "created_at": self.created_at,
@@ -370,7 +372,13 @@ def to_markdown(report: BenchmarkReport, plots: Mapping[str, str] | None = None)
                 "The configurations were served interleaved, in rounds of the same prompts with the order rotated, "
                 "so a change in the host's speed hits them alike; each round's speedup:", "",
                 *[f"- {line}" for line in round_lines], ""]  # fmt: skip
-    if ngram_lines := against_ngram_lines(report):
+    if control_lines := _ratio_lines(report, CONTROL, BASELINE):
+        out += ["### Noise floor: the A/A control", "",
+                "No speculation was also served from a second server of its own, interleaved like the rest: its "
+                "tokens/s over the baseline's is how far two identical servers read apart in this run. Ratios between "
+                "configurations no further from each other than that are not told apart.", "",
+                *[f"- {line}" for line in control_lines], ""]  # fmt: skip
+    if ngram_lines := _ratio_lines(report, report.spec_label, NGRAM):
         out += [f"### {report.spec_label} against n-gram", "",
                 "What training the drafter bought over vLLM's n-gram speculation, which needs none: "
                 f"{report.spec_label}'s tokens/s over n-gram's in the same run.", "",
@@ -447,13 +455,19 @@ def round_speedup_lines(report: BenchmarkReport) -> list[str]:
     return lines
 
 
-def against_ngram_lines(report: BenchmarkReport) -> list[str]:
-    """Per concurrency, the drafter's tokens/s over n-gram's, with its rounds' lowest and highest."""
+def _ratio_lines(report: BenchmarkReport, label: str, other: str) -> list[str]:
+    """Per concurrency, `label`'s tokens/s over `other`'s, with its rounds' lowest and highest."""
     lines = []
-    for c, (ratio, rounds) in sorted(against(report.runs, report.spec_label, NGRAM).items()):
+    for c, (ratio, rounds) in sorted(against(report.runs, label, other).items()):
         spread = f" (rounds {min(rounds):.2f}x to {max(rounds):.2f}x)" if rounds else ""
         lines.append(f"concurrency {c}: {ratio:.2f}x{spread}")
     return lines
+
+
+def _ratio_summary(report: BenchmarkReport, label: str, other: str) -> str:
+    """`_ratio_lines` in one line of the console summary ("" when either run is missing)."""
+    return "; ".join(f"c={c} {ratio:.2f}x" + (f" (rounds {min(rounds):.2f}-{max(rounds):.2f}x)" if rounds else "")
+                     for c, (ratio, rounds) in sorted(against(report.runs, label, other).items()))  # fmt: skip
 
 
 def fastest_per_concurrency(report: BenchmarkReport) -> list[str]:
@@ -464,7 +478,7 @@ def fastest_per_concurrency(report: BenchmarkReport) -> list[str]:
     without = baseline_tokens_per_s(report.runs)
     lines = []
     for c in sorted({lv.concurrency for r in report.runs for lv in r.levels}):
-        measured = [(lv.tokens_per_s, r.label) for r in report.runs if r.label not in BASELINES and (lv := r.level(c)) is not None]
+        measured = [(lv.tokens_per_s, r.label) for r in report.runs if r.label not in (*BASELINES, CONTROL) and (lv := r.level(c)) is not None]
         if c in without:
             measured.append((without[c], BASELINE))
         # Ties go to no speculation: the simpler deployment.
@@ -511,10 +525,10 @@ def summary_text(report: BenchmarkReport) -> str:
         lines.append("speedup by round, lowest-highest: " + "; ".join(
             f"{label} " + ", ".join(f"c={c} {min(v):.2f}-{max(v):.2f}x" for c, v in sorted(by_c.items()))
             for label, by_c in rounds.items()))  # fmt: skip
-    if ngram := against(report.runs, report.spec_label, NGRAM):
-        lines.append(f"{report.spec_label} over n-gram (tok/s): " + "; ".join(
-            f"c={c} {ratio:.2f}x" + (f" (rounds {min(rounds):.2f}-{max(rounds):.2f}x)" if rounds else "")
-            for c, (ratio, rounds) in sorted(ngram.items())))  # fmt: skip
+    if ngram := _ratio_summary(report, report.spec_label, NGRAM):
+        lines.append(f"{report.spec_label} over n-gram (tok/s): {ngram}")
+    if control := _ratio_summary(report, CONTROL, BASELINE):
+        lines.append(f"A/A control (a second server without speculation, over the first): {control}")
     fastest = fastest_per_concurrency(report)
     if fastest:
         lines.append("fastest: " + "; ".join(fastest))

@@ -9,7 +9,7 @@ from typing import Optional
 import dagster as dg
 
 from eagle_assets.bench.benchmark import BenchmarkSettings, benchmark_k, run_benchmark
-from eagle_assets.bench.checks import NGRAM, against, host_drift, round_speedups
+from eagle_assets.bench.checks import BASELINE, CONTROL, NGRAM, against, host_drift, round_speedups
 from eagle_assets.bench.parity import ParityTolerance
 from eagle_assets.defs.common import GROUP, check_result, hash_files, metadata, stage_version, target_of
 from eagle_assets.defs.drafter import drafter_checkpoint
@@ -37,6 +37,9 @@ class BenchmarkConfig(dg.Config):
     """Serve all configurations at once, each concurrency level in this many rounds alternating
     between them, so a drifting host slows them alike (0: one after another). Default: 10 rounds
     on a CPU host with memory for every server at once, else one after another."""
+    control: bool = False
+    """Served interleaved: also serve no speculation from a second server, an A/A control whose
+    tokens/s over the baseline's is the run's noise floor."""
     al_tolerance: float = 0.15
     """Parity holds when |served AL - offline AL| <= this share of the offline AL."""
     parent_al: Optional[float] = None
@@ -54,6 +57,7 @@ class BenchmarkConfig(dg.Config):
             ngram=self.ngram,
             baseline_again=self.baseline_again,
             interleave_rounds=self.interleave_rounds,
+            control=self.control,
             tolerance=ParityTolerance(al_rel=self.al_tolerance),
         )
 
@@ -78,8 +82,8 @@ def benchmark_report(context: dg.AssetExecutionContext, config: BenchmarkConfig,
     summary = json.loads((storage.drafter(preset.name) / "summary.json").read_text())
     settings = config.settings(benchmark_k(config.k, summary, preset.ttt_steps))
 
-    def serve(speculative):
-        return inference_server.serve(speculative=speculative, log=context.log.info)
+    def serve(speculative, replica=0):
+        return inference_server.serve(speculative=speculative, replica=replica, log=context.log.info)
 
     report, paths = run_benchmark(
         settings, preset.name, path, drafter_dir, serve, storage.report(preset.name),
@@ -100,6 +104,7 @@ def benchmark_report(context: dg.AssetExecutionContext, config: BenchmarkConfig,
                     "host_drift": {str(c): d for c, d in host_drift(report.runs).items()},
                     "round_speedups": {label: {str(c): list(v) for c, v in by_c.items()} for label, by_c in round_speedups(report.runs).items()},
                     "against_ngram": {str(c): ratio for c, (ratio, _) in against(report.runs, report.spec_label, NGRAM).items()},
+                    "control": {str(c): ratio for c, (ratio, _) in against(report.runs, CONTROL, BASELINE).items()},
                     "recommended_k_schedule": report.k_schedule_dict()["recommended"],
                     "verdict": report.parity.verdict if report.parity else None,
                     "verdict_sentence": report.parity.sentence if report.parity else None,

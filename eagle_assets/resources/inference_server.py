@@ -9,6 +9,7 @@ from the target preset in its own environment and torn down when the stage ends.
 from __future__ import annotations
 
 import json
+import re
 from collections import OrderedDict
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
@@ -137,15 +138,20 @@ class InferenceServerResource(dg.ConfigurableResource):
         device = self.device or host_device()
         if device != "cpu":
             return why_not_at_once([], None, device)
-        wanted = {server_key(None, 0, spec): spec for spec in specs}
+        wanted = dict(zip(replica_keys(specs), specs))
         folder = resolve_target(self.target, log=lambda m: None)[1]
         starts = [server_footprint_bytes(folder, (spec or {}).get("model"), self.kv_cache_gib)
                   for key, spec in wanted.items() if key not in self._warm]  # fmt: skip
         available = available_memory_bytes()
         if available is not None:
             idle = [key for key in self._warm if key not in wanted and not self._in_use.get(key)]
-            available += sum(server_footprint_bytes(folder, (json.loads(key) or {}).get("model"), self.kv_cache_gib) for key in idle)
+            available += sum(server_footprint_bytes(folder, (self._warm_spec(key) or {}).get("model"), self.kv_cache_gib) for key in idle)
         return why_not_at_once(starts, available, device)
+
+    @staticmethod
+    def _warm_spec(key: str) -> dict | None:
+        """The speculative config a server key names (replica suffix dropped)."""
+        return json.loads(re.sub(r"#\d+$", "", key))  # JSON ends in "}" or "null": a suffix is a replica's
 
     def _warm_capacity(self) -> int:
         return WARM_SERVERS_ON_CPU if (self.device or host_device()) == "cpu" else 1
@@ -157,8 +163,10 @@ class InferenceServerResource(dg.ConfigurableResource):
         k: int = 3,
         speculative: dict | None = None,
         log: Callable[[str], None] = print,
+        replica: int = 0,
     ) -> Iterator[InferenceServer]:
-        """A server for the duration of the block: the configured URL, or a vLLM we launch."""
+        """A server for the duration of the block: the configured URL, or a vLLM we launch.
+        `replica` n > 0 is a further server of the same configuration (an A/A control), not the first again."""
         if self.url:
             if drafter or speculative:
                 raise ValueError(
@@ -167,7 +175,7 @@ class InferenceServerResource(dg.ConfigurableResource):
                 )
             yield connect(self.url, self.model, api_key_from_env(self.api_key_env))
             return
-        key = server_key(drafter, k, speculative)
+        key = server_key(drafter, k, speculative, replica)
         if self.keep_warm and key in self._warm:
             self._warm.move_to_end(key)
             server, _ = self._warm[key]
@@ -233,9 +241,15 @@ class InferenceServerResource(dg.ConfigurableResource):
             self._stop_oldest()
 
 
-def server_key(drafter: str | Path | None, k: int, speculative: dict | None) -> str:
+def server_key(drafter: str | Path | None, k: int, speculative: dict | None, replica: int = 0) -> str:
     """One key per served configuration: a drafter folder and K name the same server as the
-    speculative config they expand to, so the drafter's check and the benchmark share one."""
+    speculative config they expand to, so the drafter's check and the benchmark share one; a
+    `replica` n > 0 names the n-th further server of it."""
     if drafter is not None:
         speculative = speculative_config(Path(drafter).expanduser().resolve(), k)
-    return json.dumps(speculative, sort_keys=True)
+    return json.dumps(speculative, sort_keys=True) + (f"#{replica}" if replica else "")
+
+
+def replica_keys(specs: "list[dict | None]") -> list[str]:
+    """The server key of each speculative config, a config given again naming a further server."""
+    return [server_key(None, 0, spec, sum(other == spec for other in specs[:i])) for i, spec in enumerate(specs)]

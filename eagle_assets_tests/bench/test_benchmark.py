@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
+from eagle_assets.bench import benchmark
 from eagle_assets.bench.benchmark import DEFAULT_INTERLEAVE_ROUNDS, BenchmarkSettings, benchmark_k, interleaving, served_configs
+from eagle_assets.bench.served import SweepSettings
 from eagle_assets.engines.k_schedule import KSchedule
 
 DRAFTER = Path("/drafters/smollm2/drafter-vllm")
@@ -87,6 +91,33 @@ def test_rounds_asked_for_are_kept_without_asking_the_host():
     assert three.interleave_rounds == 3 and "up to 3 rounds" in note and "default" not in note
     # Nothing known against it (a caller that cannot tell): interleaved.
     assert interleaving(BenchmarkSettings(k=3), DRAFTER, None)[0].interleave_rounds == DEFAULT_INTERLEAVE_ROUNDS
+
+
+def test_an_aa_control_is_a_second_server_without_speculation_served_interleaved(monkeypatch):
+    settings = BenchmarkSettings(k=3, control=True, interleave_rounds=5)
+    configs = served_configs(settings, DRAFTER)
+    assert [label for label, _ in configs] == ["baseline", "baseline (control)", "eagle3", "ngram"]
+    # Each gets a server of its own: the control asks for a further one of no speculation.
+    asked = []
+
+    @contextlib.contextmanager
+    def serve(spec, replica=0):
+        asked.append((None if spec is None else spec["method"], replica))
+        yield SimpleNamespace(base_url=f"http://{len(asked)}", model="m", api_key=None)
+
+    monkeypatch.setattr(benchmark, "run_interleaved", lambda targets, *a, **k: [t.base_url for t in targets])
+    served = benchmark._serve_interleaved(configs, serve, ["p"] * 8, SweepSettings(output_len=8, concurrencies=(1,)), 5, lambda m: None)
+    assert asked == [(None, 0), (None, 1), ("eagle3", 0), ("ngram", 0)] and served == [f"http://{i}" for i in range(1, 5)]
+    # The memory asked about counts two servers without speculation.
+    specs = []
+    interleaving(BenchmarkSettings(k=3, control=True), DRAFTER, lambda s: specs.append(s))
+    assert specs[0][:2] == [None, None] and len(specs[0]) == 4
+    # Where they do not fit, the control is left out and the report says so.
+    short, note = interleaving(BenchmarkSettings(k=3, control=True), DRAFTER, lambda s: "short of memory")
+    assert [label for label, _ in served_configs(short, DRAFTER)] == ["baseline", "eagle3", "ngram", "baseline (end)"]
+    assert note.endswith("; the A/A control, which needs interleaving, was not served")
+    with pytest.raises(ValueError, match=r"control=True serves a second server .* \(baseline_again\)"):
+        BenchmarkSettings(control=True, interleave_rounds=0)
 
 
 def test_settings_refuse_negative_rounds():

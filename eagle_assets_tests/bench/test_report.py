@@ -41,6 +41,13 @@ def _run(label: str, tokens_per_s: dict[int, float], spec: SpecStats | None = No
                      tuple(_level(c, tokens_per_s[c], spec) for c in CONCURRENCIES))
 
 
+def _interleaved(label: str, rounds: tuple[float, float], spec: SpecStats | None = None) -> ServedRun:
+    """A run at concurrency 1 served in two rounds of 4 prompts at these tokens/s."""
+    walls = [4 * 64 / tps for tps in rounds]
+    level = dataclasses.replace(_level(1, 8 * 64 / sum(walls), spec), wall_s=sum(walls), round_tokens_per_s=rounds)
+    return ServedRun(label, "vllm", "smollm2-135m-instruct", "http://127.0.0.1:8150", 64, 8, (level,))
+
+
 # Per level: 100 drafts, 300 drafted, 150 accepted -> AL 2.5, 50 %, p = (0.7, 0.5, 0.3).
 EAGLE = SpecStats(100, 300, 150, (70, 50, 30))
 NGRAM = SpecStats(50, 150, 30, (20, 7, 3))
@@ -96,12 +103,7 @@ def test_a_baseline_served_again_gives_the_drift_and_the_mean_to_compare_with(tm
 def test_runs_served_in_rounds_give_each_rounds_speedup(tmp_path):
     # Interleaved in two rounds of 4 prompts at concurrency 1: the host was twice as fast in the
     # second round for both configurations, so each round's ratio shows it and the level's is theirs.
-    def interleaved(label: str, rounds: tuple[float, float], spec: SpecStats | None = None) -> ServedRun:
-        walls = [4 * 64 / tps for tps in rounds]
-        level = dataclasses.replace(_level(1, 8 * 64 / sum(walls), spec), wall_s=sum(walls), round_tokens_per_s=rounds)
-        return ServedRun(label, "vllm", "smollm2-135m-instruct", "http://127.0.0.1:8150", 64, 8, (level,))
-
-    runs = [interleaved("baseline", (40.0, 80.0)), interleaved("eagle3", (60.0, 128.0), EAGLE), interleaved("ngram", (44.0, 88.0), NGRAM)]
+    runs = [_interleaved("baseline", (40.0, 80.0)), _interleaved("eagle3", (60.0, 128.0), EAGLE), _interleaved("ngram", (44.0, 88.0), NGRAM)]
     assert round_speedups(runs) == {"eagle3": {1: (1.5, 1.6)}, "ngram": {1: (1.1, 1.1)}}
     assert round_speedups(RUNS) == {}  # served in one go: no rounds
     report = build_report("smollm2-135m-instruct", "d", runs, offline=OFFLINE)
@@ -123,12 +125,7 @@ def test_the_drafter_is_set_against_ngram_per_level_and_per_round(tmp_path):
     text = summary_text(build_report("smollm2-135m-instruct", "d", RUNS, offline=OFFLINE))
     assert "eagle3 over n-gram (tok/s): c=1 1.45x; c=4 1.19x; c=8 0.90x" in text
 
-    def interleaved(label: str, rounds: tuple[float, float], spec: SpecStats | None = None) -> ServedRun:
-        walls = [4 * 64 / tps for tps in rounds]
-        level = dataclasses.replace(_level(1, 8 * 64 / sum(walls), spec), wall_s=sum(walls), round_tokens_per_s=rounds)
-        return ServedRun(label, "vllm", "smollm2-135m-instruct", "http://127.0.0.1:8150", 64, 8, (level,))
-
-    runs = [interleaved("baseline", (40.0, 80.0)), interleaved("eagle3", (66.0, 120.0), EAGLE), interleaved("ngram", (44.0, 100.0), NGRAM)]
+    runs = [_interleaved("baseline", (40.0, 80.0)), _interleaved("eagle3", (66.0, 120.0), EAGLE), _interleaved("ngram", (44.0, 100.0), NGRAM)]
     level = (8 * 64 / (256 / 66 + 256 / 120)) / (8 * 64 / (256 / 44 + 256 / 100))
     assert against(runs, "eagle3", "ngram") == {1: (pytest.approx(level), (1.5, 1.2))}
     report = build_report("smollm2-135m-instruct", "d", runs, offline=OFFLINE)
@@ -139,6 +136,24 @@ def test_the_drafter_is_set_against_ngram_per_level_and_per_round(tmp_path):
     assert "against_ngram" in report.definitions
     saved = json.loads(write_report(report, tmp_path).json.read_text())["against_ngram"]
     assert saved == {"1": {"ratio": pytest.approx(level), "rounds": [1.5, 1.2]}}
+
+
+def test_an_aa_control_gives_the_noise_floor_and_is_never_the_fastest(tmp_path):
+    # The second server without speculation read faster than the first and than the drafter.
+    runs = [_interleaved("baseline", (40.0, 80.0)), _interleaved("baseline (control)", (44.0, 76.0)),
+            _interleaved("eagle3", (42.0, 80.0), EAGLE)]  # fmt: skip
+    report = build_report("smollm2-135m-instruct", "d", runs, offline=OFFLINE)
+    level = (8 * 64 / (256 / 44 + 256 / 76)) / (8 * 64 / (256 / 40 + 256 / 80))
+    text = summary_text(report)
+    assert f"A/A control (a second server without speculation, over the first): c=1 {level:.2f}x (rounds 0.95-1.10x)" in text
+    assert "fastest: concurrency 1: eagle3" in text and "fastest: concurrency 1: baseline (control)" not in text
+    md = to_markdown(report)
+    assert "### Noise floor: the A/A control" in md and f"- concurrency 1: {level:.2f}x (rounds 0.95x to 1.10x)" in md
+    assert report.speedups["eagle3"][1] < level  # the drafter's lead is inside the noise
+    assert "control" in report.definitions
+    saved = json.loads(write_report(report, tmp_path).json.read_text())["control"]
+    assert saved == {"1": {"ratio": pytest.approx(level), "rounds": [1.1, 0.95]}}
+    assert "Noise floor" not in to_markdown(build_report("t", "d", RUNS, offline=OFFLINE))
 
 
 def test_speedup_refuses_runs_of_different_work():

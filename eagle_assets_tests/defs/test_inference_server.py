@@ -108,6 +108,33 @@ def test_servers_in_use_together_are_never_stopped_and_the_warm_ones_trimmed_aft
     gpu.stop_warm()
 
 
+def test_a_replica_of_a_configuration_is_a_server_of_its_own(tmp_path, monkeypatch):
+    # An A/A control asks for a second server without speculation beside the first; stood in
+    # for as above by a context manager recording starts and stops.
+    started, stopped = [], []
+
+    @contextmanager
+    def launch(folder, speculative=None, **_):
+        number = len(started)
+        started.append(number)
+        try:
+            yield SimpleNamespace(base_url=f"http://server-{number}")
+        finally:
+            stopped.append(number)
+
+    monkeypatch.setattr(inference_server, "launch_vllm", launch)
+    monkeypatch.setattr(inference_server, "resolve_target", lambda target, log: (None, tmp_path))
+    monkeypatch.setattr(inference_server, "available_memory_bytes", lambda: 64 << 30)
+    resource = InferenceServerResource(device="cpu")
+    with resource.serve(log=lambda m: None) as first, resource.serve(replica=1, log=lambda m: None) as second:
+        assert (first.base_url, second.base_url) == ("http://server-0", "http://server-1")
+    with resource.serve(replica=1, log=lambda m: None) as again:  # kept warm under its own key
+        assert again.base_url == "http://server-1" and len(started) == 2
+    assert list(resource._warm) == [server_key(None, 0, None), server_key(None, 0, None, replica=1)]
+    resource.stop_warm()
+    assert sorted(stopped) == [0, 1]
+
+
 def test_servers_already_warm_count_as_up_and_idle_others_as_memory_to_free(tmp_path, monkeypatch):
     # Whether a benchmark's servers fit at once, asked before it starts them. Warm servers are
     # stood in for by what the resource holds of one, as above.
@@ -134,6 +161,10 @@ def test_servers_already_warm_count_as_up_and_idle_others_as_memory_to_free(tmp_
     assert resource.why_not_at_once([*specs, ngram_config(4)]).startswith("2 more servers")
     # An idle warm server the benchmark does not want would be stopped to make room.
     assert resource.why_not_at_once([ngram_config(4), ngram]) is None
+    # An A/A control's second server without speculation is one more to start, the plain one warm or not.
+    assert resource.why_not_at_once([None, None, eagle, ngram]).startswith("2 more servers")
+    available["bytes"] += one
+    assert resource.why_not_at_once([None, None, eagle, ngram]) is None
     assert "accelerator" in InferenceServerResource(device="cuda").why_not_at_once(specs)
     assert "url is set" in InferenceServerResource(url="http://elsewhere:8000").why_not_at_once([None])
 
