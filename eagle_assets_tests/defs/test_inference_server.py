@@ -62,16 +62,14 @@ def test_warm_servers_are_stopped_oldest_first_until_the_next_one_fits(monkeypat
     assert stopped == ["older", "newer"] and not resource._warm
 
 
-def test_servers_in_use_together_are_never_stopped_and_the_warm_ones_trimmed_after(tmp_path, monkeypatch):
-    # What is checked is the resource's bookkeeping when a benchmark interleaving its
-    # configurations holds several servers at once; a launched server is stood in for by a
-    # context manager recording its start and stop (real ones: test_pipeline_e2e.py).
-    (tmp_path / "config.json").write_text("{}")
+def _stand_in_launches(monkeypatch, folder: Path, name_of) -> tuple[list, list]:
+    """Launched servers stood in for by a context manager recording the name `name_of(spec,
+    number of starts so far)` of each start and stop (its URL is http://NAME); the lists it fills."""
     started, stopped = [], []
 
     @contextmanager
-    def launch(folder, speculative=None, **_):
-        name = (speculative or {}).get("num_speculative_tokens", "plain")
+    def launch(target_folder, speculative=None, **_):
+        name = name_of(speculative, len(started))
         started.append(name)
         try:
             yield SimpleNamespace(base_url=f"http://{name}")
@@ -79,7 +77,16 @@ def test_servers_in_use_together_are_never_stopped_and_the_warm_ones_trimmed_aft
             stopped.append(name)
 
     monkeypatch.setattr(inference_server, "launch_vllm", launch)
-    monkeypatch.setattr(inference_server, "resolve_target", lambda target, log: (None, tmp_path))
+    monkeypatch.setattr(inference_server, "resolve_target", lambda target, log: (None, folder))
+    return started, stopped
+
+
+def test_servers_in_use_together_are_never_stopped_and_the_warm_ones_trimmed_after(tmp_path, monkeypatch):
+    # What is checked is the resource's bookkeeping when a benchmark interleaving its
+    # configurations holds several servers at once; a launched server is stood in for by a
+    # context manager recording its start and stop (real ones: test_pipeline_e2e.py).
+    (tmp_path / "config.json").write_text("{}")
+    started, stopped = _stand_in_launches(monkeypatch, tmp_path, lambda spec, n: (spec or {}).get("num_speculative_tokens", "plain"))
     available = {"bytes": 64 << 30}
     monkeypatch.setattr(inference_server, "available_memory_bytes", lambda: available["bytes"])
     resource = InferenceServerResource(device="cpu")
@@ -111,25 +118,13 @@ def test_servers_in_use_together_are_never_stopped_and_the_warm_ones_trimmed_aft
 def test_a_replica_of_a_configuration_is_a_server_of_its_own(tmp_path, monkeypatch):
     # An A/A control asks for a second server without speculation beside the first; stood in
     # for as above by a context manager recording starts and stops.
-    started, stopped = [], []
-
-    @contextmanager
-    def launch(folder, speculative=None, **_):
-        number = len(started)
-        started.append(number)
-        try:
-            yield SimpleNamespace(base_url=f"http://server-{number}")
-        finally:
-            stopped.append(number)
-
-    monkeypatch.setattr(inference_server, "launch_vllm", launch)
-    monkeypatch.setattr(inference_server, "resolve_target", lambda target, log: (None, tmp_path))
+    started, stopped = _stand_in_launches(monkeypatch, tmp_path, lambda spec, n: n)
     monkeypatch.setattr(inference_server, "available_memory_bytes", lambda: 64 << 30)
     resource = InferenceServerResource(device="cpu")
     with resource.serve(log=lambda m: None) as first, resource.serve(replica=1, log=lambda m: None) as second:
-        assert (first.base_url, second.base_url) == ("http://server-0", "http://server-1")
+        assert (first.base_url, second.base_url) == ("http://0", "http://1")
     with resource.serve(replica=1, log=lambda m: None) as again:  # kept warm under its own key
-        assert again.base_url == "http://server-1" and len(started) == 2
+        assert again.base_url == "http://1" and len(started) == 2
     assert list(resource._warm) == [server_key(None, 0, None), server_key(None, 0, None, replica=1)]
     resource.stop_warm()
     assert sorted(stopped) == [0, 1]
