@@ -176,7 +176,7 @@ def bench(
     from eagle_assets.embedded_target import resolve_target
     from eagle_assets.engines import host_memory
     from eagle_assets.engines.envs import host_device
-    from eagle_assets.engines.host_memory import available_memory_bytes, server_footprint_bytes
+    from eagle_assets.engines.host_memory import available_memory_bytes, config_footprint_bytes
     from eagle_assets.engines.k_schedule import KSchedule
     from eagle_assets.engines.serving import launch_vllm
     from eagle_assets.engines.vllm_launch import DEFAULT_KV_CACHE_GIB, serving_mode_note
@@ -199,7 +199,7 @@ def bench(
                   "of its memory. Leave --interleave out there.")
 
         def why_not_at_once(specs: list[dict | None]) -> str | None:  # each server launched here is a new one
-            footprints = [server_footprint_bytes(path, (spec or {}).get("model"), DEFAULT_KV_CACHE_GIB) for spec in specs]
+            footprints = [config_footprint_bytes(path, spec, DEFAULT_KV_CACHE_GIB) for spec in specs]
             return host_memory.why_not_at_once(footprints, available_memory_bytes(), host_device())
 
         report, paths = run_benchmark(

@@ -1,6 +1,7 @@
 """What launched vLLM servers take of a CPU host's memory, and whether several fit at once.
 
     server_footprint_bytes(target_folder, drafter_folder, kv_cache_gib)   one server's share
+    config_footprint_bytes(target_folder, speculative_config, kv_cache_gib) the same, from its config
     why_not_at_once(footprints, available, device)                        None when they all fit
 
 The benchmark serves its configurations interleaved when they fit at once (`bench/interleaved.py`);
@@ -43,6 +44,12 @@ def server_footprint_bytes(target_folder: Path, drafter: str | Path | None, kv_c
     if drafter is not None:
         weights += _float32_bytes(Path(drafter).expanduser())
     return weights + (kv_cache_gib << 30) + ENGINE_OVERHEAD_BYTES
+
+
+def config_footprint_bytes(target_folder: Path, speculative: dict | None, kv_cache_gib: int) -> int:
+    """`server_footprint_bytes` of a server of this speculative config: its drafter, if it names
+    one (`"model"`; n-gram and no speculation name none)."""
+    return server_footprint_bytes(target_folder, (speculative or {}).get("model"), kv_cache_gib)
 
 
 def why_not_at_once(footprints: Sequence[int], available: int | None, device: str) -> str | None:

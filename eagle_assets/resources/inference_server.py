@@ -20,7 +20,7 @@ from pydantic import PrivateAttr
 
 from eagle_assets.embedded_target import resolve_target
 from eagle_assets.engines.envs import host_device
-from eagle_assets.engines.host_memory import HEADROOM_BYTES, available_memory_bytes, server_footprint_bytes, why_not_at_once
+from eagle_assets.engines.host_memory import HEADROOM_BYTES, available_memory_bytes, config_footprint_bytes, server_footprint_bytes, why_not_at_once
 from eagle_assets.engines.serving import InferenceServer, api_key_from_env, connect, launch_vllm
 from eagle_assets.engines.vllm_launch import DEFAULT_KV_CACHE_GIB, serving_mode_note, speculative_config
 from eagle_assets.targets import EMBEDDED_TARGET
@@ -140,12 +140,11 @@ class InferenceServerResource(dg.ConfigurableResource):
             return why_not_at_once([], None, device)
         wanted = dict(zip(replica_keys(specs), specs))
         folder = resolve_target(self.target, log=lambda m: None)[1]
-        starts = [server_footprint_bytes(folder, (spec or {}).get("model"), self.kv_cache_gib)
-                  for key, spec in wanted.items() if key not in self._warm]  # fmt: skip
+        starts = [config_footprint_bytes(folder, spec, self.kv_cache_gib) for key, spec in wanted.items() if key not in self._warm]
         available = available_memory_bytes()
         if available is not None:
             idle = [key for key in self._warm if key not in wanted and not self._in_use.get(key)]
-            available += sum(server_footprint_bytes(folder, (self._warm_spec(key) or {}).get("model"), self.kv_cache_gib) for key in idle)
+            available += sum(config_footprint_bytes(folder, self._warm_spec(key), self.kv_cache_gib) for key in idle)
         return why_not_at_once(starts, available, device)
 
     @staticmethod

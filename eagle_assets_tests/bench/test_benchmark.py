@@ -97,7 +97,10 @@ def test_an_aa_control_is_a_second_server_without_speculation_served_interleaved
     settings = BenchmarkSettings(k=3, control=True, interleave_rounds=5)
     configs = served_configs(settings, DRAFTER)
     assert [label for label, _ in configs] == ["baseline", "baseline (control)", "eagle3", "ngram"]
-    # Each gets a server of its own: the control asks for a further one of no speculation.
+    # Each gets a server of its own: the control asks for a further one of no speculation. What
+    # is checked is which servers are asked for, so `serve` records the asks and the sweep is
+    # left out; four real vLLM servers would take minutes to say the same (real interleaved
+    # sweeps: test_served.py, test_pipeline_e2e.py; the resource's replicas: test_inference_server.py).
     asked = []
 
     @contextlib.contextmanager

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from eagle_assets.engines.host_memory import ENGINE_OVERHEAD_BYTES, HEADROOM_BYTES, server_footprint_bytes, why_not_at_once
+from eagle_assets.engines.host_memory import ENGINE_OVERHEAD_BYTES, config_footprint_bytes, HEADROOM_BYTES, server_footprint_bytes, why_not_at_once
 
 
 def test_server_footprint_counts_the_weights_as_float32_the_cache_and_the_engine(tmp_path):
@@ -16,6 +16,9 @@ def test_server_footprint_counts_the_weights_as_float32_the_cache_and_the_engine
     plain = server_footprint_bytes(target, None, kv_cache_gib=2)
     assert plain == 2 * 3_000_000 + (2 << 30) + ENGINE_OVERHEAD_BYTES  # bf16 on disk, float32 served
     assert server_footprint_bytes(target, drafter, kv_cache_gib=2) == plain + 2 * 500_000
+    # From a speculative config: its drafter counts, n-gram and no speculation name none.
+    assert config_footprint_bytes(target, {"method": "eagle3", "model": str(drafter)}, 2) == plain + 2 * 500_000
+    assert config_footprint_bytes(target, {"method": "ngram"}, 2) == config_footprint_bytes(target, None, 2) == plain
 
 
 def test_servers_fit_at_once_while_their_sum_and_the_headroom_do():
