@@ -33,6 +33,7 @@ from eagle_assets.bench.report import BenchmarkReport, build_report, write_repor
 from eagle_assets.bench.served import SweepSettings, mt_bench_categories, mt_bench_prompts, refuse_too_few_prompts, run_served
 from eagle_assets.drafter.export import load_drafter
 from eagle_assets.engines.k_schedule import KSchedule
+from eagle_assets.engines.serving import replica_numbers
 from eagle_assets.engines.vllm_launch import ngram_config, speculative_config
 from eagle_assets.precision import use_exact_fp32
 
@@ -250,8 +251,7 @@ def _serve_interleaved(configs: Sequence[tuple[str, dict | None]], serve: Callab
     given twice (the A/A control) gets a server of its own: `serve(spec, replica=1)`."""
     with ExitStack() as stack:
         targets = []
-        for i, (label, spec) in enumerate(configs):
-            replica = sum(other == spec for _, other in configs[:i])
+        for (label, spec), replica in zip(configs, replica_numbers([spec for _, spec in configs])):
             server = stack.enter_context(serve(spec, replica=replica) if replica else serve(spec))
             targets.append(ServedTarget(label, server.base_url, server.model, server.api_key, {"speculative": spec}))
         log(f"served sweeps: {', '.join(t.label for t in targets)} interleaved in up to {rounds} rounds "

@@ -158,6 +158,12 @@ def launch_vllm(
         proc.stop()
 
 
+def replica_numbers(specs: list[dict | None]) -> list[int]:
+    """Which server of its configuration each speculative config names: 0 for the first time a
+    config is given, n for its n-th repeat (an A/A control is the baseline's replica 1)."""
+    return [sum(other == spec for other in specs[:i]) for i, spec in enumerate(specs)]
+
+
 def speculation_words(speculative: dict | None) -> str:
     """" with eagle3 (k=3)", " with eagle3 (k by batch size 1:3,2-:0)", or "" without speculation."""
     if not speculative:

@@ -9,25 +9,32 @@ from the target preset in its own environment and torn down when the stage ends.
 from __future__ import annotations
 
 import json
-import re
 from collections import OrderedDict
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
-from typing import Callable, Iterator, Optional
+from typing import Callable, Iterator, NamedTuple, Optional
 
 import dagster as dg
 from pydantic import PrivateAttr
 
 from eagle_assets.embedded_target import resolve_target
 from eagle_assets.engines.envs import host_device
-from eagle_assets.engines.host_memory import HEADROOM_BYTES, available_memory_bytes, config_footprint_bytes, server_footprint_bytes, why_not_at_once
-from eagle_assets.engines.serving import InferenceServer, api_key_from_env, connect, launch_vllm
+from eagle_assets.engines.host_memory import HEADROOM_BYTES, available_memory_bytes, config_footprint_bytes, why_not_at_once
+from eagle_assets.engines.serving import InferenceServer, api_key_from_env, connect, launch_vllm, replica_numbers
 from eagle_assets.engines.vllm_launch import DEFAULT_KV_CACHE_GIB, serving_mode_note, speculative_config
 from eagle_assets.targets import EMBEDDED_TARGET
 
 # The drafter's check serves plain and speculative, then the benchmark serves both again: two
 # warm servers save a vLLM start-up (~50 s on 2 cores) in every run of the graph.
 WARM_SERVERS_ON_CPU = 2
+
+
+class WarmServer(NamedTuple):
+    """A launched server the resource holds: what it serves, and the stack that stops it."""
+
+    server: InferenceServer
+    stack: ExitStack
+    speculative: dict | None
 
 
 class InferenceServerResource(dg.ConfigurableResource):
@@ -60,7 +67,7 @@ class InferenceServerResource(dg.ConfigurableResource):
     once; none is stopped while a block still uses it, and the warm ones are trimmed back to
     the limit after."""
 
-    _warm: "OrderedDict[str, tuple[InferenceServer, ExitStack]]" = PrivateAttr(default_factory=OrderedDict)
+    _warm: "OrderedDict[str, WarmServer]" = PrivateAttr(default_factory=OrderedDict)
     _in_use: "dict[str, int]" = PrivateAttr(default_factory=dict)
 
     def teardown_after_execution(self, context) -> None:
@@ -71,8 +78,7 @@ class InferenceServerResource(dg.ConfigurableResource):
             self._stop_oldest()
 
     def _stop_oldest(self) -> None:
-        _, (_, stack) = self._warm.popitem(last=False)
-        stack.close()
+        self._warm.popitem(last=False)[1].stack.close()
 
     def _oldest_idle(self) -> str | None:
         """The key of the oldest warm server no block is using; None when every one is in use."""
@@ -99,7 +105,7 @@ class InferenceServerResource(dg.ConfigurableResource):
     def _stop(self, key: str) -> None:
         held = self._warm.pop(key, None)
         if held is not None:
-            held[1].close()
+            held.stack.close()
 
     def _make_room(self, needed_bytes: int, log: Callable[[str], None]) -> None:
         """Stop idle warm servers, oldest first, until a new one of `needed_bytes` fits in the
@@ -114,7 +120,7 @@ class InferenceServerResource(dg.ConfigurableResource):
             if idle is None:
                 break
             log(
-                f"stopping the warm server at {self._warm[idle][0].base_url} to make room: {available / 2**30:.1f} GiB available, "
+                f"stopping the warm server at {self._warm[idle].server.base_url} to make room: {available / 2**30:.1f} GiB available, "
                 f"the next server needs ~{needed_bytes / 2**30:.1f} GiB and {HEADROOM_BYTES / 2**30:.0f} GiB stay free"
             )
             self._stop(idle)
@@ -144,13 +150,8 @@ class InferenceServerResource(dg.ConfigurableResource):
         available = available_memory_bytes()
         if available is not None:
             idle = [key for key in self._warm if key not in wanted and not self._in_use.get(key)]
-            available += sum(config_footprint_bytes(folder, self._warm_spec(key), self.kv_cache_gib) for key in idle)
+            available += sum(config_footprint_bytes(folder, self._warm[key].speculative, self.kv_cache_gib) for key in idle)
         return why_not_at_once(starts, available, device)
-
-    @staticmethod
-    def _warm_spec(key: str) -> dict | None:
-        """The speculative config a server key names (replica suffix dropped)."""
-        return json.loads(re.sub(r"#\d+$", "", key))  # JSON ends in "}" or "null": a suffix is a replica's
 
     def _warm_capacity(self) -> int:
         return WARM_SERVERS_ON_CPU if (self.device or host_device()) == "cpu" else 1
@@ -174,10 +175,13 @@ class InferenceServerResource(dg.ConfigurableResource):
                 )
             yield connect(self.url, self.model, api_key_from_env(self.api_key_env))
             return
-        key = server_key(drafter, k, speculative, replica)
+        # What the server will serve, as one config: a drafter folder and K name the same server
+        # as the config they expand to.
+        served = speculative if drafter is None else speculative_config(Path(drafter).expanduser().resolve(), k)
+        key = server_key(None, k, served, replica)
         if self.keep_warm and key in self._warm:
             self._warm.move_to_end(key)
-            server, _ = self._warm[key]
+            server = self._warm[key].server
             log(f"reusing the running server at {server.base_url}")
             try:
                 with self._using(key):
@@ -198,8 +202,7 @@ class InferenceServerResource(dg.ConfigurableResource):
         # Resolved (and, for the embedded target, checksummed) once: the launch is given the folder.
         folder = resolve_target(self.target, log=log)[1]
         if self._warm and (self.device or host_device()) == "cpu":
-            drafter_folder = drafter or (speculative or {}).get("model")  # the benchmark passes the config
-            self._make_room(server_footprint_bytes(folder, drafter_folder, self.kv_cache_gib), log)
+            self._make_room(config_footprint_bytes(folder, served, self.kv_cache_gib), log)
         stack = ExitStack()
         try:
             server = stack.enter_context(
@@ -224,7 +227,7 @@ class InferenceServerResource(dg.ConfigurableResource):
             with stack:
                 yield server
             return
-        self._warm[key] = (server, stack)
+        self._warm[key] = WarmServer(server, stack, served)
         try:
             with self._using(key):
                 yield server
@@ -251,4 +254,4 @@ def server_key(drafter: str | Path | None, k: int, speculative: dict | None, rep
 
 def replica_keys(specs: "list[dict | None]") -> list[str]:
     """The server key of each speculative config, a config given again naming a further server."""
-    return [server_key(None, 0, spec, sum(other == spec for other in specs[:i])) for i, spec in enumerate(specs)]
+    return [server_key(None, 0, spec, n) for spec, n in zip(specs, replica_numbers(specs))]

@@ -11,7 +11,7 @@ from eagle_assets.defs.resources import default_resources
 from eagle_assets.engines.vllm_launch import VllmLaunch, ngram_config, speculative_config
 from eagle_assets.resources import inference_server
 from eagle_assets.engines.host_memory import ENGINE_OVERHEAD_BYTES, HEADROOM_BYTES
-from eagle_assets.resources.inference_server import InferenceServerResource, server_key
+from eagle_assets.resources.inference_server import InferenceServerResource, WarmServer, server_key
 from eagle_assets.targets import EMBEDDED_TARGET, get_preset
 
 
@@ -47,7 +47,7 @@ def test_warm_servers_are_stopped_oldest_first_until_the_next_one_fits(monkeypat
             available["bytes"] += frees_gib << 30
 
         stack.callback(stop)
-        resource._warm[name] = (SimpleNamespace(base_url=f"http://{name}"), stack)
+        resource._warm[name] = WarmServer(SimpleNamespace(base_url=f"http://{name}"), stack, None)
 
     warm("older", 2)
     warm("newer", 2)
@@ -149,8 +149,8 @@ def test_servers_already_warm_count_as_up_and_idle_others_as_memory_to_free(tmp_
     assert resource.why_not_at_once(specs) is None
     available["bytes"] -= 1
     assert resource.why_not_at_once(specs).startswith("3 more servers at once need ~")
-    for key in (server_key(None, 3, None), server_key(drafter, 3, None)):  # the drafter check's two, left warm
-        resource._warm[key] = (SimpleNamespace(base_url="http://warm"), ExitStack())
+    for spec in (None, eagle):  # the drafter check's two, left warm
+        resource._warm[server_key(None, 3, spec)] = WarmServer(SimpleNamespace(base_url="http://warm"), ExitStack(), spec)
     available["bytes"] = one + HEADROOM_BYTES  # only n-gram's server is still to start
     assert resource.why_not_at_once(specs) is None
     assert resource.why_not_at_once([*specs, ngram_config(4)]).startswith("2 more servers")
