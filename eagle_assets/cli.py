@@ -165,6 +165,9 @@ def bench(
                                                   "Default: 10 where every server fits in memory at once, else 0."),
     control: bool = typer.Option(False, "--control", help="Interleaved: also serve no speculation from a second server, an A/A "
                                                          "control whose ratio to the first is the run's noise floor."),
+    confirm_schedule: bool = typer.Option(False, "--confirm-schedule",
+                                          help="Where the K served recommend a K schedule, serve it after the sweep beside no "
+                                               "speculation and its fixed K, and say whether it serves as fast as the fastest."),
     parent_al: Optional[float] = typer.Option(None, help="A parent drafter's AL to check against."),
     compiled: bool = typer.Option(False, "--compiled/--eager", help="CPU: serve compiled, as a deployment does (starts take ~2 min), or eagerly."),
 ) -> None:
@@ -192,7 +195,7 @@ def bench(
         settings = BenchmarkSettings(num_prompts=num_prompts, output_len=output_len, concurrencies=tuple(concurrency),
                                      k=benchmark_k(k, summary, preset.ttt_steps),
                                      also_k=tuple(also_k), ngram=ngram, baseline_again=baseline_again,
-                                     interleave_rounds=interleave, control=control,
+                                     interleave_rounds=interleave, control=control, confirm_schedule=confirm_schedule,
                                      k_schedule=KSchedule.parse(k_schedule) if k_schedule else None)  # fmt: skip
         if interleave and host_device() != "cpu":
             _fail("--interleave needs every configuration's server up at once: on an accelerator each vLLM takes most "

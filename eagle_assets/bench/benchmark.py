@@ -11,7 +11,8 @@ batch size), vLLM's n-gram speculation (what a user would pick without training)
 baseline again, which measures the host's drift over the run (`bench/checks.py`). With
 `interleave_rounds` (by default, where every server fits at once), all of them are up at once
 and each level is served in rounds that alternate between them (`bench/interleaved.py`), so
-that drift cancels out instead of being measured.
+that drift cancels out instead of being measured. With `confirm_schedule`, the K schedule the
+fixed K recommend is served after the sweep, to confirm it (`bench/k_choice.py`).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import torch
 from eagle_assets.bench.breakdown import answers_ending_early, offline_slices
 from eagle_assets.bench.checks import BASELINE, BASELINE_END, CONTROL, NGRAM
 from eagle_assets.bench.interleaved import ServedTarget, run_interleaved
+from eagle_assets.bench.k_choice import confirmation_configs, recommended_schedule, run_schedule
 from eagle_assets.bench.parity import AcceptanceNumbers, ParityTolerance, TrainingFacts
 from eagle_assets.bench.reference_decoder import Result, speculative_generate
 from eagle_assets.bench.report import BenchmarkReport, build_report, write_report
@@ -68,6 +70,10 @@ class BenchmarkSettings:
     control: bool = False
     """Also serve no speculation from a second server (`CONTROL`), interleaved with the rest: an
     A/A control whose tokens/s over the baseline's is the run's noise floor."""
+    confirm_schedule: bool = False
+    """Where the fixed K served recommend a K schedule (another K at some loads), serve it after
+    the sweep beside no speculation and the fixed K it uses, served as the sweep was: the report
+    says whether it served as fast as the fastest of them at every level (`bench/k_choice.py`)."""
     offline_prompts: int | None = None
     """Prompts for the offline reference (default: all of them)."""
     tolerance: ParityTolerance = field(default_factory=ParityTolerance)
@@ -217,15 +223,12 @@ def run_benchmark(
     if how_served:
         notes.append(how_served)
         log(how_served)
-    configs = served_configs(settings, served_drafter_dir)
-    if settings.interleave_rounds:
-        runs = _serve_interleaved(configs, serve, prompts, sweep, settings.interleave_rounds, log)
-    else:
-        runs = []
-        for label, spec in configs:
-            with serve(spec) as server:
-                log(f"served sweep: {label} at concurrency {list(settings.concurrencies)}")
-                runs.append(run_served(label, server.base_url, server.model, prompts, sweep, api_key=server.api_key, config={"speculative": spec}))
+    runs = _serve_all(served_configs(settings, served_drafter_dir), serve, prompts, sweep, settings.interleave_rounds, log)
+    confirmation = []
+    if settings.confirm_schedule:
+        confirmation, note = _confirm_schedule(runs, settings, served_drafter_dir, serve, prompts, sweep, log)
+        if note:
+            notes.append(note)
     report = build_report(
         target=target_name,
         drafter=str(served_drafter_dir),
@@ -240,9 +243,38 @@ def run_benchmark(
         target_num_layers=target_num_layers,
         min_speedup=settings.min_speedup,
         training=TrainingFacts.from_summary(training_summary),
+        confirmation=confirmation,
     )
     paths = write_report(report, out_dir)
     return report, paths
+
+
+def _serve_all(configs: Sequence[tuple[str, dict | None]], serve: Callable[..., ContextManager],
+               prompts: Sequence, sweep: SweepSettings, rounds: int, log: Callable[[str], None]) -> list:  # fmt: skip
+    """Serve every configuration's sweep: interleaved in `rounds`, or (0) one after another."""
+    if rounds:
+        return _serve_interleaved(configs, serve, prompts, sweep, rounds, log)
+    runs = []
+    for label, spec in configs:
+        with serve(spec) as server:
+            log(f"served sweep: {label} at concurrency {list(sweep.concurrencies)}")
+            runs.append(run_served(label, server.base_url, server.model, prompts, sweep, api_key=server.api_key, config={"speculative": spec}))
+    return runs
+
+
+def _confirm_schedule(runs: Sequence, settings: BenchmarkSettings, drafter_dir: Path, serve: Callable[..., ContextManager],
+                      prompts: Sequence, sweep: SweepSettings, log: Callable[[str], None]) -> tuple[list, str | None]:  # fmt: skip
+    """The runs confirming the schedule the sweep recommends (none when it recommends no
+    schedule, or one the sweep served already), and a note saying which."""
+    schedule = recommended_schedule(runs)
+    if schedule is None or len(schedule.ranges) == 1:
+        advice = "no K beat no speculation" if schedule is None else f"K={schedule.max_k} served fastest at every load"
+        return [], f"confirm_schedule: no schedule to confirm ({advice})"
+    if any(run_schedule(r) == schedule for r in runs):
+        return [], f"confirm_schedule: the recommended schedule {schedule.text()} was served in the sweep itself"
+    log(f"confirming the recommended K schedule {schedule.text()} ({schedule.describe()})")
+    configs = confirmation_configs(schedule, settings.k, drafter_dir, settings.baseline_again and not settings.interleave_rounds)
+    return _serve_all(configs, serve, prompts, sweep, settings.interleave_rounds, log), None
 
 
 def _serve_interleaved(configs: Sequence[tuple[str, dict | None]], serve: Callable[..., ContextManager],

@@ -78,6 +78,10 @@ METRIC_DEFINITIONS: dict[str, str] = {
         "the K drafted at each batch size (vLLM's num_speculative_tokens_per_batch_size), written FIRST-LAST:K; "
         "recommended: the K that served fastest at each concurrency measured, 0 where none beat no speculation"
     ),
+    "k_schedule_confirmation": (
+        "the recommended schedule served after the sweep beside no speculation and the fixed K it uses, same "
+        "prompts: confirmed where its speedup is at least 95% of the fastest of them at every concurrency"
+    ),
     "TTFT": "time to first token: request sent to first streamed output token",
     "ITL": "inter-token latency: gap between streamed chunks divided by the tokens each chunk carries",
     "tokens_per_s": "total output tokens of a concurrency level / wall time of that level (served in rounds: their sums)",

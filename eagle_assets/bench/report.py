@@ -42,7 +42,15 @@ from eagle_assets.bench.checks import (
     speedup_check,
     speedups,
 )
-from eagle_assets.bench.k_choice import k_schedule_lines, k_schedule_summary, run_schedule, speedups_by_k
+from eagle_assets.bench.k_choice import (
+    confirm,
+    confirmation_dict,
+    confirmation_lines,
+    k_schedule_lines,
+    k_schedule_summary,
+    run_schedule,
+    speedups_by_k,
+)
 from eagle_assets.bench.metrics import METRIC_DEFINITIONS, SpecStats
 from eagle_assets.bench.parity import AcceptanceNumbers, ParityTolerance, TrainingFacts, Verdict, judge_parity
 from eagle_assets.bench.plots import plot_acceptance, plot_speedup, plot_throughput
@@ -91,6 +99,9 @@ class BenchmarkReport:
     notes: tuple[str, ...] = ()
     training: TrainingFacts | None = None
     """The drafter's validation on its own corpus, from its training (absent for a bare export)."""
+    confirmation: tuple[ServedRun, ...] = ()
+    """Runs served after the sweep to confirm the recommended K schedule (`bench/k_choice.py`):
+    no speculation, the fixed K it uses and the schedule, on the same prompts; empty when none was."""
 
     def run(self, label: str) -> ServedRun | None:
         return next((r for r in self.runs if r.label == label), None)
@@ -106,6 +117,7 @@ class BenchmarkReport:
         return {
             "recommended": schedule.text() if schedule else None,
             "speedups_by_k": {str(k): {str(c): v for c, v in by_c.items()} for k, by_c in by_k.items()},
+            "confirmation": confirmation_dict(self.confirmation),
         }
 
     def to_dict(self) -> dict:
@@ -132,6 +144,7 @@ class BenchmarkReport:
                 "created_at": self.created_at,
                 "notes": list(self.notes),
                 "training": self.training.to_dict() if self.training else None,
+                "confirmation_runs": [r.to_dict() for r in self.confirmation],
             }
         )
 
@@ -154,6 +167,7 @@ class BenchmarkReport:
             created_at=float(d.get("created_at", 0.0)),
             notes=tuple(d.get("notes", ())),
             training=TrainingFacts.from_dict(d["training"]) if d.get("training") else None,
+            confirmation=tuple(ServedRun.from_dict(_nan_back(r)) for r in d.get("confirmation_runs", ())),
         )
 
 
@@ -206,6 +220,7 @@ def build_report(
     min_speedup: float = 1.0,
     notes: Sequence[str] = (),
     training: TrainingFacts | None = None,
+    confirmation: Sequence[ServedRun] = (),
 ) -> BenchmarkReport:
     """Put the runs, offline numbers and verdict together and run the checks.
 
@@ -244,6 +259,7 @@ def build_report(
         created_at=time.time(),
         notes=tuple(notes),
         training=training,
+        confirmation=tuple(confirmation),
     )
 
 
@@ -386,8 +402,14 @@ def to_markdown(report: BenchmarkReport, plots: Mapping[str, str] | None = None)
     fastest = fastest_per_concurrency(report)
     if fastest:
         out += ["### Fastest configuration per concurrency", "", *[f"- {line}" for line in fastest], ""]
-    if k_lines := k_schedule_lines(report.drafter, report.runs, report.speedups):
+    if k_lines := k_schedule_lines(report.drafter, report.runs, report.speedups, confirmed=bool(report.confirmation)):
         out += ["### K to serve at each load", "", *[f"- {line}" for line in k_lines], ""]
+    if confirm_lines := confirmation_lines(report.confirmation):
+        runs = report.confirmation
+        cs = sorted({lv.concurrency for r in runs for lv in r.levels})
+        rows = [[str(c), *[_f(lv.tokens_per_s, "{:.1f}") if (lv := r.level(c)) else "-" for r in runs]] for c in cs]
+        out += ["### The recommended K schedule, confirmed", "", *[f"- {line}" for line in confirm_lines], "",
+                "Tokens/s of the confirming runs:", "", _table(["concurrency", *[r.label for r in runs]], rows), ""]  # fmt: skip
     for name, alt in ((PLOT_THROUGHPUT, "throughput"), (PLOT_SPEEDUP, "speedup")):
         if name in plots:
             out += [f"![{alt}]({plots[name]})", ""]
@@ -534,6 +556,11 @@ def summary_text(report: BenchmarkReport) -> str:
         lines.append("fastest: " + "; ".join(fastest))
     if k_line := k_schedule_summary(report.runs, report.speedups):
         lines.append(k_line)
+    if confirmed := confirm(report.confirmation):
+        schedule, levels = confirmed
+        verdict = "confirmed" if all(lv.confirmed for lv in levels) else "NOT confirmed"
+        lines.append(f"K schedule {schedule.text()} served after the sweep: {verdict}; "
+                     + "; ".join(f"c={lv.concurrency} K{lv.k} {lv.speedup:.2f}x ({lv.fastest} {lv.fastest_speedup:.2f}x)" for lv in levels))  # fmt: skip
     for ch in report.checks:
         lines.append(f"[{'pass' if ch.passed else 'FAIL'}] {ch.name}: {ch.description}")
     lines.append("AL = 1 + accepted/drafts; draft acceptance = accepted/drafted; speedup = tok/s with / without speculation"

@@ -40,6 +40,9 @@ class BenchmarkConfig(dg.Config):
     control: bool = False
     """Served interleaved: also serve no speculation from a second server, an A/A control whose
     tokens/s over the baseline's is the run's noise floor."""
+    confirm_schedule: bool = False
+    """Where the K served (k and also_k) recommend a K schedule, serve it after the sweep beside
+    no speculation and its fixed K: the report says whether it serves as fast as the fastest."""
     al_tolerance: float = 0.15
     """Parity holds when |served AL - offline AL| <= this share of the offline AL."""
     parent_al: Optional[float] = None
@@ -58,6 +61,7 @@ class BenchmarkConfig(dg.Config):
             baseline_again=self.baseline_again,
             interleave_rounds=self.interleave_rounds,
             control=self.control,
+            confirm_schedule=self.confirm_schedule,
             tolerance=ParityTolerance(al_rel=self.al_tolerance),
         )
 
@@ -106,6 +110,7 @@ def benchmark_report(context: dg.AssetExecutionContext, config: BenchmarkConfig,
                     "against_ngram": {str(c): ratio for c, (ratio, _) in against(report.runs, report.spec_label, NGRAM).items()},
                     "control": {str(c): ratio for c, (ratio, _) in against(report.runs, CONTROL, BASELINE).items()},
                     "recommended_k_schedule": report.k_schedule_dict()["recommended"],
+                    "k_schedule_confirmation": report.k_schedule_dict()["confirmation"],
                     "verdict": report.parity.verdict if report.parity else None,
                     "verdict_sentence": report.parity.sentence if report.parity else None,
                 }

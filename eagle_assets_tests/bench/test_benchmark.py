@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -12,6 +13,8 @@ from eagle_assets.bench import benchmark
 from eagle_assets.bench.benchmark import DEFAULT_INTERLEAVE_ROUNDS, BenchmarkSettings, benchmark_k, interleaving, served_configs
 from eagle_assets.bench.served import SweepSettings
 from eagle_assets.engines.k_schedule import KSchedule
+from eagle_assets.engines.vllm_launch import speculative_config
+from eagle_assets_tests.bench.test_report import _run, _served_with
 
 DRAFTER = Path("/drafters/smollm2/drafter-vllm")
 
@@ -121,6 +124,45 @@ def test_an_aa_control_is_a_second_server_without_speculation_served_interleaved
     assert note.endswith("; the A/A control, which needs interleaving, was not served")
     with pytest.raises(ValueError, match=r"control=True serves a second server .* \(baseline_again\)"):
         BenchmarkSettings(control=True, interleave_rounds=0)
+
+
+def test_the_recommended_schedule_is_served_after_the_sweep_beside_no_speculation_and_its_fixed_k(monkeypatch):
+    # The sweep: K=3 above no speculation at 1 and 4, below it at 8; K=2 slower everywhere.
+    k3, k2 = speculative_config(DRAFTER, 3), speculative_config(DRAFTER, 2)
+    sweep = [_served_with(_run("baseline", {1: 50.0, 4: 160.0, 8: 240.0}), None),
+             _served_with(_run("eagle3", {1: 80.0, 4: 200.0, 8: 216.0}), k3),
+             _served_with(_run("eagle3 k=2", {1: 70.0, 4: 170.0, 8: 230.0}), k2)]  # fmt: skip
+    asked = []
+
+    @contextlib.contextmanager
+    def serve(spec, replica=0):
+        asked.append(spec)
+        yield SimpleNamespace(base_url=f"http://{len(asked)}", model="m", api_key=None)
+
+    # Which servers are asked for, in which way: the sweeps themselves are left out (real ones:
+    # test_served.py, test_interleaved.py; a real schedule served: engines/test_serving.py).
+    monkeypatch.setattr(benchmark, "run_interleaved", lambda targets, prompts, sweep, rounds, progress: [(t.label, rounds) for t in targets])
+    monkeypatch.setattr(benchmark, "run_served", lambda label, *a, **k: label)
+    prompts, levels = ["p"] * 8, SweepSettings(output_len=8, concurrencies=(1, 4, 8))
+    settings = BenchmarkSettings(k=3, also_k=(2,), interleave_rounds=4, confirm_schedule=True)
+    runs, note = benchmark._confirm_schedule(sweep, settings, DRAFTER, serve, prompts, levels, lambda m: None)
+    schedule = KSchedule.parse("1-4:3,5-:0")
+    assert note is None and runs == [("baseline", 4), ("eagle3", 4), ("eagle3 k=1-4:3,5-:0", 4)]
+    assert asked == [None, k3, speculative_config(DRAFTER, 3, schedule)]
+    # Served one after another, as the sweep was: no speculation again at the end, for the drift.
+    runs, _ = benchmark._confirm_schedule(sweep, replace(settings, interleave_rounds=0), DRAFTER, serve, prompts, levels, lambda m: None)
+    assert runs == ["baseline", "eagle3", "eagle3 k=1-4:3,5-:0", "baseline (end)"]
+    # Nothing to confirm: one K fastest everywhere, or none above no speculation; or served already.
+    steady = [sweep[0], _served_with(_run("eagle3", {1: 80.0, 4: 200.0, 8: 250.0}), k3)]
+    assert benchmark._confirm_schedule(steady, settings, DRAFTER, serve, prompts, levels, print) == (
+        [], "confirm_schedule: no schedule to confirm (K=3 served fastest at every load)")
+    slow = [sweep[0], _served_with(_run("eagle3", {1: 40.0, 4: 150.0, 8: 200.0}), k3)]
+    assert benchmark._confirm_schedule(slow, settings, DRAFTER, serve, prompts, levels, print) == (
+        [], "confirm_schedule: no schedule to confirm (no K beat no speculation)")
+    served = [*sweep, _served_with(_run("eagle3 k=1-4:3,5-:0", {1: 80.0, 4: 200.0, 8: 236.0}), speculative_config(DRAFTER, 3, schedule))]
+    assert benchmark._confirm_schedule(served, settings, DRAFTER, serve, prompts, levels, print) == (
+        [], "confirm_schedule: the recommended schedule 1-4:3,5-:0 was served in the sweep itself")
+    assert len(asked) == 7  # none of these started a server
 
 
 def test_settings_refuse_negative_rounds():

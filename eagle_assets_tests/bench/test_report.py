@@ -278,7 +278,7 @@ def test_other_ks_are_compared_and_the_fastest_named():
     assert ('`--speculative-config \'{"method": "eagle3", "model": "d", "num_speculative_tokens": 3, '
             '"num_speculative_tokens_per_batch_size": [[1, 1, 2], [2, 4, 3], [5, 4096, 0]]}\'`') in md
     assert "`eagle-assets bench --drafter d --k-schedule 1:2,2-4:3,5-:0`" in md
-    assert report.to_dict()["k_schedule"] == {"recommended": "1:2,2-4:3,5-:0", "speedups_by_k": {
+    assert report.to_dict()["k_schedule"] == {"recommended": "1:2,2-4:3,5-:0", "confirmation": None, "speedups_by_k": {
         "3": {"1": 1.6, "4": 1.25, "8": 0.9}, "2": {"1": 88.0 / 50.0, "4": 190.0 / 160.0, "8": 230.0 / 240.0}}}
 
 
@@ -308,3 +308,55 @@ def test_a_run_served_by_batch_size_is_measured_and_the_advice_follows_the_fixed
     assert "K by batch size, fastest per load: none (no K beat no speculation): serve without the drafter" in summary_text(report)
     assert "No K measured (K=3) served faster than no speculation at any concurrency: serve without the drafter." in to_markdown(report)
     assert report.to_dict()["k_schedule"]["recommended"] is None
+
+
+def _served_with(run: ServedRun, spec: dict | None) -> ServedRun:
+    return dataclasses.replace(run, config={"speculative": spec})
+
+
+SCHEDULE_SPEC = {"method": "eagle3", "num_speculative_tokens": 3, "num_speculative_tokens_per_batch_size": [[1, 4, 3], [5, 4096, 0]]}
+K3_SPEC = {"method": "eagle3", "num_speculative_tokens": 3}
+
+
+def _confirming(scheduled: dict[int, float]) -> list[ServedRun]:
+    """The runs that confirm `1-4:3,5-:0`: no speculation, K=3 and the schedule at these tokens/s."""
+    return [_served_with(_run("baseline", {1: 50.0, 4: 160.0, 8: 240.0}), None),
+            _served_with(_run("eagle3", {1: 78.0, 4: 196.0, 8: 220.0}, EAGLE), K3_SPEC),
+            _served_with(_run("eagle3 k=1-4:3,5-:0", scheduled, EAGLE), SCHEDULE_SPEC)]  # fmt: skip
+
+
+def test_a_schedule_served_after_the_sweep_is_confirmed_where_it_keeps_up_with_the_fastest(tmp_path):
+    sweep = [RUNS[0], _served_with(RUNS[1], K3_SPEC)]  # K=3: 1.6x, 1.25x, 0.9x -> 1-4:3,5-:0
+    # At 1 and 4 it drafts 3 and serves within 5% of K=3 (77.0 / 78.0, 190.0 / 196.0); at 8 it
+    # drafts none and serves at 0.97x of no speculation, within 5% of it too.
+    report = build_report("smollm2-135m-instruct", "d", sweep, offline=OFFLINE, confirmation=_confirming({1: 77.0, 4: 190.0, 8: 233.0}))
+    confirmation = report.to_dict()["k_schedule"]["confirmation"]
+    assert report.to_dict()["k_schedule"]["recommended"] == "1-4:3,5-:0"
+    assert confirmation["schedule"] == "1-4:3,5-:0" and confirmation["confirmed"] is True and confirmation["margin"] == 0.05
+    assert [(lv["concurrency"], lv["k"], lv["fastest"], lv["confirmed"]) for lv in confirmation["levels"]] == [
+        (1, 3, "eagle3", True), (4, 3, "eagle3", True), (8, 0, "no speculation", True)]
+    assert confirmation["levels"][2]["speedup"] == 233.0 / 240.0 and confirmation["levels"][0]["fastest_speedup"] == 78.0 / 50.0
+    md = to_markdown(report)
+    assert "### The recommended K schedule, confirmed" in md
+    assert ("- `1-4:3,5-:0` served after the sweep, beside no speculation and the fixed K it uses, on the same prompts: "
+            "confirmed: within 5% of the fastest at every level.") in md
+    assert "- concurrency 8: K 0, 0.97x against no speculation's 1.00x (confirmed)" in md
+    assert "| concurrency | baseline | eagle3 | eagle3 k=1-4:3,5-:0 |" in md and "| 8 | 240.0 | 220.0 | 233.0 |" in md
+    assert "Serve it beside" not in md  # it was served
+    assert ("K schedule 1-4:3,5-:0 served after the sweep: confirmed; c=1 K3 1.54x (eagle3 1.56x); c=4 K3 1.19x (eagle3 1.23x); "
+            "c=8 K0 0.97x (no speculation 1.00x)") in summary_text(report)
+    # The sweep's own numbers are the sweep's: the confirming runs are apart from them.
+    assert [r.label for r in report.runs] == ["baseline", "eagle3"] and report.speedups["eagle3"][1] == 1.6
+    paths = write_report(report, tmp_path)
+    assert load_report(paths.json).to_dict()["k_schedule"]["confirmation"] == confirmation
+
+
+def test_a_schedule_slower_than_the_fastest_by_more_than_the_margin_is_not_confirmed():
+    sweep = [RUNS[0], _served_with(RUNS[1], K3_SPEC)]
+    # At 8, 0.94x of no speculation: drafting nothing still ran the drafter's first forward, and cost 6%.
+    report = build_report("smollm2-135m-instruct", "d", sweep, confirmation=_confirming({1: 78.0, 4: 196.0, 8: 225.6}))
+    confirmation = report.to_dict()["k_schedule"]["confirmation"]
+    assert confirmation["confirmed"] is False and [lv["confirmed"] for lv in confirmation["levels"]] == [True, True, False]
+    assert "not confirmed: slower than the fastest by more than 5% at some level" in to_markdown(report)
+    assert "- concurrency 8: K 0, 0.94x against no speculation's 1.00x (NOT confirmed)" in to_markdown(report)
+    assert "K schedule 1-4:3,5-:0 served after the sweep: NOT confirmed;" in summary_text(report)

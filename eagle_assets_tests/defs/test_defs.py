@@ -142,5 +142,6 @@ def test_benchmark_config_reads_a_k_schedule_and_refuses_a_bad_one():
 
     assert BenchmarkConfig(k_schedule="1-2:3,3-:0").settings(k=3).k_schedule.vllm_entries() == [[1, 2, 3], [3, 4096, 0]]
     assert BenchmarkConfig().settings(k=3).k_schedule is None
+    assert BenchmarkConfig(confirm_schedule=True).settings(k=3).confirm_schedule and not BenchmarkConfig().settings(k=3).confirm_schedule
     with pytest.raises(ValueError, match="K schedule '1-2:3,4-:0': the range 4- starts at 4, not 3"):
         BenchmarkConfig(k_schedule="1-2:3,4-:0").settings(k=3)
