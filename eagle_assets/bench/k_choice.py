@@ -163,8 +163,12 @@ def confirmation_lines(runs: Sequence[ServedRun]) -> list[str]:
     schedule, levels = confirmed
     verdict = ("confirmed: within {:.0%} of the fastest at every level" if all(lv.confirmed for lv in levels)
                else "not confirmed: slower than the fastest by more than {:.0%} at some level").format(SCHEDULE_MARGIN)  # fmt: skip
-    return [f"`{schedule.text()}` served after the sweep, beside no speculation and the fixed K it uses, on the same "
-            f"prompts: {verdict}.", *[lv.describe() for lv in levels]]  # fmt: skip
+    lines = [f"`{schedule.text()}` served after the sweep, beside no speculation and the fixed K it uses, on the same "
+             f"prompts: {verdict}.", *[lv.describe() for lv in levels]]  # fmt: skip
+    if any(lv.k == 0 and not lv.confirmed for lv in levels):
+        lines.append("At K 0 the drafter's first forward still runs over every new token: where that costs more than the "
+                     "margin, that load is served faster by a server without the drafter than by any schedule.")  # fmt: skip
+    return lines
 
 
 def confirmation_dict(runs: Sequence[ServedRun]) -> dict | None:

@@ -408,7 +408,7 @@ def to_markdown(report: BenchmarkReport, plots: Mapping[str, str] | None = None)
         runs = report.confirmation
         cs = sorted({lv.concurrency for r in runs for lv in r.levels})
         rows = [[str(c), *[_f(lv.tokens_per_s, "{:.1f}") if (lv := r.level(c)) else "-" for r in runs]] for c in cs]
-        out += ["### The recommended K schedule, confirmed", "", *[f"- {line}" for line in confirm_lines], "",
+        out += ["### The recommended K schedule, served to confirm it", "", *[f"- {line}" for line in confirm_lines], "",
                 "Tokens/s of the confirming runs:", "", _table(["concurrency", *[r.label for r in runs]], rows), ""]  # fmt: skip
     for name, alt in ((PLOT_THROUGHPUT, "throughput"), (PLOT_SPEEDUP, "speedup")):
         if name in plots:

@@ -337,12 +337,12 @@ def test_a_schedule_served_after_the_sweep_is_confirmed_where_it_keeps_up_with_t
         (1, 3, "eagle3", True), (4, 3, "eagle3", True), (8, 0, "no speculation", True)]
     assert confirmation["levels"][2]["speedup"] == 233.0 / 240.0 and confirmation["levels"][0]["fastest_speedup"] == 78.0 / 50.0
     md = to_markdown(report)
-    assert "### The recommended K schedule, confirmed" in md
+    assert "### The recommended K schedule, served to confirm it" in md
     assert ("- `1-4:3,5-:0` served after the sweep, beside no speculation and the fixed K it uses, on the same prompts: "
             "confirmed: within 5% of the fastest at every level.") in md
     assert "- concurrency 8: K 0, 0.97x against no speculation's 1.00x (confirmed)" in md
     assert "| concurrency | baseline | eagle3 | eagle3 k=1-4:3,5-:0 |" in md and "| 8 | 240.0 | 220.0 | 233.0 |" in md
-    assert "Serve it beside" not in md  # it was served
+    assert "Serve it beside" not in md and "At K 0 the drafter's first forward" not in md  # it was served, and kept up
     assert ("K schedule 1-4:3,5-:0 served after the sweep: confirmed; c=1 K3 1.54x (eagle3 1.56x); c=4 K3 1.19x (eagle3 1.23x); "
             "c=8 K0 0.97x (no speculation 1.00x)") in summary_text(report)
     # The sweep's own numbers are the sweep's: the confirming runs are apart from them.
@@ -359,4 +359,5 @@ def test_a_schedule_slower_than_the_fastest_by_more_than_the_margin_is_not_confi
     assert confirmation["confirmed"] is False and [lv["confirmed"] for lv in confirmation["levels"]] == [True, True, False]
     assert "not confirmed: slower than the fastest by more than 5% at some level" in to_markdown(report)
     assert "- concurrency 8: K 0, 0.94x against no speculation's 1.00x (NOT confirmed)" in to_markdown(report)
+    assert "- At K 0 the drafter's first forward still runs over every new token" in to_markdown(report)
     assert "K schedule 1-4:3,5-:0 served after the sweep: NOT confirmed;" in summary_text(report)
