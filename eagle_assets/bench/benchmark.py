@@ -28,7 +28,7 @@ import torch
 from eagle_assets.bench.breakdown import answers_ending_early, offline_slices
 from eagle_assets.bench.checks import BASELINE, BASELINE_END, CONTROL, NGRAM
 from eagle_assets.bench.interleaved import ServedTarget, run_interleaved
-from eagle_assets.bench.k_choice import confirmation_configs, recommended_schedule, run_schedule
+from eagle_assets.bench.k_choice import confirmation_configs, fixed_k_label, recommended_schedule, run_schedule, schedule_label
 from eagle_assets.bench.parity import AcceptanceNumbers, ParityTolerance, TrainingFacts
 from eagle_assets.bench.reference_decoder import Result, speculative_generate
 from eagle_assets.bench.report import BenchmarkReport, build_report, write_report
@@ -108,10 +108,9 @@ def served_configs(settings: BenchmarkSettings, drafter_dir: Path) -> list[tuple
     configs: list[tuple[str, dict | None]] = [(BASELINE, None)]
     if settings.control and settings.interleave_rounds:
         configs.append((CONTROL, None))
-    configs.append(("eagle3", speculative_config(drafter_dir, settings.k)))
-    configs += [(f"eagle3 k={k}", speculative_config(drafter_dir, k)) for k in settings.also_k]
+    configs += [(fixed_k_label(k, settings.k), speculative_config(drafter_dir, k)) for k in (settings.k, *settings.also_k)]
     if settings.k_schedule is not None:
-        configs.append((f"eagle3 k={settings.k_schedule.text()}", speculative_config(drafter_dir, settings.k, settings.k_schedule)))
+        configs.append((schedule_label(settings.k_schedule), speculative_config(drafter_dir, settings.k, settings.k_schedule)))
     if settings.ngram:
         configs.append((NGRAM, ngram_config(settings.k)))
     if settings.baseline_again and not settings.interleave_rounds:

@@ -104,6 +104,11 @@ def fixed_k_label(k: int, main_k: int) -> str:
     return "eagle3" if k == main_k else f"eagle3 k={k}"
 
 
+def schedule_label(schedule: KSchedule) -> str:
+    """A run by batch size's label, as the sweep names it: `eagle3 k=1:3,2-:0`."""
+    return f"eagle3 k={schedule.text()}"
+
+
 def confirmation_configs(schedule: KSchedule, main_k: int, drafter: str | Path,
                          baseline_again: bool) -> list[tuple[str, dict | None]]:  # fmt: skip
     """(label, speculative config) of the runs that confirm `schedule`: no speculation, each K
@@ -111,7 +116,7 @@ def confirmation_configs(schedule: KSchedule, main_k: int, drafter: str | Path,
     one after another and `baseline_again` (the host's drift)."""
     configs: list[tuple[str, dict | None]] = [(BASELINE, None)]
     configs += [(fixed_k_label(k, main_k), speculative_config(drafter, k)) for k in sorted({k for _, _, k in schedule.ranges if k})]
-    configs.append((f"eagle3 k={schedule.text()}", speculative_config(drafter, schedule.max_k, schedule)))
+    configs.append((schedule_label(schedule), speculative_config(drafter, schedule.max_k, schedule)))
     if baseline_again:
         configs.append((BASELINE_END, None))
     return configs
@@ -139,7 +144,20 @@ class LevelConfirmation:
                 f"{self.fastest_speedup:.2f}x ({'confirmed' if self.confirmed else 'NOT confirmed'})")  # fmt: skip
 
 
-def confirm(runs: Sequence[ServedRun]) -> tuple[KSchedule, list[LevelConfirmation]] | None:
+@dataclass(frozen=True)
+class ScheduleConfirmation:
+    """A schedule served to confirm it, and how it served at each level."""
+
+    schedule: KSchedule
+    levels: tuple[LevelConfirmation, ...]
+
+    @property
+    def confirmed(self) -> bool:
+        """Within `SCHEDULE_MARGIN` of the fastest at every level."""
+        return all(lv.confirmed for lv in self.levels)
+
+
+def confirm(runs: Sequence[ServedRun]) -> ScheduleConfirmation | None:
     """The schedule served in `runs` (the confirming runs) and, per level, how it served against
     the fastest of no speculation and the fixed K beside it; None when no run served a schedule."""
     schedule_run = next((r for r in runs if run_schedule(r) is not None), None)
@@ -152,20 +170,19 @@ def confirm(runs: Sequence[ServedRun]) -> tuple[KSchedule, list[LevelConfirmatio
         rivals = [(1.0, "no speculation")] + [(s[c], r.label) for r in runs if fixed_k(r) is not None and c in (s := by_label.get(r.label, {}))]
         best, name = max(rivals, key=lambda x: x[0])
         levels.append(LevelConfirmation(c, schedule.k_at(c), speedup, name, best))
-    return schedule, levels
+    return ScheduleConfirmation(schedule, tuple(levels))
 
 
 def confirmation_lines(runs: Sequence[ServedRun]) -> list[str]:
     """The report's lines on a schedule's confirmation (none when none was served)."""
-    confirmed = confirm(runs)
-    if confirmed is None:
+    confirmation = confirm(runs)
+    if confirmation is None:
         return []
-    schedule, levels = confirmed
-    verdict = ("confirmed: within {:.0%} of the fastest at every level" if all(lv.confirmed for lv in levels)
+    verdict = ("confirmed: within {:.0%} of the fastest at every level" if confirmation.confirmed
                else "not confirmed: slower than the fastest by more than {:.0%} at some level").format(SCHEDULE_MARGIN)  # fmt: skip
-    lines = [f"`{schedule.text()}` served after the sweep, beside no speculation and the fixed K it uses, on the same "
-             f"prompts: {verdict}.", *[lv.describe() for lv in levels]]  # fmt: skip
-    if any(lv.k == 0 and not lv.confirmed for lv in levels):
+    lines = [f"`{confirmation.schedule.text()}` served after the sweep, beside no speculation and the fixed K it uses, "
+             f"on the same prompts: {verdict}.", *[lv.describe() for lv in confirmation.levels]]  # fmt: skip
+    if any(lv.k == 0 and not lv.confirmed for lv in confirmation.levels):
         lines.append("At K 0 the drafter's first forward still runs over every new token: where that costs more than the "
                      "margin, that load is served faster by a server without the drafter than by any schedule.")  # fmt: skip
     return lines
@@ -173,14 +190,13 @@ def confirmation_lines(runs: Sequence[ServedRun]) -> list[str]:
 
 def confirmation_dict(runs: Sequence[ServedRun]) -> dict | None:
     """The confirmation for report.json (None when none was served)."""
-    confirmed = confirm(runs)
-    if confirmed is None:
+    confirmation = confirm(runs)
+    if confirmation is None:
         return None
-    schedule, levels = confirmed
     return {
-        "schedule": schedule.text(),
-        "confirmed": all(lv.confirmed for lv in levels),
+        "schedule": confirmation.schedule.text(),
+        "confirmed": confirmation.confirmed,
         "margin": SCHEDULE_MARGIN,
         "levels": [{"concurrency": lv.concurrency, "k": lv.k, "speedup": lv.speedup, "fastest": lv.fastest,
-                    "fastest_speedup": lv.fastest_speedup, "confirmed": lv.confirmed} for lv in levels],  # fmt: skip
+                    "fastest_speedup": lv.fastest_speedup, "confirmed": lv.confirmed} for lv in confirmation.levels],  # fmt: skip
     }

@@ -556,11 +556,11 @@ def summary_text(report: BenchmarkReport) -> str:
         lines.append("fastest: " + "; ".join(fastest))
     if k_line := k_schedule_summary(report.runs, report.speedups):
         lines.append(k_line)
-    if confirmed := confirm(report.confirmation):
-        schedule, levels = confirmed
-        verdict = "confirmed" if all(lv.confirmed for lv in levels) else "NOT confirmed"
-        lines.append(f"K schedule {schedule.text()} served after the sweep: {verdict}; "
-                     + "; ".join(f"c={lv.concurrency} K{lv.k} {lv.speedup:.2f}x ({lv.fastest} {lv.fastest_speedup:.2f}x)" for lv in levels))  # fmt: skip
+    if confirmation := confirm(report.confirmation):
+        lines.append(f"K schedule {confirmation.schedule.text()} served after the sweep: "
+                     f"{'confirmed' if confirmation.confirmed else 'NOT confirmed'}; "
+                     + "; ".join(f"c={lv.concurrency} K{lv.k} {lv.speedup:.2f}x ({lv.fastest} {lv.fastest_speedup:.2f}x)"
+                                 for lv in confirmation.levels))  # fmt: skip
     for ch in report.checks:
         lines.append(f"[{'pass' if ch.passed else 'FAIL'}] {ch.name}: {ch.description}")
     lines.append("AL = 1 + accepted/drafts; draft acceptance = accepted/drafted; speedup = tok/s with / without speculation"

@@ -96,6 +96,7 @@ def benchmark_report(context: dg.AssetExecutionContext, config: BenchmarkConfig,
     )  # fmt: skip
     text = paths.summary.read_text().rstrip("\n")
     context.log.info("\n" + text)
+    k_schedule = report.k_schedule_dict()
     plots = {f"plot_{name}": dg.MetadataValue.path(str(p)) for name, p in paths.plots.items()}
     yield dg.MaterializeResult(
         metadata={
@@ -109,8 +110,8 @@ def benchmark_report(context: dg.AssetExecutionContext, config: BenchmarkConfig,
                     "round_speedups": {label: {str(c): list(v) for c, v in by_c.items()} for label, by_c in round_speedups(report.runs).items()},
                     "against_ngram": {str(c): ratio for c, (ratio, _) in against(report.runs, report.spec_label, NGRAM).items()},
                     "control": {str(c): ratio for c, (ratio, _) in against(report.runs, CONTROL, BASELINE).items()},
-                    "recommended_k_schedule": report.k_schedule_dict()["recommended"],
-                    "k_schedule_confirmation": report.k_schedule_dict()["confirmation"],
+                    "recommended_k_schedule": k_schedule["recommended"],
+                    "k_schedule_confirmation": k_schedule["confirmation"],
                     "verdict": report.parity.verdict if report.parity else None,
                     "verdict_sentence": report.parity.sentence if report.parity else None,
                 }

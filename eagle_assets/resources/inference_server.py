@@ -175,9 +175,7 @@ class InferenceServerResource(dg.ConfigurableResource):
                 )
             yield connect(self.url, self.model, api_key_from_env(self.api_key_env))
             return
-        # What the server will serve, as one config: a drafter folder and K name the same server
-        # as the config they expand to.
-        served = speculative if drafter is None else speculative_config(Path(drafter).expanduser().resolve(), k)
+        served = served_config(drafter, k, speculative)
         key = server_key(None, k, served, replica)
         if self.keep_warm and key in self._warm:
             self._warm.move_to_end(key)
@@ -243,13 +241,16 @@ class InferenceServerResource(dg.ConfigurableResource):
             self._stop_oldest()
 
 
+def served_config(drafter: str | Path | None, k: int, speculative: dict | None) -> dict | None:
+    """What a server serves, as one speculative config: a drafter folder and K name the same
+    server as the config they expand to, so the drafter's check and the benchmark share one."""
+    return speculative if drafter is None else speculative_config(Path(drafter).expanduser().resolve(), k)
+
+
 def server_key(drafter: str | Path | None, k: int, speculative: dict | None, replica: int = 0) -> str:
-    """One key per served configuration: a drafter folder and K name the same server as the
-    speculative config they expand to, so the drafter's check and the benchmark share one; a
-    `replica` n > 0 names the n-th further server of it."""
-    if drafter is not None:
-        speculative = speculative_config(Path(drafter).expanduser().resolve(), k)
-    return json.dumps(speculative, sort_keys=True) + (f"#{replica}" if replica else "")
+    """One key per served configuration (`served_config`); a `replica` n > 0 names the n-th
+    further server of it."""
+    return json.dumps(served_config(drafter, k, speculative), sort_keys=True) + (f"#{replica}" if replica else "")
 
 
 def replica_keys(specs: "list[dict | None]") -> list[str]:
