@@ -43,7 +43,7 @@ def target_pull(name: str = typer.Argument(EMBEDDED_TARGET), force: bool = typer
     try:
         path = pull(name, force=force)
     except (ValueError, KeyError, RuntimeError) as exc:
-        _fail(str(exc))
+        _fail(_message(exc))
     typer.echo(str(path))
 
 
@@ -103,12 +103,12 @@ def serve(
     num_speculative_tokens: int = typer.Option(3, "--num-speculative-tokens", "-k"),
     k_schedule: Optional[str] = typer.Option(None, "--k-schedule", metavar="SCHEDULE",
                                              help="K by batch size instead of one K, e.g. 1-2:3,3-:0 (a benchmark report recommends one)."),
-    port: int = typer.Option(8000),
+    port: int = typer.Option(8000, min=1, max=65535),
     check: bool = typer.Option(
         False, help="Send smoke chat completions, print the first, stop the server and exit; with a drafter, also check "
                     "that sampled requests under speculation write the greedy answers (exit 1 when they do not)."),
     stop: bool = typer.Option(False, help="Stop a server of ours recorded on --port and exit."),
-    startup_timeout: float = typer.Option(600, help="Seconds to wait for the server to answer."),
+    startup_timeout: float = typer.Option(600, min=1, help="Seconds to wait for the server to answer."),
 ) -> None:
     """Launch vLLM for a target (optionally with a drafter), watch it, and tear it down on exit."""
     from eagle_assets.engines.k_schedule import KSchedule
@@ -120,10 +120,13 @@ def serve(
     if stop:
         typer.echo(stop_recorded(runs_dir() / "servers", port))
         return
-    if k_schedule and drafter is None:
+    if k_schedule is not None and drafter is None:
         _fail("--k-schedule says how many tokens the drafter drafts: give --drafter too")
+    if drafter is not None and k_schedule is None and num_speculative_tokens < 1:
+        _fail(f"-k {num_speculative_tokens}: the drafter drafts at least 1 token per step (serve without --drafter for none, "
+              "or give --k-schedule for K 0 at some batch sizes)")  # fmt: skip
     try:
-        schedule = KSchedule.parse(k_schedule) if k_schedule else None
+        schedule = KSchedule.parse(k_schedule) if k_schedule is not None else None
         with launch_vllm(target, drafter=drafter, k=num_speculative_tokens, k_schedule=schedule, port=port,
                          startup_timeout_s=startup_timeout) as server:  # fmt: skip
             if check:
@@ -139,8 +142,8 @@ def serve(
                 return
             typer.echo(f"serving {server.model} at {server.base_url} (OpenAI-compatible); Ctrl-C stops it")
             signal.pause()
-    except (ServerFailed, PreflightError, PortBusy, FileNotFoundError, ValueError) as exc:
-        _fail(str(exc))
+    except (ServerFailed, PreflightError, PortBusy, OSError, ValueError, KeyError) as exc:
+        _fail(_message(exc))
 
 
 @app.command()
@@ -148,10 +151,13 @@ def bench(
     drafter: Path = typer.Option(..., help="The drafter's vLLM export (a `drafter-vllm/` folder)."),
     target: str = typer.Option(EMBEDDED_TARGET, help="Preset name or model folder."),
     out: Path = typer.Option(Path("bench-report"), help="Folder for report.md, report.json and the plots."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace a report already in --out (else the benchmark refuses "
+                                                             "to start, so an earlier report is never lost)."),
     num_prompts: int = typer.Option(8, help="MT-Bench first turns, spread over the categories (80 = all)."),
     output_len: int = typer.Option(64, help="Tokens per answer, exact (EOS ignored)."),
     concurrency: list[int] = typer.Option([1, 4, 8], help="Concurrency levels of the sweep (repeat the option)."),
-    k: Optional[int] = typer.Option(None, "-k", help="Draft tokens per step; default: the K the drafter was trained with, else 3."),
+    k: Optional[int] = typer.Option(None, "-k", help="Draft tokens per step; default: the K the drafter was trained with "
+                                                      "(its trainer's summary.json beside the export), else the target preset's."),
     also_k: list[int] = typer.Option([], "--also-k", help="Also serve the drafter at this K, to find the fastest (repeat the option)."),
     k_schedule: Optional[str] = typer.Option(None, "--k-schedule", metavar="SCHEDULE",
                                              help="Also serve the drafter with K by batch size, e.g. 1-2:3,3-:0 (K 3 for "
@@ -173,33 +179,32 @@ def bench(
 ) -> None:
     """Benchmark any EAGLE-3 drafter folder in the real engine, as the benchmark_report asset does:
     offline reference vs served acceptance, tokens/s with and without speculation, a verdict."""
-    import json
-
     from eagle_assets.bench.benchmark import BenchmarkSettings, benchmark_k, run_benchmark
     from eagle_assets.embedded_target import resolve_target
     from eagle_assets.engines import host_memory
     from eagle_assets.engines.envs import host_device
     from eagle_assets.engines.host_memory import available_memory_bytes, config_footprint_bytes
     from eagle_assets.engines.k_schedule import KSchedule
+    from eagle_assets.engines.preflight import PreflightError
+    from eagle_assets.engines.process import PortBusy, ServerFailed
     from eagle_assets.engines.serving import launch_vllm
     from eagle_assets.engines.vllm_launch import DEFAULT_KV_CACHE_GIB, serving_mode_note
 
     drafter = drafter.expanduser().resolve()
     if not (drafter / "config.json").is_file():
         _fail(f"{drafter} has no config.json: pass the drafter's vLLM export folder (drafter-vllm/)")
-    # The trainer's summary beside the export says what the drafter was trained with.
-    summary_file = drafter.parent / "summary.json"
-    summary = json.loads(summary_file.read_text()) if summary_file.is_file() else {}
-    preset, path = resolve_target(target)
     try:
+        summary = _training_summary(drafter)
+        preset, path = resolve_target(target)
         settings = BenchmarkSettings(num_prompts=num_prompts, output_len=output_len, concurrencies=tuple(concurrency),
                                      k=benchmark_k(k, summary, preset.ttt_steps),
                                      also_k=tuple(also_k), ngram=ngram, baseline_again=baseline_again,
                                      interleave_rounds=interleave, control=control, confirm_schedule=confirm_schedule,
-                                     k_schedule=KSchedule.parse(k_schedule) if k_schedule else None)  # fmt: skip
+                                     k_schedule=KSchedule.parse(k_schedule) if k_schedule is not None else None)  # fmt: skip
         if interleave and host_device() != "cpu":
             _fail("--interleave needs every configuration's server up at once: on an accelerator each vLLM takes most "
                   "of its memory. Leave --interleave out there.")
+        _check_before_benchmark(drafter, path, out, overwrite)
 
         def why_not_at_once(specs: list[dict | None]) -> str | None:  # each server launched here is a new one
             footprints = [config_footprint_bytes(path, spec, DEFAULT_KV_CACHE_GIB) for spec in specs]
@@ -210,10 +215,54 @@ def bench(
             target_num_layers=preset.num_layers, parent_al=parent_al, notes=[serving_mode_note(host_device(), compiled)],
             training_summary=summary, why_not_at_once=why_not_at_once,
         )  # fmt: skip
-    except (FileNotFoundError, ValueError) as exc:
-        _fail(str(exc))
+    except (OSError, ValueError, KeyError, ServerFailed, PortBusy, PreflightError) as exc:
+        _fail(_message(exc))
     typer.echo(paths.summary.read_text().rstrip("\n"))
     typer.echo(f"report: {paths.markdown}")
+
+
+def _message(exc: BaseException) -> str:
+    """An exception's message for the console (a KeyError's str() would wrap it in quotes)."""
+    return str(exc.args[0]) if isinstance(exc, KeyError) and exc.args else str(exc)
+
+
+def _training_summary(drafter: Path) -> dict:
+    """The trainer's `summary.json` beside a drafter export ({} when there is none): what it was trained with."""
+    summary_file = drafter.parent / "summary.json"
+    if not summary_file.is_file():
+        return {}
+    try:
+        summary = json.loads(summary_file.read_text())
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{summary_file} is not valid JSON ({exc}): it should be the trainer's summary of this drafter; "
+                         "remove it or move it aside, and give -k yourself") from exc  # fmt: skip
+    if not isinstance(summary, dict):
+        raise ValueError(f"{summary_file} is not a trainer's summary (a JSON object): remove it or move it aside, and give -k yourself")
+    return summary
+
+
+def _check_before_benchmark(drafter: Path, target_folder: Path, out: Path, overwrite: bool) -> None:
+    """What would otherwise fail a benchmark only after its long offline reference, or lose an
+    earlier report: the report folder, the engine's environment, the drafter against the target."""
+    from eagle_assets.bench.report import REPORT_JSON, REPORT_MD
+    from eagle_assets.engines.preflight import PreflightReport, check_drafter
+    from eagle_assets.engines.vllm_launch import engine_python
+    from eagle_assets.paths import engine_venv
+
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"--out {out} is a file: give a folder for the report")
+    earlier = [out / name for name in (REPORT_MD, REPORT_JSON) if (out / name).exists()]
+    if earlier and not overwrite:
+        raise ValueError(f"{out} already holds a report ({earlier[0].name}): give another --out, or --overwrite to replace it")
+    venv = engine_venv("vllm")
+    if not engine_python(venv).is_file():
+        raise FileNotFoundError(f"no vLLM environment at {venv}: run `make setup` (or `eagle-assets setup engine`) first")
+    target_config = json.loads((target_folder / "config.json").read_text())
+    findings = PreflightReport()
+    check_drafter(target_config, drafter, findings)
+    if not findings.ok:
+        raise ValueError(f"{drafter} does not fit the target {target_folder}:\n"
+                         + "\n".join(f"[{f.code}] {f.message}" for f in findings.errors()))  # fmt: skip
 
 
 @app.command()
@@ -303,7 +352,9 @@ def ui(port: int = typer.Option(3000), host: str = typer.Option("127.0.0.1")) ->
     # one killpg then stops the webserver, the daemon and the code server together.
     proc = subprocess.Popen(cmd, cwd=PROJECT_ROOT, start_new_session=True, env=dict(os.environ))
     try:
-        proc.wait()
+        code = proc.wait()
+        if code:  # e.g. the port is taken: its own message is above; the exit status says it too
+            _fail(f"dagster dev exited with code {code}", code)
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGTERM)

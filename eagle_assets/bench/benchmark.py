@@ -175,7 +175,9 @@ def offline_results(target_path: Path, drafter_dir: Path, prompts: Sequence[Sequ
 def benchmark_k(asked: int | None, training_summary: Mapping, default: int) -> int:
     """Draft tokens per step to benchmark at: the K asked for, else the K the drafter trained
     for (its trainer's `summary.json`), else the target's default."""
-    return asked or training_summary.get("ttt_steps") or default
+    if asked is not None:  # 0 included: the settings refuse it, rather than it meaning "the default"
+        return asked
+    return training_summary.get("ttt_steps") or default
 
 
 def run_benchmark(

@@ -1,0 +1,106 @@
+"""The command line refuses bad input before any long work, with a message and no traceback,
+and never loses an earlier result."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from eagle_assets.cli import app
+
+TINY_TARGET = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "num_hidden_layers": 4, "hidden_size": 64,
+               "intermediate_size": 128, "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 256,
+               "max_position_embeddings": 512}  # fmt: skip
+
+
+@pytest.fixture
+def target(tmp_path):
+    folder = tmp_path / "target"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(TINY_TARGET))
+    return folder
+
+
+@pytest.fixture
+def engine_env(tmp_path, monkeypatch):
+    """An engine environment that exists as far as the checks before a benchmark can tell."""
+    venv = tmp_path / "engine"
+    (venv / "bin").mkdir(parents=True)
+    (venv / "bin" / "python").write_text("#!/bin/sh\nexit 3\n")
+    monkeypatch.setenv("EAGLE_ASSETS_VLLM_VENV", str(venv))
+    return venv
+
+
+def drafter_folder(tmp_path, **config) -> str:
+    folder = tmp_path / "drafter-vllm"
+    folder.mkdir(exist_ok=True)
+    (folder / "config.json").write_text(json.dumps(config))
+    return str(folder)
+
+
+def invoke(*args: str):
+    result = CliRunner().invoke(app, list(args))
+    # A refusal exits through typer, never through an exception's traceback.
+    assert result.exception is None or isinstance(result.exception, SystemExit), result.exception
+    return result
+
+
+def test_bench_refuses_k_0_instead_of_serving_the_trained_k(tmp_path, target):
+    result = invoke("bench", "--drafter", drafter_folder(tmp_path), "--target", str(target), "-k", "0")
+    assert result.exit_code == 1
+    assert "draft tokens per step must be at least 1; got k=0" in result.output
+
+
+def test_bench_keeps_an_earlier_report_unless_told_to_replace_it(tmp_path, target, engine_env):
+    out = tmp_path / "report"
+    out.mkdir()
+    (out / "report.md").write_text("an earlier benchmark")
+    result = invoke("bench", "--drafter", drafter_folder(tmp_path), "--target", str(target), "--out", str(out))
+    assert result.exit_code == 1
+    assert f"{out} already holds a report (report.md): give another --out, or --overwrite to replace it" in result.output
+    assert (out / "report.md").read_text() == "an earlier benchmark"
+
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    result = invoke("bench", "--drafter", drafter_folder(tmp_path), "--target", str(target), "--out", str(afile))
+    assert result.exit_code == 1 and f"--out {afile} is a file: give a folder for the report" in result.output
+    assert afile.read_text() == "x"
+
+
+def test_bench_without_an_engine_env_says_so_before_the_offline_reference(tmp_path, target, monkeypatch):
+    monkeypatch.setenv("EAGLE_ASSETS_VLLM_VENV", str(tmp_path / "no-engine"))
+    result = invoke("bench", "--drafter", drafter_folder(tmp_path), "--target", str(target), "--out", str(tmp_path / "r"))
+    assert result.exit_code == 1
+    assert f"no vLLM environment at {tmp_path / 'no-engine'}: run `make setup`" in result.output
+    assert not (tmp_path / "r").exists()
+
+
+def test_bench_refuses_a_drafter_of_another_target_before_loading_anything(tmp_path, target, engine_env):
+    drafter = drafter_folder(tmp_path, architectures=["LlamaForCausalLMEagle3"], hidden_size=32, target_hidden_size=32,
+                             eagle_aux_hidden_state_layer_ids=[1, 2, 3])  # fmt: skip
+    result = invoke("bench", "--drafter", drafter, "--target", str(target), "--out", str(tmp_path / "r"))
+    assert result.exit_code == 1
+    assert f"{drafter} does not fit the target {target}" in result.output
+    assert "[hidden_size] drafter target_hidden_size is 32 but the target's hidden size is 64" in result.output
+    assert not (tmp_path / "r").exists()
+
+
+def test_bench_names_a_corrupt_training_summary_and_an_unknown_target(tmp_path, target):
+    drafter = drafter_folder(tmp_path)
+    (tmp_path / "summary.json").write_text("{not json")
+    result = invoke("bench", "--drafter", drafter, "--target", str(target))
+    assert result.exit_code == 1
+    assert f"{tmp_path / 'summary.json'} is not valid JSON" in result.output and "give -k yourself" in result.output
+
+    (tmp_path / "summary.json").unlink()
+    result = invoke("bench", "--drafter", drafter, "--target", "no-such-target")
+    assert result.exit_code == 1 and "target 'no-such-target' is neither a preset" in result.output
+
+
+def test_serve_refuses_k_0_with_a_drafter_and_a_port_out_of_range(tmp_path):
+    result = invoke("serve", "--drafter", drafter_folder(tmp_path), "-k", "0")
+    assert result.exit_code == 1 and "-k 0: the drafter drafts at least 1 token per step" in result.output
+    result = invoke("serve", "--port", "70000")
+    assert result.exit_code == 2 and "less than or equal to 65535" in result.output
