@@ -104,3 +104,16 @@ def test_serve_refuses_k_0_with_a_drafter_and_a_port_out_of_range(tmp_path):
     assert result.exit_code == 1 and "-k 0: the drafter drafts at least 1 token per step" in result.output
     result = invoke("serve", "--port", "70000")
     assert result.exit_code == 2 and "less than or equal to 65535" in result.output
+
+
+def test_bench_refuses_more_prompts_than_mt_bench_has_and_none(tmp_path, target):
+    result = invoke("bench", "--drafter", drafter_folder(tmp_path), "--target", str(target), "--num-prompts", "81")
+    assert result.exit_code == 1 and "num_prompts=81: MT-Bench has 80 first turns; give at most 80" in result.output
+    result = invoke("bench", "--drafter", drafter_folder(tmp_path), "--target", str(target), "--num-prompts", "-3")
+    assert result.exit_code == 1 and "num_prompts=-3: give at least 1 prompt" in result.output
+
+
+def test_plan_refuses_no_aux_layers():
+    result = invoke("plan", "--samples", "10", "--tokens-per-sample", "100", "--num-aux", "0")
+    assert result.exit_code == 1
+    assert "num_aux=0: an EAGLE-3 drafter reads at least one of the target's layers" in result.output

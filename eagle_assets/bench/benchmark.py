@@ -32,7 +32,7 @@ from eagle_assets.bench.k_choice import confirmation_configs, fixed_k_label, rec
 from eagle_assets.bench.parity import AcceptanceNumbers, ParityTolerance, TrainingFacts
 from eagle_assets.bench.reference_decoder import Result, speculative_generate
 from eagle_assets.bench.report import BenchmarkReport, build_report, write_report
-from eagle_assets.bench.served import SweepSettings, mt_bench_categories, mt_bench_prompts, refuse_too_few_prompts, run_served
+from eagle_assets.bench.served import SweepSettings, mt_bench_categories, mt_bench_prompts, mt_bench_size, refuse_too_few_prompts, run_served
 from eagle_assets.drafter.export import load_drafter
 from eagle_assets.engines.k_schedule import KSchedule
 from eagle_assets.engines.serving import replica_numbers
@@ -94,6 +94,8 @@ class BenchmarkSettings:
         # Checked here, before the offline reference and the servers' starts, not at the first
         # level that cannot be filled.
         refuse_too_few_prompts(self.num_prompts, self.concurrencies, f"num_prompts={self.num_prompts}")
+        if self.num_prompts > (available := mt_bench_size()):
+            raise ValueError(f"num_prompts={self.num_prompts}: MT-Bench has {available} first turns; give at most {available}")
 
 
 # Rounds per level when the benchmark chooses. On all 80 MT-Bench turns, which come category

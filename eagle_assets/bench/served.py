@@ -212,6 +212,11 @@ def mt_bench_categories(n: int | None = None, path: str | Path | None = None) ->
     return [q["category"] for q in _mt_bench_spread(n, path)]
 
 
+def mt_bench_size(path: str | Path | None = None) -> int:
+    """How many questions the MT-Bench file holds (80): the most prompts a benchmark can ask for."""
+    return len(_mt_bench_spread(None, path))
+
+
 def _mt_bench_spread(n: int | None, path: str | Path | None) -> list[dict]:
     path = Path(path) if path else MT_BENCH_PATH
     with open(path, encoding="utf-8") as f:
@@ -366,6 +371,8 @@ def refuse_too_few_prompts(num_prompts: int, concurrencies: Sequence[int], what:
     """Refuse prompts too few to keep the highest concurrency's requests in flight; `what` names
     them in the message ("num_prompts=4", "2 prompts")."""
     top = max(concurrencies)
+    if num_prompts < 1:
+        raise ValueError(f"{what}: give at least 1 prompt")
     if num_prompts < top:
         raise ValueError(
             f"{what} cannot keep {top} requests in flight (concurrencies {list(concurrencies)}): give at least "

@@ -118,6 +118,8 @@ def plan(
     """
     p = get_preset(preset) if isinstance(preset, str) else preset
     n_aux = len(p.default_aux_layer_ids) if num_aux is None else num_aux
+    if n_aux < 1:
+        raise ValueError(f"num_aux={n_aux}: an EAGLE-3 drafter reads at least one of the target's layers (3 by default)")
     tokens = samples * tokens_per_sample
     shards = num_shards if num_shards is not None else max(1, samples // 100)
     return Plan(
