@@ -117,3 +117,11 @@ def test_plan_refuses_no_aux_layers():
     result = invoke("plan", "--samples", "10", "--tokens-per-sample", "100", "--num-aux", "0")
     assert result.exit_code == 1
     assert "num_aux=0: an EAGLE-3 drafter reads at least one of the target's layers" in result.output
+
+
+def test_preflight_json_stays_json_when_the_target_is_unknown():
+    result = invoke("preflight", "--target", "no-such-target", "--json")
+    assert result.exit_code == 1
+    body = json.loads(result.stdout)
+    assert body["ok"] is False and body["findings"][0]["code"] == "target"
+    assert "target 'no-such-target' is neither a preset" in body["findings"][0]["message"]

@@ -113,10 +113,10 @@ def launch_vllm(
         if run_preflight:
             k_max = speculative["num_speculative_tokens"]
             report = preflight(folder, drafter, "vllm", k_max, engine_args_for(preset, device), venv)
+            if not report.ok:  # the error carries the findings: said once, by whoever reports it
+                raise PreflightError(report)
             for line in report.render().splitlines():
                 log(line)
-            if not report.ok:
-                raise PreflightError(report)
     port = port or free_port()
     spec = VllmLaunch(
         model=folder,
