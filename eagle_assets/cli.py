@@ -66,7 +66,7 @@ def setup_engine(device: Optional[str] = typer.Option(None, help="cpu or cuda; d
 
     try:
         ensure_engine_env(device, force=force)
-    except RuntimeError as exc:
+    except (RuntimeError, ValueError) as exc:
         _fail(str(exc))
 
 
@@ -252,6 +252,7 @@ def _check_before_benchmark(drafter: Path, target_folder: Path, out: Path, overw
     from eagle_assets.engines.preflight import PreflightReport, check_drafter
     from eagle_assets.engines.vllm_launch import engine_python
     from eagle_assets.paths import engine_venv
+    from eagle_assets.targets import read_target_config
 
     if out.exists() and not out.is_dir():
         raise ValueError(f"--out {out} is a file: give a folder for the report")
@@ -261,9 +262,8 @@ def _check_before_benchmark(drafter: Path, target_folder: Path, out: Path, overw
     venv = engine_venv("vllm")
     if not engine_python(venv).is_file():
         raise FileNotFoundError(f"no vLLM environment at {venv}: run `make setup` (or `eagle-assets setup engine`) first")
-    target_config = json.loads((target_folder / "config.json").read_text())
     findings = PreflightReport()
-    check_drafter(target_config, drafter, findings)
+    check_drafter(read_target_config(target_folder / "config.json"), drafter, findings, engine="vllm")
     if not findings.ok:
         raise ValueError(f"{drafter} does not fit the target {target_folder}:\n"
                          + "\n".join(f"[{f.code}] {f.message}" for f in findings.errors()))  # fmt: skip

@@ -125,3 +125,18 @@ def test_preflight_json_stays_json_when_the_target_is_unknown():
     body = json.loads(result.stdout)
     assert body["ok"] is False and body["findings"][0]["code"] == "target"
     assert "target 'no-such-target' is neither a preset" in body["findings"][0]["message"]
+
+
+def test_setup_refuses_an_unknown_device_without_a_traceback(tmp_path, monkeypatch):
+    monkeypatch.setenv("EAGLE_ASSETS_VLLM_VENV", str(tmp_path / "engine"))
+    result = invoke("setup", "engine", "--device", "tpu")
+    assert result.exit_code == 1 and "unknown engine device 'tpu': the known devices are cpu, cuda" in result.output
+    assert not (tmp_path / "engine").exists()
+
+
+def test_bench_refuses_the_sglang_export_before_the_offline_reference(tmp_path, target, engine_env):
+    (tmp_path / "drafter-sglang").mkdir()
+    (tmp_path / "drafter-sglang" / "config.json").write_text(json.dumps({"layer_id_numbering": "sglang"}))
+    result = invoke("bench", "--drafter", str(tmp_path / "drafter-sglang"), "--target", str(target), "--out", str(tmp_path / "r"))
+    assert result.exit_code == 1
+    assert "[drafter_numbering]" in result.output and "is the SGLang export" in result.output
