@@ -38,7 +38,7 @@ from eagle_assets.drafter.parallelize import TrainObjective  # noqa: E402
 from eagle_assets.drafter.train import build_optimizer, optimizer_step  # noqa: E402
 from train_throughput import BETAS, CLIP, LR, Shape, Timer, drafter_config, initial_weights, make_problem  # noqa: E402
 
-# SmolLM2-135M-Instruct's drafter as the default preset trains it: 8,192 draft ids, 7 TTT steps.
+# SmolLM2-135M-Instruct's drafter shape: 8,192 draft ids, at 7 TTT steps (the preset trains 3).
 SMOLLM2 = Shape("smollm2-135m", 576, 1536, 9, 3, 64, 49152, 8192, 7, 100000.0, 30)
 MODES = ("recomputed", "looked up", "no mask")
 

@@ -313,9 +313,9 @@ def plan(
     val_fraction: float = typer.Option(0.1, help="Share of samples held out for validation."),
     gpus: Optional[int] = typer.Option(None, help="GPUs for training; default: the preset's tensor-parallel size."),
     num_aux: Optional[int] = typer.Option(None, help="Aux layers saved; default: the preset's (3)."),
-    generation_tok_s: Optional[float] = typer.Option(None, help="Measured corpus tokens/s of the inference server (default: the seeds' Kimi-K2.5 run, ~760)."),
-    extraction_tok_s: Optional[float] = typer.Option(None, help="Measured extraction tokens/s (default: the seeds' 3,165)."),
-    train_tok_s_per_gpu: Optional[float] = typer.Option(None, help="Measured training tokens/s per GPU (default: the seeds' ~871)."),
+    generation_tok_s: Optional[float] = typer.Option(None, help="Measured corpus tokens/s of the inference server (default: the reference Kimi-K2.5 run on 8 GPUs, ~760)."),
+    extraction_tok_s: Optional[float] = typer.Option(None, help="Measured extraction tokens/s (default: that run's 3,165)."),
+    train_tok_s_per_gpu: Optional[float] = typer.Option(None, help="Measured training tokens/s per GPU (default: that run's ~871)."),
     as_json: bool = typer.Option(False, "--json", help="Print the estimate as JSON."),
 ) -> None:
     """Disk and hours of a run before it starts: corpus, hidden states, generation, extraction, training."""

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from eagle_assets.hidden_states.budget import Plan, _human, plan
 from eagle_assets.targets import TargetPreset, get_preset
 
-# The seeds' Kimi-K2.5 run (DESIGN.md, seeds/): 10,000 samples of ~1,450 tokens.
+# The reference Kimi-K2.5 run: a drafter trained on 8 GPUs from 10,000 samples of ~1,450 tokens.
 _SEED_SAMPLES = 10_000
 _SEED_TOKENS_PER_SAMPLE = 1_450
 _SEED_GENERATION_HOURS = 5.3
@@ -32,7 +32,7 @@ _SEED_TRAIN_GPUS = 8
 
 @dataclass(frozen=True)
 class Throughputs:
-    """Measured rates that turn sizes into hours. Defaults: the seeds' Kimi-K2.5 run on 8 GPUs."""
+    """Measured rates that turn sizes into hours. Defaults: the reference Kimi-K2.5 run on 8 GPUs."""
 
     generation_tokens_per_s: float = _SEED_SAMPLES * _SEED_TOKENS_PER_SAMPLE / (_SEED_GENERATION_HOURS * 3600)
     """Corpus tokens written per second by the target's inference server (prompt + answer).

@@ -51,7 +51,7 @@ RUN_PRESETS: dict[str, dict[str, dict]] = {
 RUN_PRESET_NOTES: dict[str, str] = {
     "smollm2-default": (
         "note: smollm2-default shows the whole graph in minutes on 2 cores; its 32 prompts cannot train a "
-        "drafter that pays (here one needs an AL near 1.45 at K=3, and even 500 prompts give ~1.35: README, "
+        "drafter that pays (here one needs an AL near 1.45 at K=3, and even 500 prompts give ~1.34: README, "
         "'What make run's drafter is'). For one that does: `eagle-assets run --preset smollm2-quality` on a "
         "GPU host, or benchmarks/quality_drafter.py on a GPU and `eagle-assets bench --drafter DIR` here."
     ),

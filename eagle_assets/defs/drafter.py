@@ -50,7 +50,7 @@ class DrafterConfig(dg.Config):
     ptd_token_id: Optional[int] = None
     """Set: train the drafter for vLLM's parallel drafting (P-EAGLE): draft steps after the first
     are mask slots that read this token's embedding and a learned state, all drafted in one
-    forward. vLLM only. A round then costs 0.83-0.98 of a step-by-step one on a CPU, but the
+    forward. vLLM only. A round then costs 0.85-0.98 of a step-by-step one on a CPU, but the
     drafts after the first accept less: on SmolLM2 its AL was 0.87 of a chain drafter's, level
     with it served at best (README gives the figures). None: step by step (EAGLE-3)."""
     seed: int = 0

@@ -2,11 +2,11 @@
 
     >>> from eagle_assets.hidden_states.budget import plan, predict_bytes, check_free_space
     >>> p = plan("kimi-k2.5", samples=10_000, tokens_per_sample=1_450)
-    >>> round(p.hidden_state_bytes / 1e9)      # the seeds measured 828 GB
+    >>> round(p.hidden_state_bytes / 1e9)      # the reference Kimi-K2.5 run measured 828 GB
     832
     >>> check_free_space("data/hidden_states", p.hidden_state_bytes)   # raises when it does not fit
 
-Sizes are decimal (1 GB = 1e9 bytes), as `df -H` and the seeds report them. Per token a shard
+Sizes are decimal (1 GB = 1e9 bytes), as `df -H` and the reference run report them. Per token a shard
 stores (n_aux + 1) bf16 states of width H, an int32 id and a uint8 mask
 (`formats.hidden_state_bytes_per_token`); per sample an int64 offset; per shard a header of
 a few hundred bytes and a manifest.

@@ -4,7 +4,7 @@
     <root>/<target>/corpus/               synthetic corpus shards + manifest
     <root>/<target>/vocab_mapping.safetensors
     <root>/<target>/hidden_states/        shard-00000/ ... (one per partition)
-    <root>/<target>/drafter/              training checkpoints, vllm/ and sglang/ exports
+    <root>/<target>/drafter/              training checkpoints, drafter-vllm/ and drafter-sglang/ exports
     <root>/<target>/report/               benchmark report (Markdown, JSON, PNG)
 """
 
