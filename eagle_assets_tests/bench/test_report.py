@@ -361,3 +361,74 @@ def test_a_schedule_slower_than_the_fastest_by_more_than_the_margin_is_not_confi
     assert "- concurrency 8: K 0, 0.94x against no speculation's 1.00x (NOT confirmed)" in to_markdown(report)
     assert "- At K 0 the drafter's first forward still runs over every new token" in to_markdown(report)
     assert "K schedule 1-4:3,5-:0 served after the sweep: NOT confirmed;" in summary_text(report)
+
+
+def test_the_speedup_check_needs_a_speedup_strictly_above_the_threshold():
+    even = [RUNS[0], _run("eagle3", {1: 50.0, 4: 160.0, 8: 240.0}, EAGLE)]
+    check = speedup_check(even)
+    assert not check.passed and check.metadata["speedup"] == 1.0
+    assert check.description == ("eagle3 runs at 1.00x the baseline's output tokens/s at concurrency 1 "
+                                 "(not above 1x)")  # fmt: skip
+    # 60 / 50 is 1.2 exactly: at a threshold of 1.2 it fails, just below it passes.
+    faster = [RUNS[0], _run("eagle3", {1: 60.0, 4: 160.0, 8: 240.0}, EAGLE)]
+    assert speedup_check(faster, min_speedup=1.2).name == "speedup_above_1.2_at_concurrency_1"
+    assert not speedup_check(faster, min_speedup=1.2).passed
+    assert speedup_check(faster, min_speedup=1.19).passed
+
+
+def test_a_level_within_exactly_the_margin_of_the_fastest_is_confirmed():
+    import math
+
+    from eagle_assets.bench.k_choice import SCHEDULE_MARGIN, LevelConfirmation
+
+    assert SCHEDULE_MARGIN == 0.05 and 1.0 * (1 - SCHEDULE_MARGIN) == 0.95
+    assert LevelConfirmation(8, 0, 0.95, "no speculation", 1.0).confirmed
+    assert not LevelConfirmation(8, 0, math.nextafter(0.95, 0.0), "no speculation", 1.0).confirmed
+    boundary = 1.7 * (1 - SCHEDULE_MARGIN)
+    assert LevelConfirmation(1, 2, boundary, "eagle3", 1.7).confirmed
+    assert not LevelConfirmation(1, 2, math.nextafter(boundary, 0.0), "eagle3", 1.7).confirmed
+
+
+def test_a_schedule_with_two_ks_is_confirmed_against_the_fastest_of_every_fixed_k():
+    from eagle_assets.bench.k_choice import confirm, confirmation_configs, confirmation_dict
+    from eagle_assets.engines.k_schedule import KSchedule
+
+    schedule = KSchedule.parse("1:2,2-4:3,5-:0")
+    configs = confirmation_configs(schedule, 3, "d", baseline_again=True)
+    # No speculation, each K above 0 it uses (K=2 by its own label, K=3 as the benchmark's `eagle3`), itself, no speculation again.
+    assert configs == [
+        ("baseline", None),
+        ("eagle3 k=2", {"method": "eagle3", "model": "d", "num_speculative_tokens": 2}),
+        ("eagle3", {"method": "eagle3", "model": "d", "num_speculative_tokens": 3}),
+        ("eagle3 k=1:2,2-4:3,5-:0", {"method": "eagle3", "model": "d", "num_speculative_tokens": 3,
+                                     "num_speculative_tokens_per_batch_size": [[1, 1, 2], [2, 4, 3], [5, 4096, 0]]}),
+        ("baseline (end)", None),
+    ]  # fmt: skip
+    assert [label for label, _ in confirmation_configs(schedule, 3, "d", baseline_again=False)] == [
+        "baseline", "eagle3 k=2", "eagle3", "eagle3 k=1:2,2-4:3,5-:0"]  # fmt: skip
+    assert [label for label, _ in confirmation_configs(schedule, 2, "d", baseline_again=False)][1:3] == ["eagle3", "eagle3 k=3"]
+
+    # Served as configured. At 1 the schedule drafts 2 but K=3 served fastest; at 4 it drafts 3 but
+    # K=2 served fastest: each level's rival is the fastest of every fixed K, not the K it drafts.
+    tokens_per_s = {"baseline": {1: 50.0, 4: 160.0, 8: 240.0}, "eagle3 k=2": {1: 80.0, 4: 200.0, 8: 230.0},
+                    "eagle3": {1: 85.0, 4: 190.0, 8: 220.0}, "eagle3 k=1:2,2-4:3,5-:0": {1: 82.0, 4: 188.0, 8: 236.0},
+                    "baseline (end)": {1: 50.0, 4: 160.0, 8: 240.0}}  # fmt: skip
+    runs = [_served_with(_run(label, tokens_per_s[label], EAGLE if spec else None), spec) for label, spec in configs]
+    confirmation = confirm(runs)
+    assert confirmation.schedule == schedule
+    assert [(lv.concurrency, lv.k, lv.speedup, lv.fastest, lv.fastest_speedup, lv.confirmed) for lv in confirmation.levels] == [
+        (1, 2, 82.0 / 50.0, "eagle3", 85.0 / 50.0, True),  # 1.64x >= 0.95 * 1.70x
+        (4, 3, 188.0 / 160.0, "eagle3 k=2", 200.0 / 160.0, False),  # 1.175x < 0.95 * 1.25x
+        (8, 0, 236.0 / 240.0, "no speculation", 1.0, True),
+    ]
+    assert not confirmation.confirmed
+    assert confirmation_dict(runs)["schedule"] == "1:2,2-4:3,5-:0" and confirmation_dict(runs)["confirmed"] is False
+
+
+def test_the_written_summary_is_the_console_summary(tmp_path):
+    report = build_report("smollm2-135m-instruct", "d", RUNS, offline=OFFLINE, training=TRAINING)
+    paths = write_report(report, tmp_path)
+    assert paths.summary == tmp_path / "summary.txt"
+    assert paths.summary.read_text(encoding="utf-8") == summary_text(report) + "\n"
+    # ... and what `python -m eagle_assets.bench.report report.json` prints from the saved report.
+    assert summary_text(load_report(paths.json)) + "\n" == paths.summary.read_text(encoding="utf-8")

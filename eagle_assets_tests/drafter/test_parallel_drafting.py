@@ -14,7 +14,12 @@ from eagle_assets.drafter.export import export_vllm, load_drafter
 from eagle_assets.drafter.model import Eagle3Drafter
 from eagle_assets.drafter.ttt import ttt_loss, ttt_loss_dense
 from eagle_assets.engines.vllm_launch import speculative_config
-from eagle_assets_tests.bench.test_reference_decoder import drafter_for, tiny_target
+from eagle_assets_tests.bench.test_reference_decoder import (
+    assert_rounds_follow_the_semantics,
+    drafter_for,
+    oracle_generate,
+    tiny_target,
+)
 from eagle_assets_tests.drafter.test_model import random_drafter
 from eagle_assets_tests.drafter.test_ttt import make_batch
 
@@ -115,6 +120,28 @@ def test_reference_decoder_drafts_from_mask_slots_and_equals_greedy(one_thread):
     # at K=3 the later drafts come from the mask slots: the same first drafts, other later ones
     res, first = (speculative_generate(target, d, prompt, 24, 3, eos_token_id=2) for d in (parallel, chain))
     assert res.drafts[0][0] == first.drafts[0][0] and res.drafts[0][1:] != first.drafts[0][1:]
+    # This random drafter's drafts are all rejected (the reject path); the next test accepts them.
+    assert res.accepted_per_step == [0] * 23
+
+
+def test_mask_slot_drafts_stay_in_step_across_accepted_rounds(monkeypatch, one_thread):
+    # The oracle proposes the target's greedy continuation (wrong at output indices 2, 9, 10) while
+    # the parallel drafter drafts beside it through its KV cache: the mask slots' entries at p+1..p+K-1
+    # are overwritten by the accepted slots of the next round. From 0: 1 accepted, 2 rejected;
+    # from 2: 3-5; from 6: 7, 8 then 9 rejected; from 9: 10 rejected; from 10: 11-13; from 14:
+    # 15-17; from 18: 19-21, cut from 23 tokens to 20.
+    target = tiny_target()
+    chain = drafter_for(target, aux_layer_ids=(1, 2, 3), draft_vocab_size=48)
+    parallel = Eagle3Drafter(DrafterConfig.from_dict({**chain.config.to_dict(), "ptd_token_id": 7}))
+    parallel.load_state_dict(chain.state_dict(), strict=False)
+    parallel.eval()
+    prompt = torch.randint(3, 64, (1, 6), generator=torch.Generator().manual_seed(3))
+    res, oracle, continuation = oracle_generate(monkeypatch, target, parallel, prompt, 20, 3, wrong={2, 9, 10})
+    assert res.tokens == continuation[:20] == greedy_generate(target, prompt, 20)
+    assert res.accepted_per_step == [1, 3, 2, 0, 3, 3, 3]
+    # Every round's drafts (the first from the slots, the rest from the mask slots) equal a fresh
+    # cache's over the whole prefix at once.
+    assert_rounds_follow_the_semantics(oracle, target, parallel, prompt, continuation, 3)
 
 
 def test_training_learns_mask_slots_and_exports_them_for_vllm_only(tmp_path, one_thread):
