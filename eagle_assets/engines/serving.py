@@ -71,11 +71,18 @@ def connect(url: str, model: str | None = None, api_key: str | None = None, time
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     try:
         with urllib.request.urlopen(urllib.request.Request(f"{base}/v1/models", headers=headers), timeout=timeout_s) as resp:
-            models = [m["id"] for m in json.loads(resp.read())["data"]]
+            body = resp.read()
     except urllib.error.HTTPError as exc:
         raise ConnectionError(f"server at {base} answered {exc.code} on /v1/models: check the URL and the API key variable") from None
-    except (urllib.error.URLError, OSError) as exc:
+    except (urllib.error.URLError, OSError, ValueError) as exc:  # ValueError: a URL urllib cannot parse
         raise ConnectionError(f"no OpenAI-compatible server answers at {base} ({exc}): start one or fix the URL") from None
+    try:
+        models = [m["id"] for m in json.loads(body)["data"]]
+    except (ValueError, KeyError, TypeError) as exc:  # answered, but not with an OpenAI model list
+        raise ConnectionError(f"the server at {base} answered /v1/models with no OpenAI model list ({exc!r}): "
+                              "is it an OpenAI-compatible server? Fix the URL") from None  # fmt: skip
+    if not models:
+        raise ConnectionError(f"the server at {base} serves no model yet: wait for it to finish loading, or fix the URL")
     if model is None:
         model = models[0]
     elif model not in models:
