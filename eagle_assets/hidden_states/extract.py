@@ -39,6 +39,7 @@ needs the `compressed-tensors` package in the extraction environment; 8 x H200 h
 from __future__ import annotations
 
 import logging
+import shutil
 import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -57,7 +58,7 @@ from eagle_assets.hidden_states.corpus_io import (
     load_shard_samples,
     tokenizer_fingerprint,
 )
-from eagle_assets.hidden_states.reader import read_manifest
+from eagle_assets.hidden_states.reader import read_manifest, shard_index
 from eagle_assets.hidden_states.writer import BufferPool, ShardLayout, ShardWriter, remove_stale
 
 log = logging.getLogger(__name__)
@@ -541,6 +542,20 @@ def shard_status(
     return "complete"
 
 
+def remove_shards_beyond(out_dir: Path, num_shards: int) -> list[Path]:
+    """Delete the shard folders numbered `num_shards` and up. An extraction into more shards left
+    them; beside the new ones the reader would refuse the mix, and no shard of the new layout
+    would ever replace them."""
+    removed = []
+    for p in sorted(out_dir.iterdir()) if out_dir.is_dir() else []:
+        index = shard_index(p.name)
+        if index is not None and index >= num_shards:
+            log.info("%s: left by an extraction into more than %d shards; removed", p.name, num_shards)
+            shutil.rmtree(p)
+            removed.append(p)
+    return removed
+
+
 def extract_all(
     model: nn.Module,
     corpus_dir: str,
@@ -563,6 +578,8 @@ def extract_all(
     fingerprint = resolve_target_fingerprint(tokenizer, target_fingerprint)
     expected = corpus_token_counts(corpus_dir, settings.num_shards)
     indices = list(range(settings.num_shards)) if shards is None else list(shards)
+    if shards is None:
+        remove_shards_beyond(out_dir, settings.num_shards)
     todo, results = [], []
     for i in indices:
         status = shard_status(

@@ -24,6 +24,12 @@ from eagle_assets.formats import SHARD_MANIFEST_FILE, SHARD_STATES_FILE, ShardMa
 _SHARD_DIR = re.compile(r"^shard-(\d{5,})$")
 
 
+def shard_index(name: str) -> int | None:
+    """The index in a shard folder's name (`shard-00003` -> 3); None for any other name."""
+    match = _SHARD_DIR.match(name)
+    return int(match.group(1)) if match else None
+
+
 def read_manifest(shard_dir: str | Path) -> ShardManifest | None:
     """The shard's manifest, or None when the shard is absent or incomplete."""
     path = Path(shard_dir) / SHARD_MANIFEST_FILE

@@ -208,6 +208,7 @@ class ShardWriter:
         self._ranges: list[tuple[int, int]] = []
         self._error: BaseException | None = None
         self._closed = False
+        self._committed = False
 
         T = layout.num_tokens
         if offsets.shape != (layout.num_samples + 1,) or offsets[-1] != T or len(input_ids) != T or len(loss_mask) != T:
@@ -239,7 +240,8 @@ class ShardWriter:
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
-        if not self._closed:
+        # Not `_closed`: a commit that fails its file checks has already closed the fd.
+        if not self._committed:
             self.abort()
 
     def put(self, row0: int, rows: int, bufs: PoolBuffers, pool: BufferPool, ready=None) -> None:
@@ -303,6 +305,7 @@ class ShardWriter:
             os.fsync(f.fileno())
         os.replace(manifest_tmp, self.tmp_dir / SHARD_MANIFEST_FILE)
         self._move_into_place()
+        self._committed = True
         return self.final_dir
 
     def _validate_file(self) -> None:
