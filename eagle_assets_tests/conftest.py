@@ -10,6 +10,7 @@ import pytest
 from eagle_assets.embedded_target import pull
 from eagle_assets.paths import engine_venv
 from eagle_assets.targets import EMBEDDED_TARGET
+from eagle_assets_tests.drafters import TINY_TARGET_CONFIG
 
 
 @pytest.fixture(scope="session")
@@ -79,3 +80,12 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+@pytest.fixture
+def tiny_target(tmp_path) -> Path:
+    """A target folder holding only TINY_TARGET_CONFIG as its config.json."""
+    folder = tmp_path / "target"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(TINY_TARGET_CONFIG))
+    return folder

@@ -10,17 +10,11 @@ from typer.testing import CliRunner
 
 from eagle_assets.cli import app
 
-TINY_TARGET = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "num_hidden_layers": 4, "hidden_size": 64,
-               "intermediate_size": 128, "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 256,
-               "max_position_embeddings": 512}  # fmt: skip
 
 
 @pytest.fixture
-def target(tmp_path):
-    folder = tmp_path / "target"
-    folder.mkdir()
-    (folder / "config.json").write_text(json.dumps(TINY_TARGET))
-    return folder
+def target(tiny_target):
+    return tiny_target
 
 
 @pytest.fixture

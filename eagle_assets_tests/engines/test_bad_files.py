@@ -18,15 +18,12 @@ import torch
 from eagle_assets.drafter.config import tiny_config
 from eagle_assets.drafter.export import export_sglang, export_vllm, load_drafter
 from eagle_assets.embedded_target import resolve_target, verify
+from eagle_assets_tests.drafters import TINY_TARGET_CONFIG
 from eagle_assets.engines.preflight import PreflightReport, check_drafter, preflight
 from eagle_assets.engines.vllm_launch import speculative_config, vllm_drafter_config
 
 # The target tiny_config's drafter was made for: 4 layers, hidden 64, vocabulary 256.
-TARGET_CONFIG = {
-    "architectures": ["LlamaForCausalLM"], "model_type": "llama", "num_hidden_layers": 4, "hidden_size": 64,
-    "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 128, "vocab_size": 256,
-    "max_position_embeddings": 512,
-}  # fmt: skip
+TARGET_CONFIG = TINY_TARGET_CONFIG
 
 
 @pytest.fixture(scope="module")
@@ -46,11 +43,8 @@ def exports(tmp_path_factory) -> Path:
 
 
 @pytest.fixture
-def target(tmp_path) -> Path:
-    folder = tmp_path / "target"
-    folder.mkdir()
-    (folder / "config.json").write_text(json.dumps(TARGET_CONFIG))
-    return folder
+def target(tiny_target) -> Path:
+    return tiny_target
 
 
 @pytest.fixture
