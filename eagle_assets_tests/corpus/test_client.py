@@ -9,9 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
@@ -23,6 +21,7 @@ from eagle_assets.corpus.client import (
     ServerUnreachable,
 )
 from eagle_assets.engines.process import free_port
+from eagle_assets_tests.http_stub import JsonHandler, StubServer
 
 OK = {
     "choices": [{"message": {"role": "assistant", "content": "4", "reasoning": "2+2"}, "finish_reason": "stop"}],
@@ -30,7 +29,7 @@ OK = {
 }
 
 
-class ScriptedServer:
+class ScriptedServer(StubServer):
     """Answers request n with script[n] (the last entry repeats); records what it received."""
 
     def __init__(self, script: list[str]):
@@ -38,12 +37,9 @@ class ScriptedServer:
         self.requests: list[dict] = []
         outer = self
 
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *args):  # keep test output clean
-                pass
-
+        class Handler(JsonHandler):
             def do_GET(self):
-                self._send(200, {"data": [{"id": "m"}]})
+                self.send_json(200, {"data": [{"id": "m"}]})
 
             def do_POST(self):
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
@@ -54,30 +50,13 @@ class ScriptedServer:
                     self.close_connection = True
                 elif action == "slow":
                     time.sleep(0.5)
-                    self._send(200, OK)
+                    self.send_json(200, OK)
                 elif action.isdigit():
-                    self._send(int(action), {"error": {"message": f"scripted {action}"}})
+                    self.send_json(int(action), {"error": {"message": f"scripted {action}"}})
                 else:
-                    self._send(200, OK)
+                    self.send_json(200, OK)
 
-            def _send(self, status, payload):
-                data = json.dumps(payload).encode()
-                try:
-                    self.send_response(status)
-                    self.send_header("Content-Type", "application/json")
-                    self.send_header("Content-Length", str(len(data)))
-                    self.end_headers()
-                    self.wfile.write(data)
-                except (BrokenPipeError, ConnectionResetError):
-                    pass  # the client timed out and left: what the timeout test wants
-
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", free_port()), Handler)
-        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
-        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
-
-    def close(self):
-        self.httpd.shutdown()
-        self.httpd.server_close()
+        super().__init__(Handler)
 
 
 @pytest.fixture

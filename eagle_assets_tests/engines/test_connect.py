@@ -1,58 +1,40 @@
 """`connect()`: attaching to an OpenAI-compatible server someone else runs.
 
-The server is a real HTTP server on a free local port in a thread (as in
-corpus/test_client.py); it serves a given model list on /v1/models, or a given error status,
-and records the path and Authorization header of every request it gets.
+The server is a real HTTP server on a free local port in a thread (`http_stub.py`); it serves
+a given model list on /v1/models, or a given error status, and records the path and
+Authorization header of every request it gets.
 """
 
 from __future__ import annotations
 
 import json
 import re
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
 from eagle_assets.engines.process import free_port
 from eagle_assets.engines.serving import connect
+from eagle_assets_tests.http_stub import JsonHandler, StubServer
 
 
-class ModelsServer:
+class ModelsServer(StubServer):
     """Answers GET /v1/models with `models` (or with `status` when it is not 200); 404 elsewhere."""
 
     def __init__(self, models: list[str], status: int = 200):
         self.requests: list[dict] = []
         outer = self
 
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *args):  # keep test output clean
-                pass
-
+        class Handler(JsonHandler):
             def do_GET(self):
                 outer.requests.append({"path": self.path, "auth": self.headers.get("Authorization")})
                 if self.path != "/v1/models":
-                    self._send(404, {"error": {"message": f"no route {self.path}"}})
+                    self.send_json(404, {"error": {"message": f"no route {self.path}"}})
                 elif status != 200:
-                    self._send(status, {"error": {"message": f"scripted {status}"}})
+                    self.send_json(status, {"error": {"message": f"scripted {status}"}})
                 else:
-                    self._send(200, {"object": "list", "data": [{"id": m, "object": "model"} for m in models]})
+                    self.send_json(200, {"object": "list", "data": [{"id": m, "object": "model"} for m in models]})
 
-            def _send(self, code, payload):
-                data = json.dumps(payload).encode()
-                self.send_response(code)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", free_port()), Handler)
-        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
-        threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.01}, daemon=True).start()
-
-    def close(self):
-        self.httpd.shutdown()
-        self.httpd.server_close()
+        super().__init__(Handler)
 
 
 @pytest.fixture
