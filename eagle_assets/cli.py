@@ -104,7 +104,7 @@ def preflight(
 def serve(
     target: str = typer.Option(EMBEDDED_TARGET, help="Preset name or model folder."),
     drafter: Optional[Path] = typer.Option(None, help="EAGLE-3 drafter folder."),
-    num_speculative_tokens: int = typer.Option(3, "--num-speculative-tokens", "-k"),
+    num_speculative_tokens: Optional[int] = typer.Option(None, "--num-speculative-tokens", "-k", help="Draft tokens per step (default 3)."),
     k_schedule: Optional[str] = typer.Option(None, "--k-schedule", metavar="SCHEDULE",
                                              help="K by batch size instead of one K, e.g. 1-2:3,3-:0 (a benchmark report recommends one)."),
     port: int = typer.Option(8000, min=1, max=65535),
@@ -126,6 +126,10 @@ def serve(
         return
     if k_schedule is not None and drafter is None:
         _fail("--k-schedule says how many tokens the drafter drafts: give --drafter too")
+    if k_schedule is not None and num_speculative_tokens is not None:
+        _fail(f"give one K (-k {num_speculative_tokens}) or a K schedule (--k-schedule {k_schedule}), not both: "
+              "the schedule says the K of every batch size")  # fmt: skip
+    num_speculative_tokens = 3 if num_speculative_tokens is None else num_speculative_tokens
     if drafter is not None and k_schedule is None and num_speculative_tokens < 1:
         _fail(f"-k {num_speculative_tokens}: the drafter drafts at least 1 token per step (serve without --drafter for none, "
               "or give --k-schedule for K 0 at some batch sizes)")  # fmt: skip

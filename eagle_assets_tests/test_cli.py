@@ -134,3 +134,9 @@ def test_bench_refuses_the_sglang_export_before_the_offline_reference(tmp_path, 
     result = invoke("bench", "--drafter", str(tmp_path / "drafter-sglang"), "--target", str(target), "--out", str(tmp_path / "r"))
     assert result.exit_code == 1
     assert "[drafter_numbering]" in result.output and "is the SGLang export" in result.output
+
+
+def test_serve_refuses_one_k_and_a_k_schedule_together(tmp_path):
+    result = invoke("serve", "--drafter", drafter_folder(tmp_path), "-k", "5", "--k-schedule", "1-2:3,3-:0")
+    assert result.exit_code == 1
+    assert "give one K (-k 5) or a K schedule (--k-schedule 1-2:3,3-:0), not both" in result.output
