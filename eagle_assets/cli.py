@@ -236,17 +236,12 @@ def _message(exc: BaseException) -> str:
 
 def _training_summary(drafter: Path) -> dict:
     """The trainer's `summary.json` beside a drafter export ({} when there is none): what it was trained with."""
+    from eagle_assets.checked_reads import read_json_object
+
     summary_file = drafter.parent / "summary.json"
     if not summary_file.is_file():
         return {}
-    try:
-        summary = json.loads(summary_file.read_text())
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"{summary_file} is not valid JSON ({exc}): it should be the trainer's summary of this drafter; "
-                         "remove it or move it aside, and give -k yourself") from exc  # fmt: skip
-    if not isinstance(summary, dict):
-        raise ValueError(f"{summary_file} is not a trainer's summary (a JSON object): remove it or move it aside, and give -k yourself")
-    return summary
+    return read_json_object(summary_file, "the trainer's summary of this drafter", "remove it or move it aside, and give -k yourself")
 
 
 def _check_before_benchmark(drafter: Path, target_folder: Path, out: Path, overwrite: bool) -> None:

@@ -86,7 +86,8 @@ def test_bench_names_a_corrupt_training_summary_and_an_unknown_target(tmp_path, 
     (tmp_path / "summary.json").write_text("{not json")
     result = invoke("bench", "--drafter", drafter, "--target", str(target))
     assert result.exit_code == 1
-    assert f"{tmp_path / 'summary.json'} is not valid JSON" in result.output and "give -k yourself" in result.output
+    assert f"{tmp_path / 'summary.json'}: the trainer's summary of this drafter is not valid JSON" in result.output
+    assert "remove it or move it aside, and give -k yourself" in result.output
 
     (tmp_path / "summary.json").unlink()
     result = invoke("bench", "--drafter", drafter, "--target", "no-such-target")
