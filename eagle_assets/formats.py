@@ -19,6 +19,10 @@ by the trainer through `hidden_states.reader`:
     and `manifest.json` (`ShardManifest`). A shard folder is complete iff its manifest exists;
     folders are written under a temporary name and renamed into place.
 
+Drafter export (`drafter-vllm/`, `drafter-sglang/`: `config.json` + `model.safetensors`), written
+by `drafter/export.py`, read by the engines and by our preflight: `config.json` carries
+`NUMBERING_KEY`, naming the engine whose aux-layer-id numbering it is written in.
+
 Vocab mapping (`vocab_mapping.safetensors`):
     `d2t` (draft_vocab,) int64 with target_id = draft_id + d2t[draft_id], draft ids in
     ascending target-id order; `t2d` (vocab,) bool, True where a target id is in the draft
@@ -33,6 +37,10 @@ from dataclasses import asdict, dataclass, field
 
 LAYER_ID_CONVENTION = "hf_hidden_states"
 """Id k = residual stream after k decoder layers = HF `output_hidden_states[k]` (0 = embeddings)."""
+
+NUMBERING_KEY = "layer_id_numbering"
+"""Extra config.json key of a drafter export naming the numbering of its aux layer ids: "vllm" or
+"sglang" (SGLang's are one lower for the same layers). The engines ignore it."""
 
 CORPUS_MANIFEST = "manifest.json"
 CORPUS_FAILURES = "failures.jsonl"

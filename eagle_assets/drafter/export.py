@@ -34,11 +34,10 @@ from safetensors.torch import save_file
 from eagle_assets.checked_reads import read_json_object, read_safetensors_header
 from eagle_assets.drafter.config import DrafterConfig
 from eagle_assets.drafter.model import Eagle3Drafter, check_vocab_mapping, exported_shapes
+from eagle_assets.formats import NUMBERING_KEY
 
 WEIGHTS_FILE = "model.safetensors"
 CONFIG_FILE = "config.json"
-NUMBERING_KEY = "layer_id_numbering"
-"""Extra config.json key naming the numbering of the ids written (the engines ignore it)."""
 
 
 def exported_weights(config: DrafterConfig) -> tuple[str, ...]:

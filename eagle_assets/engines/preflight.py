@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from eagle_assets.checked_reads import read_json_object, read_safetensors_header
+from eagle_assets.formats import NUMBERING_KEY
 from eagle_assets.paths import engine_venv
 from eagle_assets.targets import default_aux_layer_ids, preset_from_hf_config, read_target_config
 
@@ -29,9 +30,6 @@ DRAFTER_CONFIG_FIX = "re-export the drafter, or pass its export folder (config.j
 # Findings after which the engines' own validation is not run: it would only crash on the same file.
 UNREADABLE = ("target_unreadable", "drafter_config_unreadable", "drafter_weights_unreadable")
 
-# drafter/export.py's NUMBERING_KEY, repeated so that this check and the launch do not import
-# torch; a test keeps the two equal.
-NUMBERING_KEY = "layer_id_numbering"
 ENGINE_NAMES = {"vllm": "vLLM", "sglang": "SGLang"}
 
 

@@ -143,13 +143,6 @@ def test_check_drafter_without_an_engine_checks_no_numbering(exports):
     assert report.ok, report.render()
 
 
-def test_the_numbering_key_read_without_torch_is_the_one_exports_write():
-    from eagle_assets.drafter import export
-    from eagle_assets.engines import preflight as preflight_module
-
-    assert preflight_module.NUMBERING_KEY == export.NUMBERING_KEY
-
-
 # ---------------------------------------------------------------------------------------------
 # malformed drafter files
 # ---------------------------------------------------------------------------------------------
