@@ -249,7 +249,7 @@ def _check_before_benchmark(drafter: Path, target_folder: Path, out: Path, overw
     earlier report: the report folder, the engine's environment, the drafter against the target."""
     from eagle_assets.bench.report import REPORT_JSON, REPORT_MD
     from eagle_assets.engines.preflight import PreflightReport, check_drafter
-    from eagle_assets.engines.vllm_launch import engine_python
+    from eagle_assets.engines.vllm_launch import require_engine_python
     from eagle_assets.paths import engine_venv
     from eagle_assets.targets import read_target_config
 
@@ -258,9 +258,7 @@ def _check_before_benchmark(drafter: Path, target_folder: Path, out: Path, overw
     earlier = [out / name for name in (REPORT_MD, REPORT_JSON) if (out / name).exists()]
     if earlier and not overwrite:
         raise ValueError(f"{out} already holds a report ({earlier[0].name}): give another --out, or --overwrite to replace it")
-    venv = engine_venv("vllm")
-    if not engine_python(venv).is_file():
-        raise FileNotFoundError(f"no vLLM environment at {venv}: run `make setup` (or `eagle-assets setup engine`) first")
+    require_engine_python(engine_venv("vllm"))
     findings = PreflightReport()
     check_drafter(read_target_config(target_folder / "config.json"), drafter, findings, engine="vllm")
     if not findings.ok:

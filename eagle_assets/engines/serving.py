@@ -25,7 +25,7 @@ from eagle_assets.engines.envs import host_device
 from eagle_assets.engines.k_schedule import KSchedule
 from eagle_assets.engines.preflight import PreflightError, engine_args_for, preflight
 from eagle_assets.engines.process import ServerFailed, ServerProcess, free_port
-from eagle_assets.engines.vllm_launch import DEFAULT_KV_CACHE_GIB, ENGINE_SITE, VllmLaunch, engine_environment, engine_python, speculative_config
+from eagle_assets.engines.vllm_launch import DEFAULT_KV_CACHE_GIB, ENGINE_SITE, VllmLaunch, engine_environment, require_engine_python, speculative_config
 from eagle_assets.paths import engine_venv, runs_dir
 from eagle_assets.targets import TargetPreset
 
@@ -112,8 +112,7 @@ def launch_vllm(
     preset, folder = resolve_target(target, log=log)
     device = device or host_device()
     venv = venv or engine_venv("vllm")
-    if not engine_python(venv).is_file():
-        raise FileNotFoundError(f"no vLLM environment at {venv}: run `make setup` (or `eagle-assets setup engine`) first")
+    python = require_engine_python(venv)
     if drafter is not None:
         drafter = Path(drafter).expanduser().resolve()
         speculative = speculative_config(drafter, k, k_schedule)
@@ -139,7 +138,7 @@ def launch_vllm(
     stamp = time.strftime("%Y%m%d-%H%M%S")
     log_path = runs_dir() / "servers" / f"vllm-{port}-{stamp}.log"
     proc = ServerProcess(
-        command=spec.command(engine_python(venv)),
+        command=spec.command(python),
         env=engine_environment(venv, device, kv_cache_gib),
         log_path=log_path,
         port=port,

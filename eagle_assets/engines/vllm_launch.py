@@ -189,3 +189,11 @@ def engine_environment(venv: Path, device: str = "cpu", kv_cache_gib: int = DEFA
 
 def engine_python(venv: Path) -> Path:
     return venv / "bin" / "python"
+
+
+def require_engine_python(venv: Path) -> Path:
+    """The engine venv's interpreter; a FileNotFoundError naming the fix where the venv is not built."""
+    python = engine_python(venv)
+    if not python.is_file():
+        raise FileNotFoundError(f"no vLLM environment at {venv}: run `make setup` (or `eagle-assets setup engine`) first")
+    return python
