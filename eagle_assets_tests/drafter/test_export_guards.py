@@ -64,6 +64,8 @@ def test_a_write_that_fails_leaves_the_earlier_export_byte_for_byte_and_no_stagi
     folder = export_vllm(mapped_drafter(cfg), cfg, tmp_path / "drafter-vllm")
     before = {p.name: p.read_bytes() for p in folder.iterdir()}
 
+    # The write is stood in for: a full disk cannot be made for real in a test. It fails after the
+    # staging folder exists, where a real full disk would.
     def fail_after_staging(*args, **kwargs):
         raise OSError("No space left on device")
 

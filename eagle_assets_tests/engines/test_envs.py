@@ -10,7 +10,9 @@ from eagle_assets.engines.envs import STAMP, ensure_engine_env
 
 @pytest.fixture
 def build_steps(monkeypatch) -> list[list[str]]:
-    """Every command the build would run, recorded instead of run."""
+    """Every command the build would run, recorded instead of run: a real build installs vllm from
+    the registry (minutes, ~3.5 GB), while what these tests check is which folders it builds over
+    or leaves alone, which the recorded commands and the files left show."""
     steps: list[list[str]] = []
     monkeypatch.setattr(envs, "_run", lambda cmd, what: steps.append(cmd))
     return steps

@@ -33,6 +33,14 @@ def end(proc: subprocess.Popen) -> None:
     proc.wait(timeout=10)
 
 
+@pytest.fixture
+def unrelated():
+    """Someone else's process, in a group of its own, running `sleep 300`; never outlives the test."""
+    proc = start_unrelated(["sleep", "300"])
+    yield proc
+    end(proc)
+
+
 def dead_pid() -> int:
     proc = subprocess.Popen(["true"])
     proc.wait()
@@ -46,46 +54,34 @@ def write_record(records: Path, port: int, **fields) -> Path:
     return record
 
 
-def test_a_record_with_a_dead_pid_leaves_the_recorded_process_group_alone(tmp_path):
-    other = start_unrelated(["sleep", "300"])
-    try:
-        record = write_record(tmp_path, 18999, pid=dead_pid(), pgid=other.pid, command=["python", "-m", "vllm"])
-        message = stop_recorded(tmp_path, 18999)
-        assert "no server of ours was running" in message and "stale" in message
-        assert not record.exists()
-        time.sleep(0.2)
-        assert other.poll() is None, "an unrelated process group was signalled"
-    finally:
-        end(other)
+def test_a_record_with_a_dead_pid_leaves_the_recorded_process_group_alone(tmp_path, unrelated):
+    record = write_record(tmp_path, 18999, pid=dead_pid(), pgid=unrelated.pid, command=["python", "-m", "vllm"])
+    message = stop_recorded(tmp_path, 18999)
+    assert "no server of ours was running" in message and "stale" in message
+    assert not record.exists()
+    time.sleep(0.2)
+    assert unrelated.poll() is None, "an unrelated process group was signalled"
 
 
-def test_the_cli_reports_a_stale_record_and_signals_nothing(tmp_path):
-    # The audit's reproduction, through the command line.
-    other = start_unrelated(["sleep", "300"])
-    try:
-        write_record(tmp_path / "servers", 18999, pid=dead_pid(), pgid=other.pid, command=["python", "-m", "vllm"])
-        env = {**os.environ, "EAGLE_ASSETS_RUNS": str(tmp_path)}
-        proc = subprocess.run([CLI, "serve", "--stop", "--port", "18999"], capture_output=True, text=True, timeout=120, env=env)
-        assert proc.returncode == 0, proc.stderr
-        assert "stale" in proc.stdout and "stopped" not in proc.stdout
-        assert other.poll() is None, "an unrelated process group was signalled"
-    finally:
-        end(other)
+def test_the_cli_reports_a_stale_record_and_signals_nothing(tmp_path, unrelated):
+    # The same stale record, through the command line.
+    write_record(tmp_path / "servers", 18999, pid=dead_pid(), pgid=unrelated.pid, command=["python", "-m", "vllm"])
+    env = {**os.environ, "EAGLE_ASSETS_RUNS": str(tmp_path)}
+    proc = subprocess.run([CLI, "serve", "--stop", "--port", "18999"], capture_output=True, text=True, timeout=120, env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert "stale" in proc.stdout and "stopped" not in proc.stdout
+    assert unrelated.poll() is None, "an unrelated process group was signalled"
 
 
-def test_a_live_pid_running_another_command_is_left_alone(tmp_path):
-    other = start_unrelated(["sleep", "300"])
-    try:
-        server_command = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--port", "18999"]
-        record = write_record(tmp_path, 18999, pid=other.pid, pgid=other.pid, command=server_command)
-        message = stop_recorded(tmp_path, 18999)
-        assert f"pid {other.pid} now belongs to another process" in message and "left alone" in message
-        assert "sleep 300" in message
-        assert not record.exists()
-        time.sleep(0.2)
-        assert other.poll() is None, "a process that is not our server was signalled"
-    finally:
-        end(other)
+def test_a_live_pid_running_another_command_is_left_alone(tmp_path, unrelated):
+    server_command = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--port", "18999"]
+    record = write_record(tmp_path, 18999, pid=unrelated.pid, pgid=unrelated.pid, command=server_command)
+    message = stop_recorded(tmp_path, 18999)
+    assert f"pid {unrelated.pid} now belongs to another process" in message and "left alone" in message
+    assert "sleep 300" in message
+    assert not record.exists()
+    time.sleep(0.2)
+    assert unrelated.poll() is None, "a process that is not our server was signalled"
 
 
 def test_a_live_server_matching_its_record_is_stopped_with_its_group(tmp_path):
@@ -121,6 +117,8 @@ def test_a_live_server_matching_its_record_is_stopped_with_its_group(tmp_path):
     ],
 )
 def test_a_corrupt_record_is_named_and_removed_without_signalling(tmp_path, monkeypatch, content, named):
+    # Signals are stood in for here: a corrupt record names no process whose survival could show
+    # a wrong signal, and a real one sent to pid -1 would reach every process of this user.
     def refuse(*args):
         raise AssertionError(f"a corrupt record led to a signal: {args}")
 
