@@ -69,6 +69,9 @@ class TargetPreset:
     notes: str = ""
     aux_layer_ids: tuple[int, ...] = field(default=())
     """Aux layer ids to capture; empty means the engines' default (2, L//2, L-3)."""
+    hidden_states_source: str = "auto"
+    """Where `hidden_state_shards` takes the target's states by default: "engine" (the serving
+    engine's extraction), "hf" (a Hugging Face forward pass) or "auto" (`hidden_states/source.py`)."""
 
     @property
     def default_aux_layer_ids(self) -> tuple[int, ...]:
@@ -83,9 +86,10 @@ class TargetPreset:
         """Whether responses carry a reasoning trace that the corpus must capture."""
         return self.reasoning_parser is not None
 
-    def engine_args(self) -> list[str]:
-        """The vLLM arguments that describe this target (model path and port come from the caller)."""
-        args = ["--max-model-len", str(self.max_model_len)]
+    def engine_args(self, max_model_len: int | None = None) -> list[str]:
+        """The vLLM arguments that describe this target (model path and port come from the caller);
+        `max_model_len` overrides the preset's context length."""
+        args = ["--max-model-len", str(max_model_len or self.max_model_len)]
         if self.tensor_parallel_size > 1:
             args += ["--tensor-parallel-size", str(self.tensor_parallel_size)]
         if self.reasoning_parser:

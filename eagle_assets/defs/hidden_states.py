@@ -3,6 +3,7 @@
 # No `from __future__ import annotations`: Dagster resolves Config types from real annotations.
 
 import os
+from contextlib import closing
 from typing import Optional
 
 import dagster as dg
@@ -14,8 +15,10 @@ from eagle_assets.defs.common import GROUP, check_result, hash_files, metadata, 
 from eagle_assets.defs.corpus import synthetic_corpus
 from eagle_assets.formats import SHARD_MANIFEST_FILE, SHARD_STATES_FILE, shard_name
 from eagle_assets.hidden_states.corpus_io import corpus_token_counts
+from eagle_assets.hidden_states.engine_extract import EngineExtractor, EngineStateClient, final_norm_of
 from eagle_assets.hidden_states.extract import ExtractSettings, extract_shard, load_target
 from eagle_assets.hidden_states.reader import ShardReader
+from eagle_assets.hidden_states.source import choose_source, hf_loadable
 from eagle_assets.hidden_states.vocab import (
     build_vocab_mapping,
     count_assistant_tokens,
@@ -75,16 +78,51 @@ def vocab_mapping(context: dg.AssetExecutionContext, config: VocabConfig, infere
 class HiddenStatesConfig(dg.Config):
     aux_layer_ids: Optional[list[int]] = None
     """Aux ids (HF hidden_states numbering); default: the preset's (2, L//2, L-3)."""
+    source: str = "auto"
+    """"engine" (the serving engine extracts them: vLLM's extract_hidden_states, one server for
+    every shard), "hf" (a Hugging Face forward pass here) or "auto": the preset's choice, else the
+    engine wherever the target needs several GPUs or transformers cannot load it."""
     batch_tokens: int = 8192
-    """Padded tokens per forward pass."""
+    """Hugging Face: padded tokens per forward pass."""
     device: str = "auto"
-    """"auto" (cuda when present), "cpu", "cuda", or "balanced" for a target sharded across GPUs."""
+    """Hugging Face: "auto" (every visible GPU, layers spread by accelerate's device_map; the
+    host where there is none), "cpu", "cuda" or "cuda:N"."""
+    max_memory_per_device: Optional[str] = None
+    """Hugging Face with device "auto": the most each device may hold (e.g. "130GiB"), leaving
+    room for activations; default: what it has."""
+    engine_concurrency: int = 16
+    """Engine: samples in flight at once (the engine batches them)."""
 
 
 def _device(choice: str) -> str:
     if choice == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
+        return "auto" if torch.cuda.is_available() else "cpu"
     return "auto" if choice == "balanced" else choice
+
+
+def extraction_settings(config: HiddenStatesConfig, preset) -> ExtractSettings:
+    return ExtractSettings(
+        aux_layer_ids=tuple(config.aux_layer_ids or preset.default_aux_layer_ids),
+        num_shards=NUM_SHARDS,
+        batch_tokens=config.batch_tokens,
+    )
+
+
+def hidden_states_source(config: HiddenStatesConfig, preset, path) -> str:
+    """"engine" or "hf" for this target (`hidden_states/source.py`)."""
+    return choose_source(config.source, preset, hf_loadable(path, preset.trust_remote_code))
+
+
+def engine_layer_ids(settings: ExtractSettings, preset) -> list[int]:
+    """What the extraction server captures: the aux ids and L (r_L, for the normed final state)."""
+    return sorted(set(settings.aux_layer_ids) | {preset.num_layers})
+
+
+def engine_max_model_len(preset, corpus: str) -> int:
+    """Context the extraction server needs: the longest sample (or the preset's context) and the
+    one token it generates."""
+    longest = max((n for shard in corpus_token_counts(corpus, 1).values() for n in shard.values()), default=0)
+    return max(longest, preset.max_model_len) + 1
 
 
 @dg.asset(
@@ -96,27 +134,35 @@ def _device(choice: str) -> str:
 )
 def hidden_state_shards(context: dg.AssetExecutionContext, config: HiddenStatesConfig, inference_server: InferenceServerResource, storage: StorageResource):
     """The target's auxiliary hidden states and its normed final state for every corpus token,
-    one partition per shard (bf16 safetensors + JSON manifest), written atomically. Only the
-    configured layers are captured; free disk space is checked before anything is written."""
+    one partition per shard (bf16 safetensors + JSON manifest), written atomically. They come
+    from the serving engine (vLLM's extract_hidden_states: the target as it is served, one
+    server for every shard) or from a Hugging Face forward pass here; only the configured
+    layers are kept, and free disk space is checked before anything is written."""
     preset, path = target_of(inference_server)
     index = int(context.partition_key)
-    settings = ExtractSettings(
-        aux_layer_ids=tuple(config.aux_layer_ids or preset.default_aux_layer_ids),
-        num_shards=NUM_SHARDS,
-        batch_tokens=config.batch_tokens,
-    )
-    device = _device(config.device)
-    # CPUs without bf16 matrix units run a bf16 forward several times slower than fp32; the
-    # states are stored as bf16 either way.
-    model, tokenizer = load_target(path, device=device, dtype=torch.float32 if device == "cpu" else torch.bfloat16)
+    settings = extraction_settings(config, preset)
     corpus = str(storage.corpus(preset.name))
     fingerprint = target_fingerprint(path)
-    result = extract_shard(
-        model, corpus, storage.hidden_states(preset.name), index, settings,
-        tokenizer=tokenizer, target_fingerprint=fingerprint,
-    )  # fmt: skip
+    out = storage.hidden_states(preset.name)
+    source = hidden_states_source(config, preset, path)
+    context.log.info(f"hidden states of shard {index} from {'the serving engine' if source == 'engine' else 'Hugging Face'}")
+    if source == "engine":
+        ids = engine_layer_ids(settings, preset)
+        with inference_server.extraction_server(ids, engine_max_model_len(preset, corpus), log=context.log.info) as server:
+            client = EngineStateClient(server.base_url, server.model, ids, api_key=server.api_key, concurrency=config.engine_concurrency)
+            with closing(client), EngineExtractor(client, settings, preset.num_layers, preset.hidden_size, preset.vocab_size,
+                                                  final_norm_of(path)) as extractor:  # fmt: skip
+                result = extract_shard(extractor, corpus, out, index, settings, target_fingerprint=fingerprint)
+    else:
+        device = _device(config.device)
+        # CPUs without bf16 matrix units run a bf16 forward several times slower than fp32; the
+        # states are stored as bf16 either way.
+        model, tokenizer = load_target(path, device=device, dtype=torch.float32 if device == "cpu" else torch.bfloat16,
+                                       max_memory_per_device=config.max_memory_per_device,
+                                       trust_remote_code=preset.trust_remote_code)  # fmt: skip
+        result = extract_shard(model, corpus, out, index, settings, tokenizer=tokenizer, target_fingerprint=fingerprint)
     manifest = result.manifest
-    shard_dir = storage.hidden_states(preset.name) / shard_name(index)
+    shard_dir = out / shard_name(index)
     yield dg.MaterializeResult(
         metadata=metadata(
             {
@@ -124,8 +170,10 @@ def hidden_state_shards(context: dg.AssetExecutionContext, config: HiddenStatesC
                 "tokens": sum(manifest.token_counts),
                 "aux_layer_ids": manifest.aux_layer_ids,
                 "layer_id_convention": manifest.layer_id_convention,
+                "source": manifest.extra.get("source"),
                 "bytes": (shard_dir / SHARD_STATES_FILE).stat().st_size,
                 "bytes_per_token": manifest.bytes_per_token,
+                "tokens_per_s": round(result.tokens_per_s, 1),
                 "path": str(shard_dir),
             }
         ),

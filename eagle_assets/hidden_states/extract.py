@@ -26,12 +26,12 @@ Large targets (Kimi-K2.5: 61 layers, hidden 7168, MLA MoE, INT4 weights, 3 aux +
 host, without tensor parallelism:
 
     model, tokenizer = load_target(
-        "/models/Kimi-K2.5", device="auto", max_memory_per_gpu="130GiB", trust_remote_code=True
+        "/models/Kimi-K2.5", device="auto", max_memory_per_device="130GiB", trust_remote_code=True
     )
 
 `device_map="auto"` places consecutive layers on consecutive GPUs; the hooks gather each
 state on the GPU that produced it and collect the rows on the GPU of the final norm. Leave a
-few GiB per GPU for activations (`max_memory_per_gpu` below the card's size) and size
+few GiB per GPU for activations (`max_memory_per_device` below the card's size) and size
 `batch_tokens` so that one batch's activations fit. Its INT4 (compressed-tensors) checkpoint
 needs the `compressed-tensors` package in the extraction environment; 8 x H200 hold it.
 """
@@ -99,24 +99,43 @@ def load_target(
     path: str | Path,
     device: str = "cpu",
     dtype: torch.dtype = torch.bfloat16,
-    max_memory_per_gpu: str | None = None,
+    max_memory_per_device: str | None = None,
     trust_remote_code: bool = False,
 ):
     """Load a target (HF folder) for extraction: returns (model, tokenizer), in eval mode.
 
-    `device`: "cpu", "cuda" / "cuda:1" (one GPU) or "auto" (layers spread over every visible
-    GPU with `device_map="auto"`, each given at most `max_memory_per_gpu`).
+    `device`: "cpu", "cuda" / "cuda:1" (one GPU) or "auto" (accelerate's `device_map="auto"`:
+    consecutive layers on consecutive GPUs, every visible one, or the host where there is
+    none), each device given at most `max_memory_per_device` (e.g. "130GiB"; default: what
+    it has). `trust_remote_code` is for targets whose config or tokenizer is code in the
+    folder (Kimi-K2.5's): the preset says so.
     """
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoTokenizer
 
     kwargs: dict = dict(dtype=dtype, trust_remote_code=trust_remote_code)
     if device != "cpu":
         kwargs["device_map"] = device  # weights go straight to the GPU(s), never all through host memory
-    if device == "auto" and max_memory_per_gpu is not None:
-        kwargs["max_memory"] = {i: max_memory_per_gpu for i in range(torch.cuda.device_count())}
-    model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
+    if device == "auto" and max_memory_per_device is not None:
+        gpus = torch.cuda.device_count()
+        kwargs["max_memory"] = {i: max_memory_per_device for i in range(gpus)} if gpus else {"cpu": max_memory_per_device}
+    model = causal_lm_class(path, trust_remote_code).from_pretrained(path, **kwargs)
     tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
     return model.eval(), tokenizer
+
+
+def causal_lm_class(path: str | Path, trust_remote_code: bool = False):
+    """The transformers auto class that loads the target with its language-model head.
+
+    A plain causal LM loads with AutoModelForCausalLM. A multimodal wrapper around one (Kimi-K2.5's
+    `kimi_k25`: a vision tower beside a DeepSeek-V3 language model) has no causal-LM class there,
+    only an image-text-to-text one; its decoder stack is found inside it (`target_parts`).
+    """
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText
+
+    config = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
+    if type(config) not in AutoModelForCausalLM._model_mapping and type(config) in AutoModelForImageTextToText._model_mapping:
+        return AutoModelForImageTextToText
+    return AutoModelForCausalLM
 
 
 @dataclass(frozen=True)
@@ -290,46 +309,48 @@ def pad_batch(input_ids: list[np.ndarray]) -> tuple[torch.Tensor, torch.Tensor, 
     return ids, index, mask
 
 
-class Extractor:
-    """Holds the hooks and host buffers for one target; extracts shards one after another."""
+class ShardExtractor:
+    """The shard machinery every source of states shares: settings, aux ids, the shard's layout,
+    its host buffers, manifest and atomic commit. A subclass fills the states (`_fill`): from a
+    Hugging Face forward pass here (`Extractor`), or from a serving engine
+    (`hidden_states/engine_extract.EngineExtractor`)."""
 
-    def __init__(self, model: nn.Module, settings: ExtractSettings):
-        self.parts = target_parts(model)
+    def __init__(self, settings: ExtractSettings, num_layers: int, hidden_size: int, vocab_size: int, pin_buffers: bool = False):
         self.settings = settings
-        self.aux_ids = validate_aux_layer_ids(settings.aux_layer_ids, self.parts.num_layers)
+        self.num_layers, self.hidden_size, self.vocab_size = num_layers, hidden_size, vocab_size
+        self.aux_ids = validate_aux_layer_ids(settings.aux_layer_ids, num_layers)
         if settings.batch_tokens < 1 or settings.num_shards < 1 or settings.queue_depth < 1:
             raise ValueError(
                 f"batch_tokens ({settings.batch_tokens}), num_shards ({settings.num_shards}) and "
                 f"queue_depth ({settings.queue_depth}) must all be at least 1"
             )
+        self._pin = pin_buffers
         self._pool: BufferPool | None = None
         self._pool_rows = 0
         # One thread: shards commit in the order they were extracted.
         self._committer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="shard-commit")
 
+    model_dtype = "bfloat16"
+    """The dtype the states were computed in, for the manifest."""
+    source = "transformers"
+    """What computed the states, for the manifest."""
+
     @property
     def bytes_per_token(self) -> int:
-        return hidden_state_bytes_per_token(len(self.aux_ids), self.parts.hidden_size)
+        return hidden_state_bytes_per_token(len(self.aux_ids), self.hidden_size)
 
     def layout(self, token_counts: list[int]) -> ShardLayout:
         return ShardLayout(
             num_samples=len(token_counts),
             num_tokens=sum(token_counts),
             num_aux=len(self.aux_ids),
-            hidden_size=self.parts.hidden_size,
+            hidden_size=self.hidden_size,
             aux_layer_ids=self.aux_ids,
         )
 
     def _buffers(self, rows: int) -> BufferPool:
         if self._pool is None or self._pool_rows < rows:
-            out = self.parts.output_device
-            self._pool = BufferPool(
-                self.settings.queue_depth + 1,
-                rows,
-                len(self.aux_ids),
-                self.parts.hidden_size,
-                pin=out.type == "cuda",
-            )
+            self._pool = BufferPool(self.settings.queue_depth + 1, rows, len(self.aux_ids), self.hidden_size, pin=self._pin)
             self._pool_rows = rows
         return self._pool
 
@@ -340,15 +361,16 @@ class Extractor:
             sample_ids=list(samples.sample_ids),
             token_counts=samples.token_counts,
             aux_layer_ids=list(self.aux_ids),
-            hidden_size=self.parts.hidden_size,
+            hidden_size=self.hidden_size,
             target_fingerprint=target_fingerprint,
             corpus_fingerprint=samples.fingerprint(),
             bytes_per_token=self.bytes_per_token,
             extra={
                 "num_tokens": samples.num_tokens,
-                "num_layers": self.parts.num_layers,
+                "num_layers": self.num_layers,
                 "batch_tokens": self.settings.batch_tokens,
-                "model_dtype": str(next(self.parts.base.parameters()).dtype).removeprefix("torch."),
+                "model_dtype": self.model_dtype,
+                "source": self.source,
                 "file_bytes": self.layout(samples.token_counts).file_bytes(),
             },
         )
@@ -364,9 +386,9 @@ class Extractor:
     ) -> ShardResult | Future:
         """Extract `samples` into shard `shard_index` of `out_dir` (replacing it atomically).
 
-        With `wait=False` it returns once the last forward pass is queued, with a Future of the
+        With `wait=False` it returns once the last states are queued, with a Future of the
         result: the tail of the writes, the checks, the fsync and the rename then run in the
-        background while the caller starts the next shard, so the GPU never waits on a commit.
+        background while the caller starts the next shard, so the source never waits on a commit.
         """
         started = time.perf_counter()
         counts = samples.token_counts
@@ -384,7 +406,7 @@ class Extractor:
         )  # fmt: skip
         writer = ShardWriter(out_dir, shard_index, layout, offsets, flat_ids, flat_mask)
         try:
-            finite = self._forward_all(samples, batches, offsets, writer, shard_index, on_batch)
+            finite = self._fill(samples, batches, offsets, writer, shard_index, on_batch)
         except BaseException:
             writer.abort()
             raise
@@ -405,8 +427,46 @@ class Extractor:
         future = self._committer.submit(finish)
         return future.result() if wait else future
 
+    def _fill(self, samples: ShardSamples, batches, offsets, writer: ShardWriter, shard_index: int, on_batch) -> list[torch.Tensor]:
+        """Hand every sample's rows to `writer`; returns "all finite" flags (read off this thread)."""
+        raise NotImplementedError
+
+    @staticmethod
+    def _check_finite(finite, batches, samples: ShardSamples, shard_index: int) -> None:
+        if not finite:
+            return
+        ok = torch.stack([f.cpu() for f in finite])
+        if bool(ok.all()):
+            return
+        a, b = batches[int((~ok).nonzero()[0])]
+        raise ValueError(
+            f"shard {shard_index}: non-finite hidden states (inf/NaN in bf16) in the batch of samples "
+            f"{samples.sample_ids[a:b]}; the target's forward pass overflows on them. Load the target "
+            "in a wider dtype (float32) or drop these samples; nothing was written."
+        )
+
+    def close(self) -> None:
+        """Wait for the shards still committing in the background."""
+        self._committer.shutdown(wait=True)
+
+    def __enter__(self) -> "ShardExtractor":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+class Extractor(ShardExtractor):
+    """Hugging Face forward passes with hooks and host buffers for one target."""
+
+    def __init__(self, model: nn.Module, settings: ExtractSettings):
+        self.parts = target_parts(model)
+        super().__init__(settings, self.parts.num_layers, self.parts.hidden_size, self.parts.vocab_size,
+                         pin_buffers=self.parts.output_device.type == "cuda")  # fmt: skip
+        self.model_dtype = str(next(self.parts.base.parameters()).dtype).removeprefix("torch.")
+
     @torch.inference_mode()
-    def _forward_all(self, samples, batches, offsets, writer: ShardWriter, shard_index, on_batch) -> list[torch.Tensor]:
+    def _fill(self, samples, batches, offsets, writer: ShardWriter, shard_index, on_batch) -> list[torch.Tensor]:
         """Run every batch through the base model, handing the captured rows to `writer`.
 
         Returns one device-side "all finite" flag per batch (read later, off this thread).
@@ -456,30 +516,6 @@ class Extractor:
             bar.close()
         return finite
 
-    @staticmethod
-    def _check_finite(finite, batches, samples: ShardSamples, shard_index: int) -> None:
-        if not finite:
-            return
-        ok = torch.stack([f.cpu() for f in finite])
-        if bool(ok.all()):
-            return
-        a, b = batches[int((~ok).nonzero()[0])]
-        raise ValueError(
-            f"shard {shard_index}: non-finite hidden states (inf/NaN in bf16) in the batch of samples "
-            f"{samples.sample_ids[a:b]}; the target's forward pass overflows on them. Load the target "
-            "in a wider dtype (float32) or drop these samples; nothing was written."
-        )
-
-    def close(self) -> None:
-        """Wait for the shards still committing in the background."""
-        self._committer.shutdown(wait=True)
-
-    def __enter__(self) -> "Extractor":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
 
 def _progress(enabled: bool, total: int, desc: str):
     from tqdm.auto import tqdm
@@ -499,8 +535,19 @@ def resolve_target_fingerprint(tokenizer=None, target_fingerprint: str | None = 
     )
 
 
+def _extractor(model: "nn.Module | ShardExtractor", settings: ExtractSettings) -> tuple[ShardExtractor, bool]:
+    """(the extractor for `model`, whether the caller owns it): a Hugging Face model gets an
+    `Extractor` of its own; a given extractor (an engine's, say) is used as it is, and its
+    settings must be these."""
+    if isinstance(model, ShardExtractor):
+        if model.settings != settings:
+            raise ValueError(f"the extractor was made with {model.settings}, not {settings}: give one set of settings")
+        return model, False
+    return Extractor(model, settings), True
+
+
 def extract_shard(
-    model: nn.Module,
+    model: "nn.Module | ShardExtractor",
     corpus_dir: str,
     out_dir: str | Path,
     shard_index: int,
@@ -512,13 +559,18 @@ def extract_shard(
 ) -> ShardResult:
     """(Re)build shard `shard_index` of `out_dir` from the corpus; other shards are not touched.
 
+    `model` is a Hugging Face model or a `ShardExtractor` (which then serves several calls).
     `on_batch(shard_index, batch_index, num_batches)` is called after each batch is handed
     to the writer (for progress reporting).
     """
-    with Extractor(model, settings) as extractor:
+    extractor, owned = _extractor(model, settings)
+    try:
         fingerprint = resolve_target_fingerprint(tokenizer, target_fingerprint)
-        samples = load_shard_samples(corpus_dir, shard_index, settings.num_shards, extractor.parts.vocab_size, fingerprint)
+        samples = load_shard_samples(corpus_dir, shard_index, settings.num_shards, extractor.vocab_size, fingerprint)
         return extractor.run(samples, Path(out_dir), shard_index, fingerprint, on_batch)
+    finally:
+        if owned:
+            extractor.close()
 
 
 def shard_status(
@@ -557,7 +609,7 @@ def remove_shards_beyond(out_dir: Path, num_shards: int) -> list[Path]:
 
 
 def extract_all(
-    model: nn.Module,
+    model: "nn.Module | ShardExtractor",
     corpus_dir: str,
     out_dir: str | Path,
     settings: ExtractSettings,
@@ -574,7 +626,7 @@ def extract_all(
     checked first. Each shard commits in the background while the next one computes.
     """
     out_dir = Path(out_dir)
-    extractor = Extractor(model, settings)
+    extractor, owned = _extractor(model, settings)
     fingerprint = resolve_target_fingerprint(tokenizer, target_fingerprint)
     expected = corpus_token_counts(corpus_dir, settings.num_shards)
     indices = list(range(settings.num_shards)) if shards is None else list(shards)
@@ -583,7 +635,7 @@ def extract_all(
     todo, results = [], []
     for i in indices:
         status = shard_status(
-            out_dir, i, expected[i], settings, extractor.aux_ids, extractor.parts.hidden_size, fingerprint
+            out_dir, i, expected[i], settings, extractor.aux_ids, extractor.hidden_size, fingerprint
         )
         if status == "complete":
             manifest = read_manifest(out_dir / shard_name(i))
@@ -596,14 +648,20 @@ def extract_all(
     check_free_space(out_dir, needed)
     log.info("%d of %d shards to extract (%.2f GB), %d complete", len(todo), len(indices), needed / 1e9, len(results))
     pending: list[tuple[str, Future]] = []
-    with extractor:
+    try:
         for i, status in todo:
             for _, done in pending:  # a failed commit stops the run before more work is done
                 if done.done() and done.exception() is not None:
                     raise done.exception()
-            samples = load_shard_samples(corpus_dir, i, settings.num_shards, extractor.parts.vocab_size, fingerprint)
+            samples = load_shard_samples(corpus_dir, i, settings.num_shards, extractor.vocab_size, fingerprint)
             pending.append((status, extractor.run(samples, out_dir, i, fingerprint, on_batch, wait=False)))
         for status, future in pending:
             r = future.result()
             results.append(ShardResult(r.shard_dir, r.manifest, True, r.seconds, r.tokens_per_s, status))
+    finally:
+        if owned:
+            extractor.close()
+        else:  # the caller keeps its extractor, but no commit of ours may outlive this call
+            for _, future in pending:
+                future.exception()
     return sorted(results, key=lambda r: r.manifest.shard)

@@ -9,10 +9,12 @@ from the target preset in its own environment and torn down when the stage ends.
 from __future__ import annotations
 
 import json
+import shutil
+import tempfile
 from collections import OrderedDict
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
-from typing import Callable, Iterator, NamedTuple, Optional
+from typing import Callable, Iterator, NamedTuple, Optional, Sequence
 
 import dagster as dg
 from pydantic import PrivateAttr
@@ -21,7 +23,14 @@ from eagle_assets.embedded_target import resolve_target
 from eagle_assets.engines.envs import host_device
 from eagle_assets.engines.host_memory import HEADROOM_BYTES, available_memory_bytes, config_footprint_bytes, why_not_at_once
 from eagle_assets.engines.serving import InferenceServer, api_key_from_env, connect, launch_vllm, replica_numbers
-from eagle_assets.engines.vllm_launch import DEFAULT_KV_CACHE_GIB, serving_mode_note, speculative_config
+from eagle_assets.engines.vllm_launch import (
+    DEFAULT_KV_CACHE_GIB,
+    extraction_config,
+    hidden_states_transfer,
+    serving_mode_note,
+    speculative_config,
+)
+from eagle_assets.paths import runs_dir
 from eagle_assets.targets import EMBEDDED_TARGET
 
 # The drafter's check serves plain and speculative, then the benchmark serves both again: two
@@ -48,6 +57,10 @@ class InferenceServerResource(dg.ConfigurableResource):
     """Name of the environment variable holding the server's API key."""
     model: Optional[str] = None
     """Model name on an existing server (default: the first it lists)."""
+    extraction_url: Optional[str] = None
+    """An existing extraction server (vLLM with the `extract_hidden_states` method and our
+    hidden-state connector, `eagle-assets serve --extract`) that writes into a folder this host
+    reads at the same path; nothing is launched for the hidden states when set."""
     port: int = 0
     """Port for a launched server; 0 picks a free one."""
     device: Optional[str] = None
@@ -164,9 +177,12 @@ class InferenceServerResource(dg.ConfigurableResource):
         speculative: dict | None = None,
         log: Callable[[str], None] = print,
         replica: int = 0,
+        kv_transfer: dict | None = None,
+        max_model_len: int | None = None,
     ) -> Iterator[InferenceServer]:
         """A server for the duration of the block: the configured URL, or a vLLM we launch.
-        `replica` n > 0 is a further server of the same configuration (an A/A control), not the first again."""
+        `replica` n > 0 is a further server of the same configuration (an A/A control), not the first again.
+        `kv_transfer` and `max_model_len` go to the launch as they are (`extraction_server` uses them)."""
         if self.url:
             if drafter or speculative:
                 raise ValueError(
@@ -209,6 +225,8 @@ class InferenceServerResource(dg.ConfigurableResource):
                     drafter=drafter,
                     k=k,
                     speculative=speculative,
+                    kv_transfer=kv_transfer,
+                    max_model_len=max_model_len,
                     port=self.port or None,
                     device=self.device,
                     kv_cache_gib=self.kv_cache_gib,
@@ -233,6 +251,41 @@ class InferenceServerResource(dg.ConfigurableResource):
             self._stop(key)
             raise
         self._trim()
+
+    @contextmanager
+    def extraction_server(self, layer_ids: Sequence[int], max_model_len: int, log: Callable[[str], None] = print) -> Iterator[InferenceServer]:
+        """A server that captures the residual stream after each of `layer_ids` decoder layers for
+        every prompt token (`hidden_states/engine_extract.py` reads it): `extraction_url`, or a
+        vLLM we launch with a spool folder of its own under the runs folder, kept warm like any
+        other launched server. `max_model_len` must take the longest sample plus one token."""
+        if self.extraction_url:
+            yield connect(self.extraction_url, self.model, api_key_from_env(self.api_key_env))
+            return
+        if self.url:
+            raise ValueError(
+                "this resource points at an existing server (url is set) but names no extraction server: give "
+                "extraction_url (EAGLE_ASSETS_EXTRACTION_URL), a vLLM serving the target with `eagle-assets serve --extract`, "
+                "or extract with Hugging Face (hidden_state_shards source: hf)"
+            )
+        spec = extraction_config(layer_ids)
+        key = server_key(None, 0, spec)
+        if key in self._warm:
+            with self.serve(speculative=spec, log=log) as server:
+                yield server
+            return
+        spool_root = runs_dir() / "hidden-states"
+        spool_root.mkdir(parents=True, exist_ok=True)
+        spool = Path(tempfile.mkdtemp(prefix="spool-", dir=spool_root))
+        owned_by_server = False
+        try:
+            with self.serve(speculative=spec, kv_transfer=hidden_states_transfer(spool), max_model_len=max_model_len, log=log) as server:
+                if key in self._warm:  # kept warm: the folder goes with the server, whenever the resource stops it
+                    self._warm[key].stack.callback(shutil.rmtree, spool, True)
+                    owned_by_server = True
+                yield server
+        finally:
+            if not owned_by_server:
+                shutil.rmtree(spool, ignore_errors=True)
 
     def _trim(self) -> None:
         """Back to the warm limit, oldest first, once a block holding several servers at once

@@ -1,0 +1,43 @@
+"""Which source computes the target's hidden states: the serving engine, or Hugging Face.
+
+The engine (`engine_extract.py`) runs the target as it is served: split over the GPUs it needs,
+in its own quantised kernels, and one server serves every shard. Hugging Face (`extract.py`)
+loads the model in this process: fine for a target one device holds, and the reference the
+engine's states are tested against. `choose_source` makes the default choice:
+
+    >>> choose_source("auto", get_preset("kimi-k2.5"), hf_loadable=True)
+    'engine'
+"""
+
+from __future__ import annotations
+
+from eagle_assets.targets import TargetPreset
+
+SOURCES = ("auto", "engine", "hf")
+
+
+def choose_source(asked: str, preset: TargetPreset, hf_loadable: bool = True) -> str:
+    """"engine" or "hf": as asked, else the preset's choice, else the engine wherever the target
+    needs more than one GPU (tensor parallel) or transformers has no class for it."""
+    if asked not in SOURCES:
+        raise ValueError(f"hidden-state source {asked!r}: give one of {', '.join(SOURCES)}")
+    if asked != "auto":
+        return asked
+    if preset.hidden_states_source != "auto":
+        return preset.hidden_states_source
+    if preset.tensor_parallel_size > 1 or not hf_loadable:
+        return "engine"
+    return "hf"
+
+
+def hf_loadable(folder, trust_remote_code: bool = False) -> bool:
+    """Whether transformers has a class that loads this target folder's config with its head."""
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText
+
+    try:
+        config = AutoConfig.from_pretrained(folder, trust_remote_code=trust_remote_code)
+    except (ValueError, OSError, KeyError):
+        return False
+    if getattr(config, "auto_map", None) and trust_remote_code:
+        return True
+    return type(config) in AutoModelForCausalLM._model_mapping or type(config) in AutoModelForImageTextToText._model_mapping
