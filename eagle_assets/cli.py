@@ -112,7 +112,14 @@ def serve(
         False, help="Send smoke chat completions, print the first, stop the server and exit; with a drafter, also check "
                     "that sampled requests under speculation write the greedy answers (exit 1 when they do not)."),
     stop: bool = typer.Option(False, help="Stop a server of ours recorded on --port and exit."),
-    startup_timeout: float = typer.Option(600, min=1, help="Seconds to wait for the server to answer."),
+    startup_timeout: Optional[float] = typer.Option(None, min=1, help="Seconds to wait for the server to answer (default: 10 minutes "
+                                                                      "plus the weights' read time at a slow 150 MB/s)."),
+    extract: Optional[str] = typer.Option(None, "--extract", metavar="LAYER_IDS",
+                                          help="Serve as an extraction server for hidden_state_shards (EAGLE_ASSETS_EXTRACTION_URL): "
+                                               "capture these layer ids (comma-separated; id k = HF hidden_states[k]), or 'default' "
+                                               "for the preset's aux ids and its last layer."),
+    spool: Optional[Path] = typer.Option(None, help="With --extract: the folder the engine writes states into; the pipeline must "
+                                                    "see it at the same path (default: one under the runs folder)."),
 ) -> None:
     """Launch vLLM for a target (optionally with a drafter), watch it, and tear it down on exit."""
     from eagle_assets.engines.k_schedule import KSchedule
@@ -123,6 +130,9 @@ def serve(
 
     if stop:
         typer.echo(stop_recorded(runs_dir() / "servers", port))
+        return
+    if extract is not None:
+        _serve_extraction(target, extract, spool, port, startup_timeout, drafter)
         return
     if k_schedule is not None and drafter is None:
         _fail("--k-schedule says how many tokens the drafter drafts: give --drafter too")
@@ -151,6 +161,36 @@ def serve(
             typer.echo(f"serving {server.model} at {server.base_url} (OpenAI-compatible); Ctrl-C stops it")
             signal.pause()
     except (ServerFailed, PreflightError, PortBusy, OSError, ValueError, KeyError) as exc:
+        _fail(_message(exc))
+
+
+def _serve_extraction(target: str, extract: str, spool: Optional[Path], port: int, startup_timeout: Optional[float], drafter: Optional[Path]) -> None:
+    """`serve --extract`: an extraction server for the pipeline's hidden-state stage."""
+    from eagle_assets.embedded_target import resolve_target
+    from eagle_assets.engines.process import PortBusy, ServerFailed
+    from eagle_assets.engines.serving import launch_extraction_server
+
+    if drafter is not None:
+        _fail("--extract serves the target alone (it captures hidden states, it drafts nothing): leave out --drafter")
+    try:
+        preset, folder = resolve_target(target, log=lambda m: typer.echo(m, err=True))
+        if extract.strip() == "default":
+            ids = sorted(set(preset.default_aux_layer_ids) | {preset.num_layers})
+        else:
+            ids = sorted({int(x) for x in extract.split(",") if x.strip()})
+        if not ids or min(ids) < 0 or max(ids) > preset.num_layers:
+            _fail(f"--extract {extract}: give layer ids within 0..{preset.num_layers} (id k = HF hidden_states[k]), or 'default'")
+        if spool is not None:
+            spool = spool.expanduser().resolve()
+            spool.mkdir(parents=True, exist_ok=True)
+        with launch_extraction_server(folder, ids, preset.max_model_len + 1, spool=spool, port=port,
+                                      startup_timeout_s=startup_timeout) as server:  # fmt: skip
+            typer.echo(f"extracting layers {ids} of {server.model} at {server.base_url}: set EAGLE_ASSETS_EXTRACTION_URL={server.base_url} "
+                       "for the pipeline (it reads the states where the engine writes them); Ctrl-C stops it")  # fmt: skip
+            signal.pause()
+    except ValueError as exc:
+        _fail(f"--extract {extract}: {exc}")
+    except (ServerFailed, PortBusy, OSError, KeyError) as exc:
         _fail(_message(exc))
 
 
@@ -184,6 +224,9 @@ def bench(
                                                "speculation and its fixed K, and say whether it serves as fast as the fastest."),
     parent_al: Optional[float] = typer.Option(None, help="A parent drafter's AL to check against."),
     compiled: bool = typer.Option(False, "--compiled/--eager", help="CPU: serve compiled, as a deployment does (starts take ~2 min), or eagerly."),
+    offline_reference: str = typer.Option("auto", help="hf: the reference decoder runs the target here in fp32; engine: replayed "
+                                                       "over an extraction server's states (the target is never loaded here); "
+                                                       "auto: hf where the target fits this host."),
 ) -> None:
     """Benchmark any EAGLE-3 drafter folder in the real engine, as the benchmark_report asset does:
     offline reference vs served acceptance, tokens/s with and without speculation, a verdict."""
@@ -195,7 +238,7 @@ def bench(
     from eagle_assets.engines.k_schedule import KSchedule
     from eagle_assets.engines.preflight import PreflightError
     from eagle_assets.engines.process import PortBusy, ServerFailed
-    from eagle_assets.engines.serving import launch_vllm
+    from eagle_assets.engines.serving import launch_extraction_server, launch_vllm
     from eagle_assets.engines.vllm_launch import DEFAULT_KV_CACHE_GIB, serving_mode_note
 
     drafter = drafter.expanduser().resolve()
@@ -205,7 +248,8 @@ def bench(
         summary = _training_summary(drafter)
         preset, path = resolve_target(target)
         settings = BenchmarkSettings(num_prompts=num_prompts, output_len=output_len, concurrencies=tuple(concurrency),
-                                     k=benchmark_k(k, summary, preset.ttt_steps),
+                                     k=benchmark_k(k, summary, preset.ttt_steps), offline_reference=offline_reference,
+                                     served_dtype="float32" if host_device() == "cpu" else "bfloat16",
                                      also_k=tuple(also_k), ngram=ngram, baseline_again=baseline_again,
                                      interleave_rounds=interleave, control=control, confirm_schedule=confirm_schedule,
                                      k_schedule=KSchedule.parse(k_schedule) if k_schedule is not None else None)  # fmt: skip
@@ -221,7 +265,8 @@ def bench(
         report, paths = run_benchmark(
             settings, preset.name, path, drafter, lambda spec, replica=0: launch_vllm(target, speculative=spec, compiled=compiled), out,
             target_num_layers=preset.num_layers, parent_al=parent_al, notes=[serving_mode_note(host_device(), compiled)],
-            training_summary=summary, why_not_at_once=why_not_at_once,
+            training_summary=summary, why_not_at_once=why_not_at_once, trust_remote_code=preset.trust_remote_code,
+            extraction_server=lambda ids: launch_extraction_server(path, ids, preset.max_model_len + settings.k + 1),
         )  # fmt: skip
     except (OSError, ValueError, KeyError, ServerFailed, PortBusy, PreflightError) as exc:
         _fail(_message(exc))

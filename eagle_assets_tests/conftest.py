@@ -42,6 +42,23 @@ def vllm_server(smollm2_path, engine_python):
         yield server
 
 
+SMOLLM2_EXTRACTED_IDS = (2, 15, 27, 30)
+"""What the shared extraction server captures: SmolLM2's default aux ids and its last layer (r_L)."""
+
+
+@pytest.fixture(scope="session")
+def smollm2_extraction_server(smollm2_path, engine_python, tmp_path_factory):
+    """A real vLLM CPU server extracting SmolLM2's hidden states (`SMOLLM2_EXTRACTED_IDS`) into a
+    spool folder, shared by the session. Yields (server, spool folder)."""
+    from eagle_assets.engines.serving import launch_vllm
+    from eagle_assets.engines.vllm_launch import extraction_config, hidden_states_transfer
+
+    spool = tmp_path_factory.mktemp("spool")
+    with launch_vllm(EMBEDDED_TARGET, speculative=extraction_config(SMOLLM2_EXTRACTED_IDS), kv_transfer=hidden_states_transfer(spool),
+                     log=lambda m: None) as server:  # fmt: skip
+        yield server, spool
+
+
 @pytest.fixture(scope="session")
 def materialized_graph(tmp_path_factory, smollm2_path, engine_python):
     """The whole asset graph materialised once, with the "smollm2-tiny" preset, as real Dagster

@@ -18,25 +18,31 @@ fixed K recommend is served after the sweep, to confirm it (`bench/k_choice.py`)
 from __future__ import annotations
 
 import json
-from contextlib import ExitStack
+from contextlib import ExitStack, closing
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable, ContextManager, Mapping, Sequence
 
+import numpy as np
 import torch
 
 from eagle_assets.bench.breakdown import answers_ending_early, offline_slices
 from eagle_assets.bench.checks import BASELINE, BASELINE_END, CONTROL, NGRAM
+from eagle_assets.bench.greedy_check import GreedyCheck, check_against, greedy_tokens
 from eagle_assets.bench.interleaved import ServedTarget, run_interleaved
 from eagle_assets.bench.k_choice import confirmation_configs, fixed_k_label, recommended_schedule, run_schedule, schedule_label
 from eagle_assets.bench.parity import AcceptanceNumbers, ParityTolerance, TrainingFacts
 from eagle_assets.bench.reference_decoder import Result, speculative_generate
+from eagle_assets.bench.replay_reference import replay_reference
 from eagle_assets.bench.report import BenchmarkReport, build_report, write_report
 from eagle_assets.bench.served import SweepSettings, mt_bench_categories, mt_bench_prompts, mt_bench_size, refuse_too_few_prompts, run_served
 from eagle_assets.drafter.export import load_drafter
+from eagle_assets.drafter.target_head import read_target_embedding
+from eagle_assets.engines.host_memory import available_memory_bytes
 from eagle_assets.engines.k_schedule import KSchedule
 from eagle_assets.engines.serving import replica_numbers
 from eagle_assets.engines.vllm_launch import ngram_config, speculative_config
+from eagle_assets.hidden_states.engine_extract import EngineStateClient
 from eagle_assets.precision import use_exact_fp32
 
 
@@ -76,6 +82,17 @@ class BenchmarkSettings:
     says whether it served as fast as the fastest of them at every level (`bench/k_choice.py`)."""
     offline_prompts: int | None = None
     """Prompts for the offline reference (default: all of them)."""
+    offline_reference: str = "auto"
+    """"hf": the reference decoder runs the target here in fp32 (it must fit the host);
+    "engine": chain drafting replayed over the states an extraction server captures along the
+    target's greedy answers from its server (`bench/replay_reference.py`), the target never
+    loaded here; "auto": "hf" where the target fits this host, else "engine"."""
+    greedy_check: bool = True
+    """Compare the drafter's served greedy output with plain greedy, token for token, and read
+    the target's top-2 margin where they part (`bench/greedy_check.py`)."""
+    served_dtype: str = "float32"
+    """The dtype the engine serves in (fp32 on CPU hosts, the model's on GPUs): the near-tie
+    threshold of the greedy check depends on it."""
     tolerance: ParityTolerance = field(default_factory=ParityTolerance)
     min_speedup: float = 1.0
 
@@ -96,6 +113,11 @@ class BenchmarkSettings:
         refuse_too_few_prompts(self.num_prompts, self.concurrencies, f"num_prompts={self.num_prompts}")
         if self.num_prompts > (available := mt_bench_size()):
             raise ValueError(f"num_prompts={self.num_prompts}: MT-Bench has {available} first turns; give at most {available}")
+        if self.offline_reference not in OFFLINE_REFERENCES:
+            raise ValueError(f"offline_reference={self.offline_reference!r}: give one of {', '.join(OFFLINE_REFERENCES)}")
+
+
+OFFLINE_REFERENCES = ("auto", "hf", "engine")
 
 
 # Rounds per level when the benchmark chooses. On all 80 MT-Bench turns, which come category
@@ -147,15 +169,18 @@ def interleaving(settings: BenchmarkSettings, drafter_dir: Path,
 
 
 def offline_results(target_path: Path, drafter_dir: Path, prompts: Sequence[Sequence[dict]], settings: BenchmarkSettings,
-                    log: Callable[[str], None] = print, device: str = "cpu") -> list[Result]:  # fmt: skip
+                    log: Callable[[str], None] = print, device: str = "cpu", trust_remote_code: bool = False) -> list[Result]:  # fmt: skip
     """The reference decoder's result on each prompt (its tokens and accepted drafts per step).
 
     fp32 on any device, as the CPU engine serves; on CUDA without TF32, for the same reason."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(target_path)
+    from eagle_assets.hidden_states.extract import causal_lm_class
+
+    tokenizer = AutoTokenizer.from_pretrained(target_path, trust_remote_code=trust_remote_code)
     use_exact_fp32(device)
-    target = AutoModelForCausalLM.from_pretrained(target_path, dtype=torch.float32).to(device).eval()
+    target = causal_lm_class(target_path, trust_remote_code).from_pretrained(
+        target_path, dtype=torch.float32, trust_remote_code=trust_remote_code).to(device).eval()  # fmt: skip
     drafter, _ = load_drafter(drafter_dir, dtype=torch.float32)
     drafter.to(device).eval()
     with torch.no_grad():
@@ -196,6 +221,8 @@ def run_benchmark(
     notes: Sequence[str | None] = (),
     training_summary: Mapping | None = None,
     why_not_at_once: Callable[[list[dict | None]], str | None] | None = None,
+    extraction_server: Callable[[Sequence[int]], ContextManager] | None = None,
+    trust_remote_code: bool = False,
     log: Callable[[str], None] = print,
 ) -> tuple[BenchmarkReport, object]:
     """Offline reference on `drafter_dir` (the drafter as trained), served sweeps with the
@@ -206,27 +233,39 @@ def run_benchmark(
     `why_not_at_once(specs)` says why these configurations' servers cannot all be up together
     (None when they can; a spec given twice is two servers), for the default of
     `interleave_rounds` (`interleaving`). With `settings.control`, `serve(None, replica=1)` must
-    give a second server without speculation, not the first one again."""
+    give a second server without speculation, not the first one again.
+    `extraction_server(layer_ids)` gives a server capturing the target's states at those ids
+    (the resource's, or a launched one): the offline reference replays over it
+    (`settings.offline_reference`), and the target is never loaded here."""
     training_summary = training_summary or {}
     if trained_aux_layer_ids is None:
         trained_aux_layer_ids = training_summary.get("aux_layer_ids")
     served_drafter_dir = served_drafter_dir or drafter_dir
     prompts = mt_bench_prompts(settings.num_prompts)
     sweep = SweepSettings(output_len=settings.output_len, concurrencies=tuple(settings.concurrencies), progress=False)
-    results = offline_results(target_path, drafter_dir, prompts, settings, log)
-    offline = AcceptanceNumbers.from_results(results, settings.k)
-    chosen = mt_bench_categories(settings.num_prompts)[: len(results)]
-    slices = offline_slices(results, chosen, settings.k)
-    log(f"offline reference: AL {offline.al:.3f}, p_k {[round(p, 3) for p in offline.per_position_acceptance]}")
-    notes, ended_early = [n for n in notes if n], answers_ending_early(results)
-    if ended_early:
-        notes.append(f"{ended_early} of {len(results)} offline answers ended before {settings.output_len} "
-                     "tokens and ran on past the target's end-of-answer token (EOS is ignored, served and offline alike)")  # fmt: skip
+    reference = offline_reference_source(settings.offline_reference, target_path, extraction_server is not None)
+    streams = GreedyStreams(settings, prompts, log) if (reference == "engine" or settings.greedy_check) else None
+    notes = [n for n in notes if n]
+    if reference == "hf":
+        results = offline_results(target_path, drafter_dir, prompts, settings, log, trust_remote_code=trust_remote_code)
     settings, how_served = interleaving(settings, served_drafter_dir, why_not_at_once)
     if how_served:
         notes.append(how_served)
         log(how_served)
-    runs = _serve_all(served_configs(settings, served_drafter_dir), serve, prompts, sweep, settings.interleave_rounds, log)
+    runs = _serve_all(served_configs(settings, served_drafter_dir), serve, prompts, sweep, settings.interleave_rounds, log,
+                      on_served=streams.on_served if streams else None)  # fmt: skip
+    if reference == "engine":
+        results = engine_offline_results(drafter_dir, target_path, streams.plain, extraction_server, settings, log)
+        notes.append("offline reference replayed over the states the serving engine captured along the target's greedy answers "
+                     "from its server (the target was not loaded here)")  # fmt: skip
+    offline = AcceptanceNumbers.from_results(results, settings.k)
+    chosen = mt_bench_categories(settings.num_prompts)[: len(results)]
+    slices = offline_slices(results, chosen, settings.k)
+    log(f"offline reference: AL {offline.al:.3f}, p_k {[round(p, 3) for p in offline.per_position_acceptance]}")
+    ended_early = answers_ending_early(results)
+    if ended_early:
+        notes.append(f"{ended_early} of {len(results)} offline answers ended before {settings.output_len} "
+                     "tokens and ran on past the target's end-of-answer token (EOS is ignored, served and offline alike)")  # fmt: skip
     confirmation = []
     if settings.confirm_schedule:
         confirmation, note = _confirm_schedule(runs, settings, served_drafter_dir, serve, prompts, sweep, log)
@@ -247,21 +286,89 @@ def run_benchmark(
         min_speedup=settings.min_speedup,
         training=TrainingFacts.from_summary(training_summary),
         confirmation=confirmation,
+        greedy_check=streams.check if streams else None,
     )
     paths = write_report(report, out_dir)
     return report, paths
 
 
+def offline_reference_source(asked: str, target_path: Path, can_extract: bool) -> str:
+    """"hf" or "engine" for the offline reference: as asked, else (auto) "hf" where the target's
+    weights, read in fp32, fit in half this host's available memory, else "engine"."""
+    if asked == "engine" and not can_extract:
+        raise ValueError("offline_reference 'engine' needs an extraction server, and none was given: serve the target with "
+                         "`eagle-assets serve --extract` and give its URL, or use offline_reference 'hf'")  # fmt: skip
+    if asked != "auto":
+        return asked
+    if not can_extract:
+        return "hf"
+    available = available_memory_bytes()
+    return "hf" if available is None or fp32_weight_bytes(target_path) <= available // 2 else "engine"
+
+
+def fp32_weight_bytes(target_path: Path) -> int:
+    """The target's weights as fp32 (what the reference decoder holds): twice their bf16 files."""
+    files = list(Path(target_path).glob("*.safetensors"))
+    return sum(f.stat().st_size for f in files) * 2
+
+
+class GreedyStreams:
+    """Collects greedy streams from the servers while they are up: the target's plain stream
+    (from the baseline: `output_len + k` tokens, so the replay judges the last round's drafts)
+    and, at the drafter's K, the greedy check against it (`bench/greedy_check.py`)."""
+
+    def __init__(self, settings: BenchmarkSettings, prompts: Sequence, log: Callable[[str], None]):
+        self.settings, self.prompts, self.log = settings, list(prompts), log
+        self.plain: list[tuple[list[int], list[int]]] | None = None
+        self.check: GreedyCheck | None = None
+
+    def on_served(self, label: str, spec: dict | None, server) -> None:
+        s = self.settings
+        if label == BASELINE and self.plain is None:
+            self.log(f"greedy streams of the target: {len(self.prompts)} prompts x {s.output_len + s.k} tokens")
+            self.plain = [greedy_tokens(server.base_url, server.model, m, s.output_len + s.k, server.api_key) for m in self.prompts]
+        elif label == fixed_k_label(s.k, s.k) and s.greedy_check and self.plain is not None and self.check is None:
+            self.check = check_against(self.plain, server.base_url, server.model, self.prompts, s.output_len, s.served_dtype, server.api_key)
+            self.log(self.check.sentence())
+
+
+def engine_offline_results(drafter_dir: Path, target_path: Path, plain: Sequence[tuple[list[int], list[int]]] | None,
+                           extraction_server: Callable[[Sequence[int]], ContextManager], settings: BenchmarkSettings,
+                           log: Callable[[str], None]) -> list[Result]:  # fmt: skip
+    """The reference decoder's results, replayed over the engine's states (`bench/replay_reference.py`)."""
+    if plain is None:
+        raise RuntimeError("the baseline was not served, so the target's greedy streams are missing for the offline replay")
+    drafter, config = load_drafter(drafter_dir, dtype=torch.float32)
+    drafter.load_target_embedding(read_target_embedding(target_path, torch.float32))
+    drafter.eval()
+    ids = sorted(config.aux_layer_ids)
+    with extraction_server(ids) as server:
+        client = EngineStateClient(server.base_url, server.model, ids, api_key=server.api_key)
+        cols = [client.column(k) for k in config.aux_layer_ids]
+
+        def states_of(seq: list[int]) -> torch.Tensor:
+            states = client.one(np.asarray(seq))  # (T, n_ids, Ht)
+            return states[:, cols].reshape(len(seq), -1).float()  # the drafter's order, as vLLM concatenates them
+
+        with closing(client):
+            return replay_reference(drafter, [p for p, _ in plain], [t for _, t in plain], states_of, settings.output_len,
+                                    settings.k, log)  # fmt: skip
+
+
 def _serve_all(configs: Sequence[tuple[str, dict | None]], serve: Callable[..., ContextManager],
-               prompts: Sequence, sweep: SweepSettings, rounds: int, log: Callable[[str], None]) -> list:  # fmt: skip
-    """Serve every configuration's sweep: interleaved in `rounds`, or (0) one after another."""
+               prompts: Sequence, sweep: SweepSettings, rounds: int, log: Callable[[str], None],
+               on_served: Callable[[str, dict | None, object], None] | None = None) -> list:  # fmt: skip
+    """Serve every configuration's sweep: interleaved in `rounds`, or (0) one after another.
+    `on_served(label, spec, server)` runs after a configuration's sweep while its server is up."""
     if rounds:
-        return _serve_interleaved(configs, serve, prompts, sweep, rounds, log)
+        return _serve_interleaved(configs, serve, prompts, sweep, rounds, log, on_served)
     runs = []
     for label, spec in configs:
         with serve(spec) as server:
             log(f"served sweep: {label} at concurrency {list(sweep.concurrencies)}")
             runs.append(run_served(label, server.base_url, server.model, prompts, sweep, api_key=server.api_key, config={"speculative": spec}))
+            if on_served is not None:
+                on_served(label, spec, server)
     return runs
 
 
@@ -281,17 +388,23 @@ def _confirm_schedule(runs: Sequence, settings: BenchmarkSettings, drafter_dir: 
 
 
 def _serve_interleaved(configs: Sequence[tuple[str, dict | None]], serve: Callable[..., ContextManager],
-                       prompts: Sequence, sweep: SweepSettings, rounds: int, log: Callable[[str], None]) -> list:  # fmt: skip
+                       prompts: Sequence, sweep: SweepSettings, rounds: int, log: Callable[[str], None],
+                       on_served: Callable[[str, dict | None, object], None] | None = None) -> list:  # fmt: skip
     """Start (or reuse) every configuration's server, then serve them interleaved. A config
     given twice (the A/A control) gets a server of its own: `serve(spec, replica=1)`."""
     with ExitStack() as stack:
-        targets = []
+        targets, servers = [], []
         for (label, spec), replica in zip(configs, replica_numbers([spec for _, spec in configs])):
             server = stack.enter_context(serve(spec, replica=replica) if replica else serve(spec))
+            servers.append(server)
             targets.append(ServedTarget(label, server.base_url, server.model, server.api_key, {"speculative": spec}))
         log(f"served sweeps: {', '.join(t.label for t in targets)} interleaved in up to {rounds} rounds "
             f"at concurrency {list(sweep.concurrencies)}")  # fmt: skip
-        return run_interleaved(targets, prompts, sweep, rounds, progress=log)
+        runs = run_interleaved(targets, prompts, sweep, rounds, progress=log)
+        if on_served is not None:
+            for (label, spec), server in zip(configs, servers):
+                on_served(label, spec, server)
+        return runs
 
 
 def load_report_json(out_dir: Path) -> dict:

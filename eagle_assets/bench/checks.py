@@ -210,6 +210,17 @@ def parity_check(verdict: Verdict | None) -> CheckResult:
     )
 
 
+def greedy_output_check(check) -> CheckResult:
+    """Passes when the drafter's served greedy output equals plain greedy, or parts from it only
+    at near ties of the target (`bench/greedy_check.py`); a departure anywhere else is a defect."""
+    return CheckResult(
+        "greedy_output_equal",
+        check.verdict != "defect",
+        f"{check.verdict}: {check.sentence()}",
+        {"verdict": check.verdict, "equal": check.equal, "prompts": check.prompts, "divergences": len(check.divergences)},
+    )
+
+
 def parent_al_check(al: float, parent_al: float | None, slack: float = 0.0) -> CheckResult:
     """Passes when a warm-started drafter's AL is at least its parent's (minus `slack`) on the
     same prompts; passes trivially, and says so, when the drafter was trained from scratch."""

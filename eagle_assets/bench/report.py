@@ -34,6 +34,7 @@ from eagle_assets.bench.checks import (
     CheckResult,
     against,
     baseline_tokens_per_s,
+    greedy_output_check,
     host_drift,
     parent_al_check,
     parity_check,
@@ -42,6 +43,7 @@ from eagle_assets.bench.checks import (
     speedup_check,
     speedups,
 )
+from eagle_assets.bench.greedy_check import GreedyCheck
 from eagle_assets.bench.k_choice import (
     confirm,
     confirmation_dict,
@@ -102,6 +104,9 @@ class BenchmarkReport:
     confirmation: tuple[ServedRun, ...] = ()
     """Runs served after the sweep to confirm the recommended K schedule (`bench/k_choice.py`):
     no speculation, the fixed K it uses and the schedule, on the same prompts; empty when none was."""
+    greedy_check: GreedyCheck | None = None
+    """The drafter's served greedy output against plain greedy, token for token, and the
+    target's margin where they part (`bench/greedy_check.py`); None when not checked."""
 
     def run(self, label: str) -> ServedRun | None:
         return next((r for r in self.runs if r.label == label), None)
@@ -145,6 +150,7 @@ class BenchmarkReport:
                 "notes": list(self.notes),
                 "training": self.training.to_dict() if self.training else None,
                 "confirmation_runs": [r.to_dict() for r in self.confirmation],
+                "greedy_check": self.greedy_check.to_dict() if self.greedy_check else None,
             }
         )
 
@@ -168,6 +174,7 @@ class BenchmarkReport:
             notes=tuple(d.get("notes", ())),
             training=TrainingFacts.from_dict(d["training"]) if d.get("training") else None,
             confirmation=tuple(ServedRun.from_dict(_nan_back(r)) for r in d.get("confirmation_runs", ())),
+            greedy_check=GreedyCheck.from_dict(d["greedy_check"]) if d.get("greedy_check") else None,
         )
 
 
@@ -221,6 +228,7 @@ def build_report(
     notes: Sequence[str] = (),
     training: TrainingFacts | None = None,
     confirmation: Sequence[ServedRun] = (),
+    greedy_check: GreedyCheck | None = None,
 ) -> BenchmarkReport:
     """Put the runs, offline numbers and verdict together and run the checks.
 
@@ -241,6 +249,8 @@ def build_report(
             trained_aux_layer_ids=trained_aux_layer_ids, target_num_layers=target_num_layers, training=training,
         )
     checks = [speedup_check(runs, spec_label, BASELINE, 1, min_speedup), parity_check(parity)]
+    if greedy_check is not None:
+        checks.append(greedy_output_check(greedy_check))
     own_al = offline.al if offline is not None else (served.al if served is not None else math.nan)
     checks.append(parent_al_check(own_al, parent_al))
     return BenchmarkReport(
@@ -260,6 +270,7 @@ def build_report(
         notes=tuple(notes),
         training=training,
         confirmation=tuple(confirmation),
+        greedy_check=greedy_check,
     )
 
 
@@ -328,6 +339,9 @@ def to_markdown(report: BenchmarkReport, plots: Mapping[str, str] | None = None)
         cfg = p.evidence.get("drafter_config") or {}
         if cfg:
             out += ["Drafter config values read:", "", _table(["key", "value"], [[k, f"`{json.dumps(v)}`"] for k, v in cfg.items()]), ""]
+    if report.greedy_check:
+        g = report.greedy_check
+        out += [f"## Greedy output under speculation: `{g.verdict}`", "", g.sentence(), ""]
 
     if report.checks:
         out += ["## Checks", "", _table(["check", "result", "detail"],
@@ -520,6 +534,8 @@ def summary_text(report: BenchmarkReport) -> str:
     lines = [f"benchmark: {report.drafter} on {report.target} ({report.engine}{f', K={k}' if k else ''})"]
     if report.parity:
         lines.append(f"verdict: {report.parity.verdict} - {report.parity.sentence}")
+    if report.greedy_check:
+        lines.append(f"greedy output: {report.greedy_check.verdict} - {report.greedy_check.sentence()}")
     if report.offline or report.served:
         def fmt(x: AcceptanceNumbers | None) -> str:
             if x is None:

@@ -45,10 +45,16 @@ class BenchmarkConfig(dg.Config):
     no speculation and its fixed K: the report says whether it serves as fast as the fastest."""
     al_tolerance: float = 0.15
     """Parity holds when |served AL - offline AL| <= this share of the offline AL."""
+    offline_reference: str = "auto"
+    """"hf" (the reference decoder, the target in fp32 here), "engine" (replayed over the states
+    an extraction server captures: the target is never loaded here) or "auto" (hf where the
+    target fits this host)."""
+    greedy_check: bool = True
+    """Compare the drafter's served greedy output with plain greedy, token for token."""
     parent_al: Optional[float] = None
     """AL of the parent drafter on the same prompts, for a warm start's no-regression check."""
 
-    def settings(self, k: int) -> BenchmarkSettings:
+    def settings(self, k: int, served_dtype: str = "float32") -> BenchmarkSettings:
         """The benchmark's settings at `k` draft tokens per step (they refuse what cannot run)."""
         return BenchmarkSettings(
             num_prompts=self.num_prompts,
@@ -63,6 +69,9 @@ class BenchmarkConfig(dg.Config):
             control=self.control,
             confirm_schedule=self.confirm_schedule,
             tolerance=ParityTolerance(al_rel=self.al_tolerance),
+            offline_reference=self.offline_reference,
+            greedy_check=self.greedy_check,
+            served_dtype=served_dtype,
         )
 
 
@@ -74,6 +83,8 @@ class BenchmarkConfig(dg.Config):
         dg.AssetCheckSpec("speedup", asset="benchmark_report", description="Tokens/s with the drafter above tokens/s without, at concurrency 1."),
         dg.AssetCheckSpec("parity", asset="benchmark_report", description="Served AL and per-position acceptance agree with the offline reference."),
         dg.AssetCheckSpec("parent_al", asset="benchmark_report", description="AL at least the parent drafter's when warm-started."),
+        dg.AssetCheckSpec("greedy_output", asset="benchmark_report", description="Greedy output under speculation equals plain greedy, "
+                          "or parts from it only where the target's two best tokens are nearly tied."),
     ],
 )
 def benchmark_report(context: dg.AssetExecutionContext, config: BenchmarkConfig, inference_server: InferenceServerResource, storage: StorageResource):
@@ -84,15 +95,19 @@ def benchmark_report(context: dg.AssetExecutionContext, config: BenchmarkConfig,
     preset, path = target_of(inference_server)
     drafter_dir = storage.drafter(preset.name) / "drafter-vllm"
     summary = json.loads((storage.drafter(preset.name) / "summary.json").read_text())
-    settings = config.settings(benchmark_k(config.k, summary, preset.ttt_steps))
+    settings = config.settings(benchmark_k(config.k, summary, preset.ttt_steps), inference_server.served_dtype())
 
     def serve(speculative, replica=0):
         return inference_server.serve(speculative=speculative, replica=replica, log=context.log.info)
+
+    def extraction_server(layer_ids):
+        return inference_server.extraction_server(layer_ids, preset.max_model_len + settings.k + 1, log=context.log.info)
 
     report, paths = run_benchmark(
         settings, preset.name, path, drafter_dir, serve, storage.report(preset.name),
         target_num_layers=preset.num_layers, parent_al=config.parent_al, log=context.log.info,
         notes=[inference_server.serving_note()], training_summary=summary, why_not_at_once=inference_server.why_not_at_once,
+        extraction_server=extraction_server, trust_remote_code=preset.trust_remote_code,
     )  # fmt: skip
     text = paths.summary.read_text().rstrip("\n")
     context.log.info("\n" + text)
@@ -122,9 +137,12 @@ def benchmark_report(context: dg.AssetExecutionContext, config: BenchmarkConfig,
         },
         data_version=dg.DataVersion(hash_files([paths.json])),
     )
-    ours = {"speedup": "speedup_above", "parity": "parity_within", "parent_al": "al_not_below_parent"}
+    ours = {"speedup": "speedup_above", "parity": "parity_within", "parent_al": "al_not_below_parent", "greedy_output": "greedy_output_equal"}
     for check_name, prefix in ours.items():
-        c = next(x for x in report.checks if x.name.startswith(prefix))
+        c = next((x for x in report.checks if x.name.startswith(prefix)), None)
+        if c is None:  # the greedy check was switched off
+            yield check_result(True, {"skipped": "greedy_check is off"}, check_name=check_name, blocking_severity=dg.AssetCheckSeverity.WARN)
+            continue
         yield check_result(c.passed, c.to_dict(), check_name=check_name, blocking_severity=dg.AssetCheckSeverity.WARN)
 
 

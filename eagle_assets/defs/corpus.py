@@ -68,7 +68,7 @@ def prompts(
             user_openings=tuple(config.user_openings),
             user_topics=tuple(config.user_topics),
         )
-        tokenizer = load_tokenizer(path)
+        tokenizer = load_tokenizer(path, trust_remote_code=preset.trust_remote_code)
         with inference_server.serve(log=context.log.info) as server:
             client = ClientSettings(base_url=server.base_url, model=server.model, api_key=server.api_key)
             items, magpie = synthesize_prompts(client, tokenizer, settings, progress=context.log.info)
@@ -129,7 +129,7 @@ def synthetic_corpus(
     re-wrapped in its thinking tokens through its chat template; token ids and a loss mask per
     sample. Resumable: a rerun skips finished samples and a killed run loses nothing."""
     preset, path = target_of(inference_server)
-    tokenizer = load_tokenizer(path)
+    tokenizer = load_tokenizer(path, trust_remote_code=preset.trust_remote_code)
     fingerprint = target_fingerprint(path)
     items = load_prompt_file(str(storage.prompts(preset.name) / PROMPTS_FILE), purpose="training")
     store = CorpusStore(str(storage.corpus(preset.name)), shard_size=config.shard_size)

@@ -197,6 +197,11 @@ class DrafterConfig:
                 "(a text model, or a multimodal one with a `text_config`)"
             ) from None
         theta, scaling = _read_rope(text)
+        if _rope_type(scaling) not in SUPPORTED_ROPE_TYPES:
+            # A new drafter is a model of its own: where the target's RoPE scaling is one the
+            # drafter does not implement (DeepSeek-V3's and Kimi-K2.5's YaRN), it takes plain RoPE
+            # at the target's theta, and its export says so, so the engines serve what it trained.
+            scaling = None
         ids = tuple(aux_layer_ids) if aux_layer_ids else (2, num_layers // 2, num_layers - 3)
         return cls(
             hidden_size=hidden,

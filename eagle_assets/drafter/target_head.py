@@ -60,6 +60,28 @@ def _read(folder: Path, mapping: dict[str, str], name: str) -> torch.Tensor:
     return t
 
 
+def read_target_embedding(folder: str | Path, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """The target's input embedding (V, H) alone, optionally cast to `dtype`."""
+    folder = Path(folder)
+    mapping = _weight_map(folder)
+    name = _pick(list(mapping), EMBED_SUFFIX)
+    if name is None:
+        raise KeyError(f"no tensor named '*{EMBED_SUFFIX}' in {folder}; is this a decoder-only HF checkpoint?")
+    embedding = _read(folder, mapping, name)
+    return embedding if dtype is None else embedding.to(dtype)
+
+
+def read_named_tensor(folder: str | Path, names: list[str] | tuple[str, ...]) -> torch.Tensor:
+    """The first of `names` the target's checkpoint holds (one tensor read, not the model)."""
+    folder = Path(folder)
+    mapping = _weight_map(folder)
+    for name in names:
+        if name in mapping:
+            with safe_open(folder / mapping[name], framework="pt") as sf:
+                return sf.get_tensor(name)
+    raise KeyError(f"{folder}: the checkpoint holds none of {list(names)}")
+
+
 def read_target_head(folder: str | Path, dtype: torch.dtype | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """(embedding (V, H), lm_head (V, H)) of the target in `folder`, optionally cast to `dtype`."""
     folder = Path(folder)

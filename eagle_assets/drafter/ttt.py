@@ -353,6 +353,69 @@ def step_masks(loss_mask: torch.Tensor, lengths: torch.Tensor, in_draft: torch.T
     return torch.stack(masks).float()
 
 
+def unroll_steps(model: Eagle3Drafter, aux: torch.Tensor, input_ids: torch.Tensor, steps: int, attention: str = "auto") -> list[torch.Tensor]:
+    """The drafter's `steps` draft steps at every sequence index at once (the module docstring's
+    unroll): aux (B, T, n_aux*Ht), input_ids (B, T) -> per step i the normed last state h_post
+    (B, T, H) in the compute dtype, whose draft-vocabulary logits draft x_{t+2+i} at row t."""
+    cfg = model.config
+    B, T = input_ids.shape
+    device = input_ids.device
+    layer = model.layer
+    attn = layer.self_attn
+    H = cfg.hidden_size
+    nh, nkv, D = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+
+    # Tokens: step i at row t reads x_{t+1+i}; ids past the end are padding (their rows are masked).
+    ids = torch.cat([input_ids[:, 1:], input_ids.new_zeros(B, steps)], dim=1)  # (B, T-1+K)
+    e_all = layer.input_layernorm(model.embed_input_ids(ids))  # (B, T-1+K, H), one norm for all steps
+    # q/k/v are linear in [e ; u]: the embedding half is computed once for all steps and sliced.
+    w_qkv = torch.cat([attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight], dim=0)  # (Q+2KV, 2H)
+    qkv_e = F.linear(e_all, w_qkv[:, :H])  # (B, T-1+K, Q+2KV)
+    # Per layer: the weights applied to the stream (layer 0: the hidden half) and its input norm.
+    later = model.layers[1:]
+    stream_w = [w_qkv[:, H:]] + [
+        torch.cat([m.self_attn.q_proj.weight, m.self_attn.k_proj.weight, m.self_attn.v_proj.weight], dim=0) for m in later
+    ]  # each (Q+2KV, H)
+    stream_norm = [layer.hidden_norm] + [m.input_layernorm for m in later]
+    positions = torch.arange(T - 1 + steps, device=device)
+    cos_all, sin_all = model.rotary(positions[None])  # (1, T-1+K, D) each
+
+    h = model.project_hidden_states(aux)  # (B, T, H): g
+    dtype = _compute_dtype(h)  # bf16 under autocast: the loss matmuls run in it
+    # Parallel drafting: steps after the first are mask slots, each the same input (the mask
+    # token's embedding, fc(mask_hidden)) at its own position; nothing is fed back between steps.
+    parallel = cfg.ptd_token_id is not None
+    if parallel:
+        g_mask, mask_ids = model.mask_slots(1, 1)  # (1, 1, H), (1, 1)
+        qkv_mask = F.linear(layer.input_layernorm(model.embed_input_ids(mask_ids.to(device))), w_qkv[:, :H])  # (1, 1, Q+2KV)
+    n_layers = len(model.layers)
+    k0, v0 = [None] * n_layers, [None] * n_layers  # per layer: step-0 keys (B, nh, T, D)
+    ks, vs = [[] for _ in range(n_layers)], [[] for _ in range(n_layers)]  # per layer: steps 1..i diagonal keys
+    h_posts = []
+    for i in range(steps):
+        cos, sin = cos_all[:, i : i + T], sin_all[:, i : i + T]  # rotary position t + i
+        masked = parallel and i > 0
+        if masked:
+            h = g_mask.expand(B, T, H)
+        for j, lay in enumerate(model.layers):
+            qkv = F.linear(stream_norm[j](h), stream_w[j])  # (B, T, Q+2KV)
+            if j == 0:
+                qkv = (qkv_mask if masked else qkv_e[:, i : i + T]) + qkv
+            q, k, v = qkv.split([cfg.q_size, cfg.kv_size, cfg.kv_size], dim=-1)
+            q = apply_rotary(q.reshape(B, T, nh, D).transpose(1, 2), cos, sin)  # (B, nh, T, D)
+            k = apply_rotary(k.reshape(B, T, nkv, D).transpose(1, 2), cos, sin)  # (B, nkv, T, D)
+            v = v.reshape(B, T, nkv, D).transpose(1, 2)  # (B, nkv, T, D)
+            if i == 0:
+                k0[j], v0[j] = expand_kv(k, nh), expand_kv(v, nh)  # expanded once, shared by all steps
+            else:
+                ks[j].append(k)
+                vs[j].append(v)
+            out = ttt_attention(q, k0[j], v0[j], ks[j], vs[j], attn.scale, backend=attention)  # (B, nh, T, D)
+            h = lay.finish(out.transpose(1, 2).reshape(B, T, nh * D), h)  # (B, T, H) this layer's h_pre
+        h_posts.append(model.norm(h).to(dtype))  # the last layer's h_pre is fed back
+    return h_posts
+
+
 def ttt_loss(
     model: Eagle3Drafter,
     batch: dict,
@@ -406,62 +469,10 @@ def ttt_loss(
     if step_weight.shape != (steps,):
         raise ValueError(f"step_weights has {step_weight.numel()} entries for steps={steps}")
 
-    layer = model.layer
-    attn = layer.self_attn
     H = cfg.hidden_size
-    nh, nkv, D = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
-
     stats = target_stats(final, target_head, outside_head, temperature=target_temperature, in_draft=in_draft)
     masks = step_masks(loss_mask, lengths, stats.in_draft, steps)  # (K, B, T)
-
-    # Tokens: step i at row t reads x_{t+1+i}; ids past the end are padding (their rows are masked).
-    ids = torch.cat([input_ids[:, 1:], input_ids.new_zeros(B, steps)], dim=1)  # (B, T-1+K)
-    e_all = layer.input_layernorm(model.embed_input_ids(ids))  # (B, T-1+K, H), one norm for all steps
-    # q/k/v are linear in [e ; u]: the embedding half is computed once for all steps and sliced.
-    w_qkv = torch.cat([attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight], dim=0)  # (Q+2KV, 2H)
-    qkv_e = F.linear(e_all, w_qkv[:, :H])  # (B, T-1+K, Q+2KV)
-    # Per layer: the weights applied to the stream (layer 0: the hidden half) and its input norm.
-    later = model.layers[1:]
-    stream_w = [w_qkv[:, H:]] + [
-        torch.cat([m.self_attn.q_proj.weight, m.self_attn.k_proj.weight, m.self_attn.v_proj.weight], dim=0) for m in later
-    ]  # each (Q+2KV, H)
-    stream_norm = [layer.hidden_norm] + [m.input_layernorm for m in later]
-    positions = torch.arange(T - 1 + steps, device=device)
-    cos_all, sin_all = model.rotary(positions[None])  # (1, T-1+K, D) each
-
-    h = model.project_hidden_states(aux)  # (B, T, H): g
-    dtype = _compute_dtype(h)  # bf16 under autocast: the loss matmuls run in it
-    # Parallel drafting: steps after the first are mask slots, each the same input (the mask
-    # token's embedding, fc(mask_hidden)) at its own position; nothing is fed back between steps.
-    parallel = cfg.ptd_token_id is not None
-    if parallel:
-        g_mask, mask_ids = model.mask_slots(1, 1)  # (1, 1, H), (1, 1)
-        qkv_mask = F.linear(layer.input_layernorm(model.embed_input_ids(mask_ids.to(device))), w_qkv[:, :H])  # (1, 1, Q+2KV)
-    n_layers = len(model.layers)
-    k0, v0 = [None] * n_layers, [None] * n_layers  # per layer: step-0 keys (B, nh, T, D)
-    ks, vs = [[] for _ in range(n_layers)], [[] for _ in range(n_layers)]  # per layer: steps 1..i diagonal keys
-    h_posts = []
-    for i in range(steps):
-        cos, sin = cos_all[:, i : i + T], sin_all[:, i : i + T]  # rotary position t + i
-        masked = parallel and i > 0
-        if masked:
-            h = g_mask.expand(B, T, H)
-        for j, lay in enumerate(model.layers):
-            qkv = F.linear(stream_norm[j](h), stream_w[j])  # (B, T, Q+2KV)
-            if j == 0:
-                qkv = (qkv_mask if masked else qkv_e[:, i : i + T]) + qkv
-            q, k, v = qkv.split([cfg.q_size, cfg.kv_size, cfg.kv_size], dim=-1)
-            q = apply_rotary(q.reshape(B, T, nh, D).transpose(1, 2), cos, sin)  # (B, nh, T, D)
-            k = apply_rotary(k.reshape(B, T, nkv, D).transpose(1, 2), cos, sin)  # (B, nkv, T, D)
-            v = v.reshape(B, T, nkv, D).transpose(1, 2)  # (B, nkv, T, D)
-            if i == 0:
-                k0[j], v0[j] = expand_kv(k, nh), expand_kv(v, nh)  # expanded once, shared by all steps
-            else:
-                ks[j].append(k)
-                vs[j].append(v)
-            out = ttt_attention(q, k0[j], v0[j], ks[j], vs[j], attn.scale, backend=attention)  # (B, nh, T, D)
-            h = lay.finish(out.transpose(1, 2).reshape(B, T, nh * D), h)  # (B, T, H) this layer's h_pre
-        h_posts.append(model.norm(h).to(dtype))  # the last layer's h_pre is fed back
+    h_posts = unroll_steps(model, aux, input_ids, steps, attention)
 
     h_all = torch.stack(h_posts).reshape(steps * B * T, H)  # (K*B*T, H), rows (i, b, t)
     del h_posts

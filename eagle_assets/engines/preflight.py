@@ -280,7 +280,7 @@ def preflight(
                 "function than the one trained. Serve it with vLLM, or train one layer for SGLang.",
             )  # fmt: skip
 
-        answer = run_sglang_preflight(Path(target), Path(drafter) if drafter else None, num_speculative_tokens)
+        answer = run_sglang_preflight(Path(target), Path(drafter) if drafter else None, num_speculative_tokens, engine_args)
         for f in answer.get("findings", []):
             report.add(f["level"], f["code"], f["message"])
         report.engine = answer.get("engine", {})

@@ -25,7 +25,15 @@ from eagle_assets.engines.envs import host_device
 from eagle_assets.engines.k_schedule import KSchedule
 from eagle_assets.engines.preflight import PreflightError, engine_args_for, preflight
 from eagle_assets.engines.process import ServerFailed, ServerProcess, free_port
-from eagle_assets.engines.vllm_launch import DEFAULT_KV_CACHE_GIB, ENGINE_SITE, VllmLaunch, engine_environment, require_engine_python, speculative_config
+from eagle_assets.engines.vllm_launch import (
+    DEFAULT_KV_CACHE_GIB,
+    ENGINE_SITE,
+    VllmLaunch,
+    engine_environment,
+    require_engine_python,
+    speculative_config,
+    startup_timeout_for,
+)
 from eagle_assets.paths import engine_venv, runs_dir
 from eagle_assets.targets import TargetPreset
 
@@ -105,14 +113,14 @@ def launch_vllm(
     max_num_seqs: int | None = None,
     compiled: bool = False,
     venv: Path | None = None,
-    startup_timeout_s: float = 600,
+    startup_timeout_s: float | None = None,
     run_preflight: bool = True,
     log: Callable[[str], None] = print,
 ) -> Iterator[InferenceServer]:
     """Launch vLLM for `target` (preset or folder), optionally with an EAGLE-3 drafter (at `k`, or
     at the K `k_schedule` gives each batch size), or with any `speculative` config (and a
     `kv_transfer` config: an extraction server, `engines/vllm_launch.extraction_config`); always
-    torn down."""
+    torn down. `startup_timeout_s` defaults to one that grows with the weights (`startup_timeout_for`)."""
     preset, folder = resolve_target(target, log=log)
     device = device or host_device()
     venv = venv or engine_venv("vllm")
@@ -155,7 +163,8 @@ def launch_vllm(
     log(f"starting vLLM for {preset.name} on port {port}{speculation_words(speculative)}; log: {log_path}")
     try:
         proc.start()
-        took = proc.wait_ready([f"{base}/health", f"{base}/v1/models"], startup_timeout_s, progress=log)
+        timeout = startup_timeout_s or startup_timeout_for(folder)
+        took = proc.wait_ready([f"{base}/health", f"{base}/v1/models"], timeout, progress=log)
         log(f"vLLM ready in {took:.0f} s at {base}")
         yield InferenceServer(
             base_url=base,
@@ -170,6 +179,30 @@ def launch_vllm(
         proc.stop()
 
 
+@contextmanager
+def launch_extraction_server(target: str | Path, layer_ids, max_model_len: int | None = None, spool: Path | None = None,
+                             **launch) -> Iterator[InferenceServer]:  # fmt: skip
+    """Launch vLLM capturing the residual stream after each of `layer_ids` decoder layers for
+    every prompt token (`hidden_states/engine_extract.py` reads it), writing into `spool` (default:
+    a folder of its own under the runs folder, removed with the server)."""
+    import shutil
+    import tempfile
+
+    from eagle_assets.engines.vllm_launch import extraction_config, hidden_states_transfer
+
+    own = spool is None
+    if own:
+        (runs_dir() / "hidden-states").mkdir(parents=True, exist_ok=True)
+        spool = Path(tempfile.mkdtemp(prefix="spool-", dir=runs_dir() / "hidden-states"))
+    try:
+        with launch_vllm(target, speculative=extraction_config(layer_ids), kv_transfer=hidden_states_transfer(spool),
+                         max_model_len=max_model_len, **launch) as server:  # fmt: skip
+            yield server
+    finally:
+        if own:
+            shutil.rmtree(spool, ignore_errors=True)
+
+
 def replica_numbers(specs: list[dict | None]) -> list[int]:
     """Which server of its configuration each speculative config names: 0 for the first time a
     config is given, n for its n-th repeat (an A/A control is the baseline's replica 1)."""
@@ -177,9 +210,13 @@ def replica_numbers(specs: list[dict | None]) -> list[int]:
 
 
 def speculation_words(speculative: dict | None) -> str:
-    """" with eagle3 (k=3)", " with eagle3 (k by batch size 1:3,2-:0)", or "" without speculation."""
+    """" with eagle3 (k=3)", " with eagle3 (k by batch size 1:3,2-:0)", " extracting the hidden
+    states of layers [2, 15, 27, 30]", or "" without speculation."""
     if not speculative:
         return ""
+    if speculative.get("method") == "extract_hidden_states":
+        ids = speculative["draft_model_config"]["hf_config"]["eagle_aux_hidden_state_layer_ids"]
+        return f" extracting the hidden states of layers {ids}"
     schedule = KSchedule.of_config(speculative)
     ks = f"k by batch size {schedule.text()}" if schedule else f"k={speculative['num_speculative_tokens']}"
     return f" with {speculative['method']} ({ks})"

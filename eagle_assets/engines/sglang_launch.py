@@ -59,7 +59,19 @@ def sglang_venv() -> Path | None:
     return Path(value) if value else None
 
 
-def run_sglang_preflight(target: Path, drafter: Path | None, steps: int, timeout_s: float = 120) -> dict:
+def preflight_argv(target: Path, drafter: Path | None, steps: int, engine_args: dict | None = None) -> list[str]:
+    """The `sglang.launch_server` arguments preflight validates: the launch's own, with the
+    target's tensor-parallel size and trust in its remote code (`engine_args`, the EngineArgs
+    keywords `preflight.engine_args_for` gives), so SGLang validates the server it would run."""
+    engine_args = engine_args or {}
+    extra = ["--trust-remote-code"] if engine_args.get("trust_remote_code") else []
+    if engine_args.get("max_model_len"):
+        extra += ["--context-length", str(engine_args["max_model_len"])]
+    tp = int(engine_args.get("tensor_parallel_size") or 1)
+    return launch_command(Path("python"), target, 30000, drafter, steps, tp=tp, extra=extra)[3:]
+
+
+def run_sglang_preflight(target: Path, drafter: Path | None, steps: int, engine_args: dict | None = None, timeout_s: float = 120) -> dict:
     venv = sglang_venv()
     if venv is None or not (venv / "bin" / "python").is_file():
         return {
@@ -74,7 +86,7 @@ def run_sglang_preflight(target: Path, drafter: Path | None, steps: int, timeout
             ],
             "engine": {},
         }
-    argv = launch_command(venv / "bin" / "python", target, 30000, drafter, steps)[3:]
+    argv = preflight_argv(target, drafter, steps, engine_args)
     proc = subprocess.run([str(venv / "bin" / "python"), "-c", SGLANG_SCRIPT, *argv], capture_output=True, text=True, timeout=timeout_s)
     try:
         return json.loads(proc.stdout.strip().splitlines()[-1])

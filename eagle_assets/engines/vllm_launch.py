@@ -166,6 +166,22 @@ def serving_mode_note(device: str, compiled: bool) -> str | None:
             "without speculation; benchmarks/engine_compile.py measures both modes side by side")
 
 
+BASE_STARTUP_S = 600.0
+"""What a server may take to start beside reading its weights: process start, compilation, the
+KV cache's allocation (a few minutes on a 2-core host, seconds on a GPU host)."""
+SLOW_WEIGHT_READ_BYTES_PER_S = 150e6
+"""A read rate slower than any host serves weights at, all GPUs together: 547 GB of INT4
+Kimi-K2.5 loads in ~22 minutes on 8 GPUs (~0.4 GB/s); at this rate it is given ~61 minutes."""
+
+
+def startup_timeout_for(model: str | Path) -> float:
+    """Seconds to wait for a server to answer, grown with the weights it must read: the base plus
+    the weights' bytes at `SLOW_WEIGHT_READ_BYTES_PER_S`. A 270 MB target gets ~10 minutes; a
+    1T-parameter one, an hour or more, instead of a timeout while it is still loading."""
+    weights = sum(f.stat().st_size for f in Path(model).glob("*.safetensors"))
+    return BASE_STARTUP_S + weights / SLOW_WEIGHT_READ_BYTES_PER_S
+
+
 SMALL_CPU_HOST = 4
 """Hosts with at most this many usable CPUs give the engine's model worker all of them."""
 

@@ -37,10 +37,10 @@ from pathlib import Path
 import httpx
 import numpy as np
 import torch
-from safetensors import safe_open
 from safetensors.torch import load_file
 
 from eagle_assets.checked_reads import read_json_object
+from eagle_assets.drafter.target_head import read_named_tensor
 from eagle_assets.hidden_states.corpus_io import ShardSamples
 from eagle_assets.hidden_states.extract import ExtractSettings, ShardExtractor, _progress
 from eagle_assets.hidden_states.writer import ShardWriter
@@ -86,24 +86,11 @@ def final_norm_of(target_folder: str | Path) -> FinalNorm:
     eps = text.get("rms_norm_eps")
     if eps is None:
         raise ValueError(f"{folder}/config.json has no rms_norm_eps: copy the model's config.json again")
-    weight = _read_tensor(folder, FINAL_NORM_NAMES)
+    try:
+        weight = read_named_tensor(folder, FINAL_NORM_NAMES)
+    except KeyError as exc:
+        raise ValueError(f"{exc.args[0]}: no final norm weight, so the normed final state cannot be derived") from None
     return FinalNorm(weight.float(), float(eps))
-
-
-def _read_tensor(folder: Path, names: Sequence[str]) -> torch.Tensor:
-    """The first of `names` found in the folder's safetensors (sharded with an index, or not)."""
-    index = folder / "model.safetensors.index.json"
-    if index.is_file():
-        weight_map = read_json_object(index, "the checkpoint's index", "copy the model's files again").get("weight_map", {})
-        files = {name: folder / weight_map[name] for name in names if name in weight_map}
-    else:
-        files = {name: folder / "model.safetensors" for name in names}
-    for name, path in files.items():
-        if path.is_file():
-            with safe_open(str(path), framework="pt") as f:
-                if name in f.keys():
-                    return f.get_tensor(name)
-    raise ValueError(f"{folder}: no final norm weight ({' or '.join(names)}) in the checkpoint")
 
 
 class EngineStateError(RuntimeError):

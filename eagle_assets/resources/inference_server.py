@@ -70,7 +70,9 @@ class InferenceServerResource(dg.ConfigurableResource):
     compiled: bool = False
     """CPU only: serve compiled (torch.compile), as a deployment does, instead of eagerly (the
     default: a server starts in ~30 s instead of ~2 min); see VllmLaunch.compiled."""
-    startup_timeout_s: float = 600
+    startup_timeout_s: Optional[float] = None
+    """Seconds to wait for a launched server to answer; default: 10 minutes plus the weights'
+    read time at a slow rate (`engines/vllm_launch.startup_timeout_for`)."""
     keep_warm: bool = True
     """Keep launched servers for the next asset of the same run that asks for the same
     configuration: on a CPU host the last two (the drafter's check and the benchmark both want
@@ -143,6 +145,11 @@ class InferenceServerResource(dg.ConfigurableResource):
                 f"~{(needed_bytes + HEADROOM_BYTES) / 2**30:.1f} GiB with headroom. Serve the configurations one after "
                 "another (the benchmark's interleave_rounds: 0), serve fewer (also_k, ngram) or lower kv_cache_gib."
             )
+
+    def served_dtype(self) -> str:
+        """The dtype a launched server computes in: fp32 on CPU hosts (`VllmLaunch`), else the model's
+        (bf16 for the targets here); a server of yours is taken to serve bf16."""
+        return "float32" if not self.url and (self.device or host_device()) == "cpu" else "bfloat16"
 
     def serving_note(self) -> str | None:
         """How a launched server runs the models, for a report (None for a server of yours)."""

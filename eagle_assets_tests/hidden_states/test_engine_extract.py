@@ -14,12 +14,10 @@ from __future__ import annotations
 import torch
 import pytest
 
-from eagle_assets.engines.serving import launch_vllm
-from eagle_assets.engines.vllm_launch import extraction_config, hidden_states_transfer
 from eagle_assets.hidden_states.engine_extract import EngineExtractor, EngineStateClient, final_norm_of
 from eagle_assets.hidden_states.extract import ExtractSettings, extract_shard
 from eagle_assets.hidden_states.reader import ShardReader
-from eagle_assets.targets import EMBEDDED_TARGET
+from eagle_assets_tests.conftest import SMOLLM2_EXTRACTED_IDS
 
 AUX = (2, 15, 27)
 LAYERS = 30
@@ -29,11 +27,9 @@ pytestmark = pytest.mark.engine
 
 
 @pytest.fixture(scope="module")
-def extraction_server(smollm2_path, engine_python, tmp_path_factory):
-    spool = tmp_path_factory.mktemp("spool")
-    with launch_vllm(EMBEDDED_TARGET, speculative=extraction_config((*AUX, LAYERS)), kv_transfer=hidden_states_transfer(spool),
-                     log=lambda m: None) as server:  # fmt: skip
-        yield server, spool
+def extraction_server(smollm2_extraction_server):
+    assert SMOLLM2_EXTRACTED_IDS == (*AUX, LAYERS)
+    return smollm2_extraction_server
 
 
 @pytest.fixture(scope="module")

