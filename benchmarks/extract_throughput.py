@@ -1,6 +1,7 @@
 """Hidden-state extraction throughput against its limit, side by side, in one run.
 
     python benchmarks/extract_throughput.py              # one GPU: Llama-3.1-8B and SmolLM2 shapes
+    python benchmarks/extract_throughput.py --kimi       # one GPU: Kimi-K2.5's shape, experts grouped and looped
     python benchmarks/extract_throughput.py --smoke      # tiny sizes on CPU: checks that it runs
     python benchmarks/extract_throughput.py --scratch /nvme/tmp --json out.json
 
@@ -13,6 +14,15 @@ downloaded) it writes a synthetic corpus to local disk and measures:
               divided by the shard bytes per token
     limit     min(forward, disk)
     ratio     ours / limit (goal >= 0.9: the writes hide behind the forward passes)
+
+The Kimi-K2.5 case (`--kimi`) builds the target's full width (hidden 7168, MLA with its real
+head dimensions, 384 experts of 2048, top-8, a shared expert) with a few decoder layers (one
+dense, then MoE) of random bf16 weights, times every layer of the bare forward with CUDA events,
+and extrapolates to the 61 layers of the real model: tokens / (the rest + the dense layer + 60
+MoE layers). It does so with the experts grouped (transformers' `grouped_mm`: one grouped
+matmul over the experts) and looped (`eager`), and runs `extract_all` itself on the few layers
+against their bare forward (ours / forward). bf16 weights: the real INT4 checkpoint is served by
+the engines' own kernels (`hidden_states/engine_extract.py`), not by this path.
 
 Needs torch, transformers, safetensors, pyarrow, fsspec, numpy and tqdm; imports only the
 project's pure modules (no dagster, no engine). The full run takes about 3-4 minutes on one
@@ -71,6 +81,173 @@ SMOKE_SHAPES = (
     Shape("llama-3.1-8b (smoke)", 64, 8, 4, 2, 128, 1000, tokens=3_000, min_len=20, max_len=200, batch_tokens=1024),
     Shape("smollm2-135m (smoke)", 48, 7, 3, 1, 96, 1000, tokens=3_000, min_len=20, max_len=200, batch_tokens=1024),
 )
+
+
+@dataclass(frozen=True)
+class MoeShape:
+    """Kimi-K2.5's text model (DeepSeek-V3 architecture) at full width, with `moe_layers` MoE layers."""
+
+    name: str = "kimi-k2.5 shape"
+    hidden_size: int = 7168
+    num_heads: int = 64
+    q_lora_rank: int = 1536
+    kv_lora_rank: int = 512
+    intermediate_size: int = 18432
+    moe_intermediate_size: int = 2048
+    experts: int = 384
+    experts_per_token: int = 8
+    vocab_size: int = 163840
+    real_layers: int = 61
+    moe_layers: int = 2
+    tokens: int = 120_000
+    min_len: int = 256
+    max_len: int = 2048
+    batch_tokens: int = 16384
+
+
+KIMI_SHAPE = MoeShape()
+KIMI_SMOKE = MoeShape("kimi-k2.5 (smoke)", hidden_size=64, num_heads=2, q_lora_rank=32, kv_lora_rank=512, intermediate_size=128,
+                      moe_intermediate_size=32, experts=8, experts_per_token=2, vocab_size=1000, real_layers=61, moe_layers=2,
+                      tokens=2_000, min_len=20, max_len=200, batch_tokens=1024)  # fmt: skip
+
+
+def build_moe_model(shape: MoeShape, device: torch.device):
+    from transformers import AutoModelForCausalLM, DeepseekV3Config
+
+    config = DeepseekV3Config(
+        vocab_size=shape.vocab_size, hidden_size=shape.hidden_size, intermediate_size=shape.intermediate_size,
+        moe_intermediate_size=shape.moe_intermediate_size, num_hidden_layers=1 + shape.moe_layers,
+        num_attention_heads=shape.num_heads, num_key_value_heads=shape.num_heads, n_shared_experts=1,
+        n_routed_experts=shape.experts, routed_scaling_factor=2.827, kv_lora_rank=shape.kv_lora_rank,
+        q_lora_rank=shape.q_lora_rank, qk_rope_head_dim=64, v_head_dim=128, qk_nope_head_dim=128, n_group=1, topk_group=1,
+        num_experts_per_tok=shape.experts_per_token, first_k_dense_replace=1, max_position_embeddings=max(4096, shape.max_len),
+        num_mtp_layers=0, initializer_range=0.02,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    with device:  # random weights made on the device, in bf16 directly
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
+    return model.eval()
+
+
+@torch.inference_mode()
+def layer_times(model, corpus: Path, settings: ExtractSettings, device: torch.device) -> tuple[float, list[float], int]:
+    """(whole forward seconds, seconds per decoder layer, tokens) of the bare base-model forward
+    over the extraction's batches, the layers timed with CUDA events (wall clock on CPU)."""
+    parts = target_parts(model)
+    inputs, tokens = [], 0
+    for i in range(settings.num_shards):
+        s = load_shard_samples(str(corpus), i, settings.num_shards)
+        for a, b in plan_batches(s.token_counts, settings.batch_tokens):
+            ids, _, mask = pad_batch(s.input_ids[a:b])
+            inputs.append((ids, mask))
+            tokens += sum(s.token_counts[a:b])
+    cuda = device.type == "cuda"
+    marks: dict[int, list] = {j: [] for j in range(len(parts.layers))}
+    clock = (lambda: torch.cuda.Event(enable_timing=True)) if cuda else None
+
+    def pre(j):
+        def hook(module, args, kwargs):
+            if cuda:
+                ev = clock()
+                ev.record()
+                marks[j].append([ev, None])
+            else:
+                marks[j].append([time.perf_counter(), None])
+        return hook
+
+    def post(j):
+        def hook(module, args, output):
+            if cuda:
+                ev = clock()
+                ev.record()
+                marks[j][-1][1] = ev
+            else:
+                marks[j][-1][1] = time.perf_counter()
+        return hook
+
+    def one_pass() -> float:
+        sync(device)
+        start = time.perf_counter()
+        for ids, mask in inputs:
+            mask = None if mask is None else mask.to(device, non_blocking=True)
+            parts.base(input_ids=ids.to(device, non_blocking=True), attention_mask=mask, use_cache=False)
+        sync(device)
+        return time.perf_counter() - start
+
+    one_pass()  # kernel selection for every padded length
+    handles = [h for j, layer in enumerate(parts.layers)
+               for h in (layer.register_forward_pre_hook(pre(j), with_kwargs=True), layer.register_forward_hook(post(j)))]  # fmt: skip
+    try:
+        whole = one_pass()
+    finally:
+        for h in handles:
+            h.remove()
+    per_layer = [sum((a.elapsed_time(b) / 1e3) if cuda else (b - a) for a, b in marks[j]) for j in marks]
+    return whole, per_layer, tokens
+
+
+@dataclass
+class MoeRow:
+    shape: str
+    experts: str
+    layers: int
+    forward_tok_s: float
+    dense_ms_per_1k: float
+    moe_ms_per_1k: float
+    rest_ms_per_1k: float
+    extrapolated_tok_s: float
+
+
+def measure_moe(shape: MoeShape, device: torch.device, scratch: Path, num_shards: int) -> tuple[list[MoeRow], float, float]:
+    """The per-layer times with experts grouped and looped, and (grouped) our extraction
+    against the bare forward of the same few layers: (rows, ours tok/s, forward tok/s)."""
+    t0 = time.perf_counter()
+    model = build_moe_model(shape, device)
+    corpus, out = scratch / "moe-corpus", scratch / "moe-shards"
+    tokens = write_corpus(corpus, Shape(shape.name, shape.hidden_size, 0, 0, 0, 0, shape.vocab_size, shape.tokens,
+                                        shape.min_len, shape.max_len, shape.batch_tokens))  # fmt: skip
+    print(f"[{shape.name}] {1 + shape.moe_layers} layers + corpus ({tokens:,} tokens) ready in {time.perf_counter() - t0:.1f} s", flush=True)
+    L = 1 + shape.moe_layers
+    settings = ExtractSettings(aux_layer_ids=(1, L - 1, L), num_shards=num_shards, batch_tokens=shape.batch_tokens, progress=False)
+    rows = []
+    for impl in ("grouped_mm", "eager"):
+        model.set_experts_implementation(impl)
+        whole, per_layer, n = layer_times(model, corpus, settings, device)
+        dense, moe = per_layer[0], sum(per_layer[1:]) / shape.moe_layers
+        rest = max(whole - sum(per_layer), 0.0)
+        full = rest + dense + (shape.real_layers - 1) * moe
+        rows.append(MoeRow(shape.name, impl, L, n / whole, 1e3 * dense / n * 1e3, 1e3 * moe / n * 1e3, 1e3 * rest / n * 1e3, n / full))
+        print(f"[{shape.name}] experts {impl}: {L} layers {n / whole:,.0f} tok/s; extrapolated to {shape.real_layers} layers "
+              f"{n / full:,.0f} tok/s", flush=True)  # fmt: skip
+    model.set_experts_implementation("grouped_mm")
+    forward = bare_forward(model, corpus, settings, device)
+    extract_all(model, str(corpus), out, settings, target_fingerprint="synthetic", shards=[0])  # warm-up
+    shutil.rmtree(out)
+    sync(device)
+    start = time.perf_counter()
+    extract_all(model, str(corpus), out, settings, target_fingerprint="synthetic")
+    sync(device)
+    ours = tokens / (time.perf_counter() - start)
+    print(f"[{shape.name}] extraction over {L} layers {ours:,.0f} tok/s, bare forward {forward:,.0f} tok/s", flush=True)
+    shutil.rmtree(out)
+    shutil.rmtree(corpus)
+    del model
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    return rows, ours, forward
+
+
+def print_moe_table(rows: list[MoeRow], ours: float, forward: float, device: str) -> None:
+    print(f"\nKimi-K2.5-shaped extraction on {device} (full width, {rows[0].layers} layers measured, per-layer times "
+          "extrapolated to 61; bf16 random weights)")
+    head = f"{'experts':<12} {'tok/s measured':>15} {'dense ms/1k tok':>16} {'MoE ms/1k tok':>14} {'rest ms/1k tok':>15} {'tok/s at 61 layers':>19}"
+    print(head)
+    print("-" * len(head))
+    for r in rows:
+        print(f"{r.experts:<12} {r.forward_tok_s:>15,.0f} {r.dense_ms_per_1k:>16.2f} {r.moe_ms_per_1k:>14.2f} {r.rest_ms_per_1k:>15.2f} "
+              f"{r.extrapolated_tok_s:>19,.0f}")
+    print(f"grouped / looped experts at 61 layers: {rows[0].extrapolated_tok_s / rows[1].extrapolated_tok_s:.2f}x; "
+          f"our extraction over the measured layers / their bare forward: {ours / forward:.2f}")
 
 
 def build_model(shape: Shape, device: torch.device):
@@ -246,6 +423,7 @@ def main(argv: list[str] | None = None) -> list[Row]:
     ap.add_argument("--disk-gb", type=float, default=None, help="GB written to measure the disk (default 6, smoke 0.05)")
     ap.add_argument("--num-shards", type=int, default=4)
     ap.add_argument("--json", type=Path, default=None, help="also write the rows as JSON here")
+    ap.add_argument("--kimi", action="store_true", help="the Kimi-K2.5-shaped case only (full width, a few layers, extrapolated)")
     args = ap.parse_args(argv)
 
     device = torch.device("cpu" if args.smoke or not torch.cuda.is_available() else "cuda")
@@ -256,6 +434,16 @@ def main(argv: list[str] | None = None) -> list[Row]:
     began = time.perf_counter()
     scratch_root = Path(tempfile.mkdtemp(prefix="extract-bench-", dir=args.scratch))
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
+    if args.kimi:
+        try:
+            moe_rows, ours, forward = measure_moe(KIMI_SMOKE if args.smoke else KIMI_SHAPE, device, scratch_root, args.num_shards)
+        finally:
+            shutil.rmtree(scratch_root, ignore_errors=True)
+        print_moe_table(moe_rows, ours, forward, name)
+        print(f"total {time.perf_counter() - began:.0f} s")
+        if args.json:
+            args.json.write_text(json.dumps({"rows": [asdict(r) for r in moe_rows], "ours_tok_s": ours, "forward_tok_s": forward}, indent=2))
+        return moe_rows
     try:
         disk = disk_write_bandwidth(scratch_root, int(disk_gb * 1e9))
         print(f"disk: {disk / 1e9:.2f} GB/s sustained write (fsync) at {scratch_root}", flush=True)

@@ -118,9 +118,29 @@ def load_target(
     if device == "auto" and max_memory_per_device is not None:
         gpus = torch.cuda.device_count()
         kwargs["max_memory"] = {i: max_memory_per_device for i in range(gpus)} if gpus else {"cpu": max_memory_per_device}
-    model = causal_lm_class(path, trust_remote_code).from_pretrained(path, **kwargs)
+    auto_class = causal_lm_class(path, trust_remote_code)
+    model = auto_class.from_pretrained(path, **kwargs, **grouped_experts(path, auto_class, trust_remote_code))
     tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
     return model.eval(), tokenizer
+
+
+def grouped_experts(path: str | Path, auto_class, trust_remote_code: bool = False) -> dict:
+    """`{"experts_implementation": "grouped_mm"}` for a mixture-of-experts target where this
+    transformers has grouped experts (one grouped matmul over all experts instead of a loop over
+    them), else {}: a dense model, or an older transformers, takes no such argument."""
+    from transformers import AutoConfig
+
+    from transformers import AutoModelForCausalLM
+
+    config = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
+    text = getattr(config, "text_config", None)
+    candidates = [(auto_class, config)] + ([(AutoModelForCausalLM, text)] if text is not None else [])
+    for key, (mapping_class, cfg) in zip(("", "text_config"), candidates):  # a wrapper's experts sit in its language model
+        model_class = mapping_class._model_mapping.get(type(cfg), None) if hasattr(mapping_class, "_model_mapping") else None
+        can_set = getattr(model_class, "_can_set_experts_implementation", None)
+        if callable(can_set) and can_set():
+            return {"experts_implementation": "grouped_mm" if not key else {key: "grouped_mm"}}
+    return {}
 
 
 def causal_lm_class(path: str | Path, trust_remote_code: bool = False):
