@@ -14,6 +14,7 @@ Local filesystems only; fsspec stores elsewhere do what they allow (see corpus/s
 
 from __future__ import annotations
 
+import errno
 import os
 import uuid
 from pathlib import Path
@@ -28,19 +29,24 @@ def fsync_file(path: str | os.PathLike) -> None:
         os.close(fd)
 
 
-def fsync_dir(path: str | os.PathLike) -> None:
-    """Flush a folder's entries (names created, renamed or removed in it) to disk.
+# Errors that mean "this filesystem cannot fsync a folder" (Windows, some network filesystems),
+# not "the data were lost": nothing more can be done there. EIO and ENOSPC are raised.
+_CANNOT_FSYNC_DIRS = {errno.EINVAL, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EBADF, errno.EACCES, errno.EPERM, errno.EISDIR}
 
-    Some filesystems refuse to open or fsync a folder (Windows, a few network ones); there is
-    nothing more to do on them, so their errors are ignored."""
+
+def fsync_dir(path: str | os.PathLike) -> None:
+    """Flush a folder's entries (names created, renamed or removed in it) to disk."""
     try:
         fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
+    except OSError as exc:
+        if exc.errno in _CANNOT_FSYNC_DIRS:
+            return
+        raise
     try:
         os.fsync(fd)
-    except OSError:
-        pass
+    except OSError as exc:
+        if exc.errno not in _CANNOT_FSYNC_DIRS:
+            raise
     finally:
         os.close(fd)
 

@@ -43,6 +43,7 @@ import numpy as np
 import torch
 from safetensors import safe_open
 
+from eagle_assets.durable import fsync_dir
 from eagle_assets.formats import SHARD_MANIFEST_FILE, SHARD_STATES_FILE, ShardManifest, shard_name
 
 TENSOR_ORDER = ("offsets", "input_ids", "aux", "final", "loss_mask")
@@ -317,6 +318,7 @@ class ShardWriter:
             f.flush()
             os.fsync(f.fileno())
         os.replace(manifest_tmp, self.tmp_dir / SHARD_MANIFEST_FILE)
+        fsync_dir(self.tmp_dir)  # the manifest's name, before the folder's rename publishes it
         self._move_into_place()
         self._committed = True
         return self.final_dir
@@ -340,11 +342,7 @@ class ShardWriter:
             old = self.out_dir / f"{temp_prefix(self.index)}old-{os.getpid()}"
             os.rename(self.final_dir, old)
         os.rename(self.tmp_dir, self.final_dir)
-        dir_fd = os.open(self.out_dir, os.O_RDONLY)
-        try:
-            os.fsync(dir_fd)  # makes the rename itself durable
-        finally:
-            os.close(dir_fd)
+        fsync_dir(self.out_dir)  # makes the rename itself durable
         if old is not None:
             shutil.rmtree(old, ignore_errors=True)
 
