@@ -17,12 +17,13 @@ Nothing the manifest says is taken on trust: opening the store reads every liste
 Parquet footer and `sample_id` column (page checksums verified; the wide columns are not
 read), so a sample counts as done only if a readable shard holds it; a shard modified after
 the manifest was last written (on a local disk) is also hashed and compared with the SHA-256
-recorded when it was written. Opened for writing, the
-store repairs what it finds (`repairs` lists it, and each is logged): a shard listed but gone
-is dropped from the manifest, an unreadable one (truncated, garbage) is renamed aside to
+recorded when it was written (the store writes a shard before the manifest that lists it, so
+an untouched shard never is). Opened for writing, the store repairs what it finds (`repairs`
+lists it, and each is logged): a shard listed but gone is dropped from the manifest, an
+unreadable or changed one (truncated, garbage) is renamed aside to
 `part-NNNNN.parquet.corrupt-<hex>` and dropped, an entry whose ids differ from its file's is
-rewritten from the file; the samples dropped are generated again by the next corpus run. Opened
-read-only, it refuses such a store with the file named and that fix. A torn line in
+rewritten from the file; the samples dropped are generated again by the next corpus run.
+Opened read-only, it refuses such a store with the file named and that fix. A torn line in
 `failures.jsonl` (bookkeeping only: a failed sample is not done either way) is skipped.
 
     with CorpusStore("data/corpus", shard_size=256) as store:   # resumes what is there
