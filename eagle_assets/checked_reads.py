@@ -9,6 +9,7 @@ MemoryError from eight bytes of garbage read as a header length) with no file na
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 
@@ -16,24 +17,47 @@ def read_json_object(path: str | Path, what: str, fix: str) -> dict:
     """The JSON object (`{...}`) in `path`. `what` names the file in errors ("the drafter's
     config"), `fix` says what to do about a bad one ("re-export the drafter")."""
     path = Path(path)
+    return parse_json_object(path.read_bytes(), path, what, fix)
+
+
+def parse_json_object(data: bytes | str, where: object, what: str, fix: str) -> dict:
+    """The JSON object in `data`, read from `where` (a path or URL, for the errors): a torn,
+    empty, binary or wrong-kind file is a ValueError naming `where` and `fix`."""
     try:
-        value = json.loads(path.read_bytes())
+        value = json.loads(data)
     except ValueError as exc:  # JSONDecodeError, and UnicodeDecodeError for binary garbage
-        raise ValueError(f"{path}: {what} is not valid JSON ({exc}): {fix}") from None
+        raise ValueError(f"{where}: {what} is not valid JSON ({exc}): {fix}") from None
     if not isinstance(value, dict):
-        raise ValueError(f"{path}: {what} holds a JSON {type(value).__name__}, not an object ({{...}}): {fix}")
+        raise ValueError(f"{where}: {what} holds a JSON {type(value).__name__}, not an object ({{...}}): {fix}")
     return value
 
 
 SAFETENSORS_FIX = "re-export the drafter, or copy the file again"
 
 
-def read_safetensors_header(path: str | Path) -> dict[str, dict]:
+# Bytes per element of the safetensors dtypes (sub-byte and unknown ones are not size-checked).
+_DTYPE_BYTES = {
+    "BOOL": 1, "U8": 1, "I8": 1, "F8_E5M2": 1, "F8_E4M3": 1, "F8_E8M0": 1,
+    "I16": 2, "U16": 2, "F16": 2, "BF16": 2,
+    "I32": 4, "U32": 4, "F32": 4,
+    "I64": 8, "U64": 8, "F64": 8, "C64": 8,
+}  # fmt: skip
+
+
+def read_safetensors_header(path: str | Path, fix: str = SAFETENSORS_FIX) -> dict[str, dict]:
     """Tensor names, dtypes and shapes from a safetensors file, without reading the data.
 
     The format: an 8-byte little-endian header length, that many bytes of JSON, then the data.
-    The length is checked against the file's size before anything is read, and each tensor's
-    data against the bytes that follow, so a garbage or truncated file is named as such."""
+    The length is checked against the file's size before anything is read, and the tensors'
+    data against the bytes that follow: each tensor's extent must hold its dtype and shape, and
+    together they must cover the data exactly, as the safetensors library itself demands. So a
+    garbage, truncated or extended file is named as such, with `fix`, before any parser sees it."""
+    return read_safetensors_layout(path, fix)[0]
+
+
+def read_safetensors_layout(path: str | Path, fix: str = SAFETENSORS_FIX) -> tuple[dict[str, dict], int]:
+    """`read_safetensors_header`'s header, and the byte offset where the data begin (8 + the
+    header's length): tensor `name` lies at that offset + its `data_offsets`."""
     path = Path(path)
     size = path.stat().st_size
     with open(path, "rb") as f:
@@ -42,29 +66,54 @@ def read_safetensors_header(path: str | Path) -> dict[str, dict]:
         if len(prefix) < 8 or header_bytes > size - 8:
             raise ValueError(
                 f"{path}: not a safetensors file, or truncated (its first 8 bytes announce a {header_bytes}-byte "
-                f"header in a {size}-byte file): {SAFETENSORS_FIX}"
+                f"header in a {size}-byte file): {fix}"
             )
         try:
             header = json.loads(f.read(header_bytes))
         except ValueError as exc:
-            raise ValueError(f"{path}: not a safetensors file (its header is not JSON: {exc}): {SAFETENSORS_FIX}") from None
+            raise ValueError(f"{path}: not a safetensors file (its header is not JSON: {exc}): {fix}") from None
     if not isinstance(header, dict):
-        raise ValueError(f"{path}: not a safetensors file (its header is not a JSON object): {SAFETENSORS_FIX}")
+        raise ValueError(f"{path}: not a safetensors file (its header is not a JSON object): {fix}")
     header.pop("__metadata__", None)
     data_bytes = size - 8 - header_bytes
+    extents = []
     for name, entry in header.items():
-        if not (isinstance(entry, dict) and isinstance(entry.get("shape"), list) and _offsets_fit(entry.get("data_offsets"), data_bytes)):
+        if not (isinstance(entry, dict) and _is_shape(entry.get("shape")) and _is_offsets(entry.get("data_offsets"))):
+            raise ValueError(f"{path}: not a safetensors file (tensor {name!r} has no valid shape or data offsets): {fix}")
+        begin, end = entry["data_offsets"]
+        if end > data_bytes:
             raise ValueError(
-                f"{path}: tensor {name!r} has no shape, or its data lies past the end of the file "
-                f"(truncated?): {SAFETENSORS_FIX}"
+                f"{path}: truncated: tensor {name!r} ends {end} bytes into the data, the file holds {data_bytes} "
+                f"after its header: {fix}"
             )
-    return header
+        element = _DTYPE_BYTES.get(entry.get("dtype"))
+        if element is not None and end - begin != element * math.prod(entry["shape"]):
+            raise ValueError(
+                f"{path}: tensor {name!r} ({entry.get('dtype')}, shape {entry['shape']}) takes {end - begin} bytes, "
+                f"its shape needs {element * math.prod(entry['shape'])}: {fix}"
+            )
+        extents.append((begin, end))
+    covered = 0
+    for begin, end in sorted(extents):
+        if begin != covered:
+            break
+        covered = end
+    if covered != data_bytes:
+        raise ValueError(
+            f"{path}: the tensors' data cover {covered} of the {data_bytes} bytes after the header "
+            f"(bytes appended, overlapping or missing): {fix}"
+        )
+    return header, 8 + header_bytes
 
 
-def _offsets_fit(offsets, data_bytes: int) -> bool:
+def _is_shape(shape) -> bool:
+    return isinstance(shape, list) and all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape)
+
+
+def _is_offsets(offsets) -> bool:
     return (
         isinstance(offsets, list)
         and len(offsets) == 2
-        and all(isinstance(o, int) for o in offsets)
-        and 0 <= offsets[0] <= offsets[1] <= data_bytes
+        and all(isinstance(o, int) and not isinstance(o, bool) for o in offsets)
+        and 0 <= offsets[0] <= offsets[1]
     )

@@ -16,8 +16,9 @@ by the trainer through `hidden_states.reader`:
       `input_ids`    (T,)           int32
       `loss_mask`    (T,)           uint8
       `offsets`      (n + 1,)       int64 sample i spans tokens offsets[i]:offsets[i+1]
-    and `manifest.json` (`ShardManifest`). A shard folder is complete iff its manifest exists;
-    folders are written under a temporary name and renamed into place.
+    and `manifest.json` (`ShardManifest`), which also records the file's size and SHA-256. A
+    shard folder is complete iff its manifest exists and `hidden_states.reader.shard_problem`
+    finds nothing wrong with it; folders are written under a temporary name and renamed into place.
 
 Drafter export (`drafter-vllm/`, `drafter-sglang/`: `config.json` + `model.safetensors`), written
 by `drafter/export.py`, read by the engines and by our preflight: `config.json` carries
@@ -33,7 +34,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import MISSING, asdict, dataclass, field, fields
 
 LAYER_ID_CONVENTION = "hf_hidden_states"
 """Id k = residual stream after k decoder layers = HF `output_hidden_states[k]` (0 = embeddings)."""
@@ -100,13 +101,55 @@ class ShardManifest:
     final_state: str = "normed"  # lm_head(final) gives the target's logits
     bytes_per_token: int = 0
     extra: dict = field(default_factory=dict)
+    states_bytes: int = 0
+    """Size of `states.safetensors` at commit (0: not recorded, a manifest from before it was)."""
+    states_sha256: str = ""
+    """SHA-256 of `states.safetensors` at commit ("" when not recorded)."""
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2)
 
     @classmethod
-    def from_json(cls, text: str) -> "ShardManifest":
-        return cls(**json.loads(text))
+    def from_json(cls, text: str | bytes) -> "ShardManifest":
+        """Parse and type-check a manifest: a ValueError saying what is wrong (not JSON, not an
+        object, a key missing or unknown, a value of the wrong type), never a TypeError."""
+        try:
+            raw = json.loads(text)
+        except ValueError as exc:  # JSONDecodeError, and UnicodeDecodeError for binary garbage
+            raise ValueError(f"not valid JSON ({exc})") from None
+        if not isinstance(raw, dict):
+            raise ValueError(f"a JSON {type(raw).__name__}, not an object")
+        known = {f.name: f for f in fields(cls)}
+        unknown = sorted(set(raw) - set(known))
+        missing = [n for n, f in known.items() if n not in raw and f.default is MISSING and f.default_factory is MISSING]
+        if unknown or missing:
+            raise ValueError(f"keys unknown {unknown}, missing {missing}")
+        for name, value in raw.items():
+            if not _MANIFEST_TYPES[name](value):
+                raise ValueError(f"{name} is {value!r:.80}, not {_MANIFEST_TYPE_NAMES[name]}")
+        return cls(**raw)
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+_MANIFEST_KINDS = {
+    int: ("an integer", _is_int),
+    str: ("a string", lambda v: isinstance(v, str)),
+    dict: ("an object", lambda v: isinstance(v, dict)),
+    "list[str]": ("a list of strings", lambda v: isinstance(v, list) and all(isinstance(x, str) for x in v)),
+    "list[int]": ("a list of integers", lambda v: isinstance(v, list) and all(_is_int(x) for x in v)),
+}
+_MANIFEST_FIELD_KINDS = {
+    "shard": int, "num_shards": int, "sample_ids": "list[str]", "token_counts": "list[int]",
+    "aux_layer_ids": "list[int]", "hidden_size": int, "target_fingerprint": str, "corpus_fingerprint": str,
+    "layer_id_convention": str, "dtype": str, "final_state": str, "bytes_per_token": int, "extra": dict,
+    "states_bytes": int, "states_sha256": str,
+}  # fmt: skip
+_MANIFEST_TYPES = {k: _MANIFEST_KINDS[kind][1] for k, kind in _MANIFEST_FIELD_KINDS.items()}
+_MANIFEST_TYPE_NAMES = {k: _MANIFEST_KINDS[kind][0] for k, kind in _MANIFEST_FIELD_KINDS.items()}
+assert set(_MANIFEST_FIELD_KINDS) == {f.name for f in fields(ShardManifest)}, "a ShardManifest field has no type check"
 
 
 def hidden_state_bytes_per_token(num_aux: int, hidden_size: int) -> int:

@@ -2,15 +2,29 @@
 
 Layout under the store URL (any fsspec URL: a local folder, `s3://...`, `memory://...`):
 
-    manifest.json        formats.CORPUS_MANIFEST: the shards, their row counts and sample ids
+    manifest.json        formats.CORPUS_MANIFEST: the shards, their row counts, sample ids and SHA-256
     part-00000.parquet   complete shards, written under a temporary name then renamed
     failures.jsonl       formats.CORPUS_FAILURES: samples that failed and are not done yet
 
 Rows are buffered and a shard is written every `shard_size` rows, then the manifest, each
-atomically (temporary name, then rename). A process killed at any moment therefore loses at
-most the unflushed buffer: it never leaves a partial shard, and since a shard renamed into
-place just before a kill is adopted into the manifest when the store is next opened for
-writing, no sample id is ever written twice. One writer per store at a time.
+atomically (temporary name, then rename) and, on local disks, durably (the data fsynced before
+the rename, the folder after it). A process killed at any moment therefore loses at most the
+unflushed buffer: it never leaves a partial shard, and since a shard renamed into place just
+before a kill is adopted into the manifest when the store is next opened for writing, no
+sample id is ever written twice. One writer per store at a time.
+
+Nothing the manifest says is taken on trust: opening the store reads every listed shard's
+Parquet footer and `sample_id` column (page checksums verified; the wide columns are not
+read), so a sample counts as done only if a readable shard holds it; a shard modified after
+the manifest was last written (on a local disk) is also hashed and compared with the SHA-256
+recorded when it was written (the store writes a shard before the manifest that lists it, so
+an untouched shard never is). Opened for writing, the store repairs what it finds (`repairs`
+lists it, and each is logged): a shard listed but gone is dropped from the manifest, an
+unreadable or changed one (truncated, garbage) is renamed aside to
+`part-NNNNN.parquet.corrupt-<hex>` and dropped, an entry whose ids differ from its file's is
+rewritten from the file; the samples dropped are generated again by the next corpus run.
+Opened read-only, it refuses such a store with the file named and that fix. A torn line in
+`failures.jsonl` (bookkeeping only: a failed sample is not done either way) is skipped.
 
     with CorpusStore("data/corpus", shard_size=256) as store:   # resumes what is there
         done = store.done_ids()
@@ -20,8 +34,11 @@ writing, no sample id is ever written twice. One writer per store at a time.
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
+import logging
+import os
 import posixpath
 import re
 import uuid
@@ -31,12 +48,24 @@ from typing import Any
 import fsspec
 import pyarrow as pa
 import pyarrow.parquet as pq
+from fsspec.implementations.local import LocalFileSystem
 
+from eagle_assets.checked_reads import parse_json_object
+from eagle_assets.durable import fsync_dir
 from eagle_assets.formats import CORPUS_COLUMNS, CORPUS_FAILURES, CORPUS_MANIFEST, stable_id
+
+log = logging.getLogger(__name__)
 
 MANIFEST_FORMAT = "eagle_assets.corpus/1"
 SHARD_RE = re.compile(r"^part-(\d{5,})\.parquet$")
 TMP_PREFIX = ".tmp-"
+REPAIR_FIX = (
+    "open the store for writing (rerun the corpus stage, or CorpusStore(url)): it repairs the manifest from the "
+    "shards themselves, setting damaged ones aside, and the corpus stage generates their samples again"
+)
+CORRUPT_SUFFIX = ".corrupt-"
+"""An unreadable shard is renamed to `part-NNNNN.parquet.corrupt-<hex>`: kept for inspection,
+never read (it matches neither SHARD_RE nor `*.parquet`)."""
 
 CORPUS_SCHEMA = pa.schema(
     [
@@ -59,6 +88,17 @@ CORPUS_SCHEMA = pa.schema(
     ]
 )
 assert tuple(CORPUS_SCHEMA.names) == CORPUS_COLUMNS, "store schema out of step with formats.CORPUS_COLUMNS"
+
+
+def _is_shard_entry(entry) -> bool:
+    return (
+        isinstance(entry, dict)
+        and isinstance(entry.get("file"), str)
+        and SHARD_RE.match(entry["file"]) is not None
+        and isinstance(entry.get("num_rows"), int)
+        and isinstance(entry.get("sample_ids"), list)
+        and all(isinstance(x, str) for x in entry["sample_ids"])
+    )
 
 
 class CorpusStoreError(RuntimeError):
@@ -90,10 +130,13 @@ class CorpusStore:
         self.fs, self.root = fsspec.core.url_to_fs(url, **dict(storage_options or {}))
         self._buffer: list[dict] = []
         self._buffered_ids: set[str] = set()
-        self._manifest = self._read_manifest()
-        self._done: set[str] = {sid for s in self._manifest["shards"] for sid in s["sample_ids"]}
-        self._failures: dict[str, dict] = self._read_failures()
+        self.repairs: list[str] = []
+        """What opening the store for writing found wrong and repaired, one line each."""
         self._failures_dirty = False
+        self._manifest = self._read_manifest()
+        self._done: set[str] = set()
+        self._verify_shards()
+        self._failures: dict[str, dict] = self._read_failures()
         if mode == "a":
             self._recover()
 
@@ -102,45 +145,171 @@ class CorpusStore:
         return posixpath.join(self.root, name)
 
     def _atomic_write(self, name: str, data: bytes) -> None:
-        self.fs.makedirs(self.root, exist_ok=True)
+        if not self.fs.exists(self.root):
+            self.fs.makedirs(self.root, exist_ok=True)
+            if self._local:
+                fsync_dir(posixpath.dirname(self.root.rstrip("/")) or "/")  # keep the new folder's own entry
         tmp = self._path(f"{TMP_PREFIX}{uuid.uuid4().hex[:8]}-{name}")
+        if self._local:
+            # fsync before the rename: after a power loss the rename could otherwise survive
+            # while the data did not (a complete-looking shard of zeros); fsync the folder after
+            # it, so that the rename itself survives.
+            with open(tmp, "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, self._path(name))
+            fsync_dir(self.root)
+            return
+        # Other fsspec filesystems offer no fsync. On object stores (s3, gcs, azure) there is
+        # nothing to flush: an object appears whole, and durably, once its upload completes on
+        # close, and `mv` is a copy of the complete object, so the final name never shows a
+        # half-written file; memory:// keeps nothing across a crash anyway.
         with self.fs.open(tmp, "wb") as f:
             f.write(data)
-        # A rename on local disks; object stores have no partial objects, so the final name
-        # never shows a half-written file either way.
         self.fs.mv(tmp, self._path(name))
+
+    @property
+    def _local(self) -> bool:
+        return isinstance(self.fs, LocalFileSystem)
 
     # ---- manifest, failures, recovery -------------------------------------------------
     def _read_manifest(self) -> dict:
         path = self._path(CORPUS_MANIFEST)
         if not self.fs.exists(path):
             return {"format": MANIFEST_FORMAT, "columns": list(CORPUS_COLUMNS), "num_rows": 0, "shards": [], "meta": {}}
+        where = f"{self.url}/{CORPUS_MANIFEST}"
+        fix = (
+            "the store writes it atomically, so something else changed it. Restore it, or move it aside: "
+            "the store then lists the part-*.parquet files again when opened for writing"
+        )
+        with self.fs.open(path, "rb") as f:
+            data = f.read()
         try:
-            with self.fs.open(path, "rb") as f:
-                manifest = json.loads(f.read())
-        except json.JSONDecodeError as exc:
-            raise CorpusStoreError(
-                f"{self.url}/{CORPUS_MANIFEST} is not valid JSON ({exc}); the store writes it atomically, "
-                "so something else changed it. Restore it or start a new corpus folder."
-            ) from None
+            manifest = parse_json_object(data, where, "the corpus manifest", fix)
+        except ValueError as exc:
+            raise CorpusStoreError(str(exc)) from None
         if manifest.get("format") != MANIFEST_FORMAT or tuple(manifest.get("columns", ())) != CORPUS_COLUMNS:
             raise CorpusStoreError(
-                f"{self.url}/{CORPUS_MANIFEST} has format {manifest.get('format')!r} with columns "
+                f"{where} has format {manifest.get('format')!r} with columns "
                 f"{manifest.get('columns')}; this version writes {MANIFEST_FORMAT} with {list(CORPUS_COLUMNS)}. "
                 "Regenerate the corpus into a new folder."
             )
+        shards, meta = manifest.get("shards"), manifest.get("meta", {})
+        if not (isinstance(shards, list) and all(map(_is_shard_entry, shards)) and isinstance(meta, dict)):
+            raise CorpusStoreError(
+                f"{where}: its shard list is not a list of {{file, num_rows, sample_ids}} entries, or its meta "
+                f"not an object: {fix}"
+            )
+        manifest["meta"] = meta
         return manifest
+
+    def _read_ids(self, name: str) -> list[str]:
+        """The sample ids in shard `name`, read through its footer with page checksums verified;
+        a CorpusStoreError naming the file when it cannot be read as one of ours."""
+        try:
+            with self.fs.open(self._path(name), "rb") as f:
+                pf = pq.ParquetFile(f, page_checksum_verification=True)
+                if tuple(pf.schema_arrow.names) != CORPUS_COLUMNS:
+                    raise CorpusStoreError(f"{self.url}/{name} has columns {pf.schema_arrow.names}, not formats.CORPUS_COLUMNS")
+                return pf.read(columns=["sample_id"]).column("sample_id").to_pylist()
+        except (pa.ArrowException, OSError) as exc:  # ArrowInvalid: no footer (truncated), garbage, a bad page
+            raise CorpusStoreError(f"{self.url}/{name} is not a readable Parquet file ({exc})") from None
+
+    def _verify_shards(self) -> None:
+        """Fill `_done` from the listed shards' own ids; repair (mode "a") or refuse (mode "r")
+        a listed shard that is gone, unreadable, or holds other ids than its entry lists."""
+        kept, changed = [], False
+        for entry in self._manifest["shards"]:
+            name = entry["file"]
+            if not self.fs.exists(self._path(name)):
+                problem, ids = "is listed in the manifest but does not exist", None
+            else:
+                try:
+                    ids = self._read_ids(name)
+                    if self._changed_since_manifest(name):
+                        self._check_whole(name, entry.get("sha256"))
+                    problem = None
+                except CorpusStoreError as exc:
+                    problem, ids = str(exc).removeprefix(f"{self.url}/{name} "), None
+                if ids is not None and (ids != entry["sample_ids"] or len(ids) != entry["num_rows"]):
+                    problem = (
+                        f"holds {len(ids)} samples, where {self.url}/{CORPUS_MANIFEST} lists {entry['num_rows']} "
+                        f"({len(set(entry['sample_ids']) - set(ids))} of them not in the file)"
+                    )
+            if problem is None:
+                kept.append(entry)
+            elif self.mode == "r":
+                raise CorpusStoreError(f"{self.url}/{name} {problem}: {REPAIR_FIX}")
+            else:
+                changed = True
+                if ids is not None:  # a readable file: its ids are the truth, the entry is rewritten
+                    entry = {"file": name, "num_rows": len(ids), "sample_ids": ids, "sha256": self._sha256(name)}
+                    kept.append(entry)
+                    self._repaired(f"{self.url}/{name} {problem}: its entry was rewritten from the file")
+                elif self.fs.exists(self._path(name)):
+                    aside = f"{name}{CORRUPT_SUFFIX}{uuid.uuid4().hex[:8]}"
+                    self.fs.mv(self._path(name), self._path(aside))
+                    self._repaired(f"{self.url}/{name} {problem}: moved aside to {aside}; its samples will be generated again")
+                else:
+                    self._repaired(f"{self.url}/{name} {problem}: dropped from the manifest; its samples will be generated again")
+            if ids is not None:
+                clash = self._done.intersection(ids)
+                if clash or len(set(ids)) != len(ids):
+                    raise CorpusStoreError(
+                        f"{self.url}/{name} repeats sample ids stored in another shard or in itself (e.g. "
+                        f"{sorted(clash)[:3]}); two writers may have shared this folder. Move {name} aside and rerun."
+                    )
+                self._done.update(ids)
+        if changed:
+            self._manifest["shards"] = kept
+            self._write_manifest()
+
+    def _changed_since_manifest(self, name: str) -> bool:
+        """Whether shard `name` was modified after the manifest was last written. The store
+        writes each shard before the manifest that lists it, so an untouched shard never is.
+        Local disks only: other filesystems' modification times are not comparable this way."""
+        if not self._local:
+            return False
+        return os.stat(self._path(name)).st_mtime_ns > os.stat(self._path(CORPUS_MANIFEST)).st_mtime_ns
+
+    def _sha256(self, name: str) -> str:
+        with self.fs.open(self._path(name), "rb") as f:
+            return hashlib.file_digest(f, "sha256").hexdigest()
+
+    def _check_whole(self, name: str, sha256: str | None) -> None:
+        """Check all of shard `name`, not just its ids: against the SHA-256 recorded when it was
+        written, or (an entry from before that was recorded) by reading every page."""
+        if sha256 is None:
+            self._read_table(name)
+        elif (digest := self._sha256(name)) != sha256:
+            raise CorpusStoreError(
+                f"{self.url}/{name} was modified after it was written: its SHA-256 is {digest[:16]}..., "
+                f"the manifest recorded {sha256[:16]}..."
+            )
+
+    def _repaired(self, what: str) -> None:
+        log.warning("corpus store: %s", what)
+        self.repairs.append(what)
 
     def _read_failures(self) -> dict[str, dict]:
         path = self._path(CORPUS_FAILURES)
         if not self.fs.exists(path):
             return {}
         out = {}
-        with self.fs.open(path, "rt", encoding="utf-8") as f:
-            for line in f:
-                if line.strip():
-                    record = json.loads(line)
-                    out[record["sample_id"]] = record
+        with self.fs.open(path, "rb") as f:
+            lines = f.read().split(b"\n")
+        for number, line in enumerate(lines, 1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+                out[record["sample_id"]] = record
+            except (ValueError, TypeError, KeyError):
+                # A torn or foreign line: the record is lost, not the sample (a failed sample is
+                # not done, so it is tried again); the next write of the file leaves the line out.
+                log.warning("corpus store: %s/%s line %d is not a failure record; skipped", self.url, CORPUS_FAILURES, number)
+                self._failures_dirty = self.mode == "a"
         return out
 
     def _write_manifest(self) -> None:
@@ -163,8 +332,13 @@ class CorpusStore:
             if name.startswith(TMP_PREFIX):
                 self.fs.rm(path)
             elif SHARD_RE.match(name) and name not in listed:
-                with self.fs.open(path, "rb") as f:
-                    ids = pq.read_table(f, columns=["sample_id"]).column("sample_id").to_pylist()
+                try:
+                    ids = self._read_ids(name)
+                except CorpusStoreError as exc:  # renamed in whole, so damaged since: not adopted
+                    aside = f"{name}{CORRUPT_SUFFIX}{uuid.uuid4().hex[:8]}"
+                    self.fs.mv(path, self._path(aside))
+                    self._repaired(f"{exc}; not in the manifest either: moved aside to {aside}")
+                    continue
                 clash = self._done.intersection(ids)
                 if clash or len(set(ids)) != len(ids):
                     raise CorpusStoreError(
@@ -172,7 +346,8 @@ class CorpusStore:
                         f"(e.g. {sorted(clash)[:3]}); two writers may have shared this folder. "
                         f"Move {name} aside and rerun."
                     )
-                self._manifest["shards"].append({"file": name, "num_rows": len(ids), "sample_ids": ids})
+                entry = {"file": name, "num_rows": len(ids), "sample_ids": ids, "sha256": self._sha256(name)}
+                self._manifest["shards"].append(entry)
                 self._done.update(ids)
                 adopted = True
         if adopted:
@@ -180,6 +355,8 @@ class CorpusStore:
             self._write_manifest()
         if any(sid in self._done for sid in self._failures):
             self._failures = {k: v for k, v in self._failures.items() if k not in self._done}
+            self._failures_dirty = True
+        if self._failures_dirty:
             self._write_failures()
 
     # ---- writing ----------------------------------------------------------------------
@@ -224,10 +401,12 @@ class CorpusStore:
             name = shard_file(index)
             table = pa.Table.from_pylist(self._buffer, schema=CORPUS_SCHEMA)
             sink = io.BytesIO()
-            pq.write_table(table, sink, compression="zstd")
-            self._atomic_write(name, sink.getvalue())
+            pq.write_table(table, sink, compression="zstd", write_page_checksum=True)
+            data = sink.getvalue()
+            self._atomic_write(name, data)
             ids = [r["sample_id"] for r in self._buffer]
-            self._manifest["shards"].append({"file": name, "num_rows": len(ids), "sample_ids": ids})
+            entry = {"file": name, "num_rows": len(ids), "sample_ids": ids, "sha256": hashlib.sha256(data).hexdigest()}
+            self._manifest["shards"].append(entry)
             self._write_manifest()
             self._done.update(ids)
             self._buffer.clear()
@@ -272,8 +451,19 @@ class CorpusStore:
         return [s["file"] for s in self._manifest["shards"]]
 
     def read_shard(self, name: str, columns: list[str] | None = None) -> pa.Table:
-        with self.fs.open(self._path(name), "rb") as f:
-            return pq.read_table(f, columns=columns)
+        """One shard's rows, page checksums verified; a CorpusStoreError naming the file and the
+        fix when it cannot be read."""
+        try:
+            return self._read_table(name, columns)
+        except CorpusStoreError as exc:
+            raise CorpusStoreError(f"{exc}: {REPAIR_FIX}") from None
+
+    def _read_table(self, name: str, columns: list[str] | None = None) -> pa.Table:
+        try:
+            with self.fs.open(self._path(name), "rb") as f:
+                return pq.read_table(f, columns=columns, page_checksum_verification=True)
+        except (pa.ArrowException, OSError) as exc:
+            raise CorpusStoreError(f"{self.url}/{name} is not a readable Parquet file ({exc})") from None
 
     def read_table(self, columns: list[str] | None = None) -> pa.Table:
         """Every stored row (complete shards only), in shard order."""

@@ -12,6 +12,15 @@ The folder is written under a hidden temporary name (`.tmp-step-...`) by rank 0,
 disk, and renamed into place: a folder named `step-*` is always complete, so a crash at any
 moment leaves the previous checkpoint usable, and `latest_checkpoint` never sees half a write.
 
+`trainer_state.json` also records the size and SHA-256 of both safetensors files, and nothing
+is trusted unchecked (`checkpoint_problem`: the state parses, both files are whole safetensors
+files of the recorded size and checksum). A checkpoint that fails is skipped by
+`latest_checkpoint`, which falls back to the newest one that passes (logging a warning naming
+the file and why): training resumes a little earlier, on the same trajectory, rather than not
+at all or from damaged weights. `load_checkpoint` on a damaged folder raises a ValueError that
+names the file and the fix. Hashing costs about what loading costs (the files are read whole
+either way): a few seconds per GB, on save, resume and the end-of-run summary.
+
     path = save_checkpoint(root, step, model_state, optimizer_state, trainer_state, keep_last=2)
     ckpt = load_checkpoint(latest_checkpoint(root))
 """
@@ -19,7 +28,9 @@ moment leaves the previous checkpoint usable, and `latest_checkpoint` never sees
 from __future__ import annotations
 
 import base64
+import hashlib
 import json
+import logging
 import os
 import random
 import re
@@ -31,6 +42,11 @@ from pathlib import Path
 import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
+
+from eagle_assets.checked_reads import parse_json_object, read_safetensors_header
+from eagle_assets.durable import fsync_dir, fsync_file
+
+log = logging.getLogger(__name__)
 
 MODEL_FILE = "model.safetensors"
 OPTIMIZER_FILE = "optimizer.safetensors"
@@ -172,22 +188,9 @@ def _unflatten_optimizer(tensors: dict[str, torch.Tensor], meta: dict) -> dict:
     return {"state": state, "param_groups": groups}
 
 
-def _fsync_dir(path: Path) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
-def _fsync_file(path: Path) -> None:
+def _sha256(path: Path) -> str:
     with open(path, "rb") as f:
-        os.fsync(f.fileno())
+        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 def save_checkpoint(
@@ -213,19 +216,20 @@ def save_checkpoint(
         save_file(model_tensors, str(tmp / MODEL_FILE), metadata={"format": "pt", "step": str(step)})
         opt_tensors, opt_meta = _flatten_optimizer(optimizer_state)
         save_file(opt_tensors, str(tmp / OPTIMIZER_FILE), metadata={"format": "pt", "step": str(step)})
-        state = {"format": CHECKPOINT_FORMAT, "step": step, "optimizer": opt_meta, **trainer_state}
+        files = {f: {"bytes": (tmp / f).stat().st_size, "sha256": _sha256(tmp / f)} for f in (MODEL_FILE, OPTIMIZER_FILE)}
+        state = {"format": CHECKPOINT_FORMAT, "step": step, "optimizer": opt_meta, "files": files, **trainer_state}
         (tmp / STATE_FILE).write_text(json.dumps(state, indent=1))
         for f in (MODEL_FILE, OPTIMIZER_FILE, STATE_FILE):
-            _fsync_file(tmp / f)
-        _fsync_dir(tmp)
+            fsync_file(tmp / f)
+        fsync_dir(tmp)
         if final.exists():  # the same step saved again (e.g. a rerun with resume=false)
             shutil.rmtree(final)
         os.rename(tmp, final)
-        _fsync_dir(root)
+        fsync_dir(root)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    prune_checkpoints(root, keep_last)
+    prune_checkpoints(root, keep_last, newest=step)
     return final
 
 
@@ -242,15 +246,84 @@ def list_checkpoints(root: str | os.PathLike) -> list[tuple[int, Path]]:
     return sorted(found)
 
 
+CHECKPOINT_FIX = (
+    "delete that checkpoint folder: a resume then starts from the newest checkpoint that passes these checks "
+    "(or afresh when none does)"
+)
+
+
+def checkpoint_problem(path: str | os.PathLike) -> str | None:
+    """What is wrong with checkpoint folder `path`, naming the file; None when it can be trusted.
+
+    Checks: `trainer_state.json` is a JSON object of this format and the folder's step; both
+    safetensors files are whole (header, every tensor's extent, nothing missing or appended)
+    and have the size and SHA-256 recorded at save (checkpoints from before that was recorded
+    get the other checks)."""
+    path = Path(path)
+    state_file = path / STATE_FILE
+    if not state_file.is_file():
+        return f"{path} is not a complete checkpoint (no {STATE_FILE})"
+    try:
+        state = parse_json_object(state_file.read_bytes(), state_file, "the trainer state", CHECKPOINT_FIX)
+    except ValueError as exc:
+        return str(exc).removesuffix(f": {CHECKPOINT_FIX}")
+    m = _STEP_DIR.match(path.name)
+    if state.get("format") != CHECKPOINT_FORMAT:
+        return f"{state_file}: checkpoint format {state.get('format')!r} is not {CHECKPOINT_FORMAT}"
+    if m and state.get("step") != int(m.group(1)):
+        return f"{state_file}: step {state.get('step')!r}, in the folder of step {int(m.group(1))}"
+    optimizer = state.get("optimizer")
+    if not (isinstance(optimizer, dict) and isinstance(optimizer.get("param_groups"), list)):
+        return f"{state_file}: no optimizer param_groups"
+    recorded = state.get("files", {})
+    if not isinstance(recorded, dict):
+        return f"{state_file}: its `files` record is not an object"
+    for name in (MODEL_FILE, OPTIMIZER_FILE):
+        file = path / name
+        if not file.is_file():
+            return f"{file} does not exist"
+        try:
+            read_safetensors_header(file, fix=CHECKPOINT_FIX)
+        except ValueError as exc:
+            return str(exc).removesuffix(f": {CHECKPOINT_FIX}")
+        want = recorded.get(name)
+        if want is None:
+            continue
+        if not (isinstance(want, dict) and isinstance(want.get("bytes"), int) and isinstance(want.get("sha256"), str)):
+            return f"{state_file}: its record of {name} is not {{bytes, sha256}}"
+        size = file.stat().st_size
+        if size != want["bytes"]:
+            return f"{file} is {size} bytes, {STATE_FILE} recorded {want['bytes']} at save"
+        digest = _sha256(file)
+        if digest != want["sha256"]:
+            return f"{file}: its SHA-256 is {digest[:16]}..., {STATE_FILE} recorded {want['sha256'][:16]}... at save"
+    return None
+
+
 def latest_checkpoint(root: str | os.PathLike) -> Path | None:
-    found = list_checkpoints(root)
-    return found[-1][1] if found else None
+    """The newest checkpoint under `root` that passes `checkpoint_problem`; newer ones that fail
+    are skipped with a warning naming the file and why. None when there is none."""
+    for _, path in reversed(list_checkpoints(root)):
+        problem = checkpoint_problem(path)
+        if problem is None:
+            return path
+        log.warning("checkpoint %s skipped, an older one is used if one passes: %s", path.name, problem)
+    return None
 
 
-def prune_checkpoints(root: str | os.PathLike, keep_last: int) -> None:
-    """Delete all but the newest `keep_last` complete checkpoints."""
+def prune_checkpoints(root: str | os.PathLike, keep_last: int, newest: int | None = None) -> None:
+    """Delete all but the newest `keep_last` complete checkpoints, and, given the step just
+    saved (`newest`), every checkpoint after it: those were left by a run this one did not
+    resume from (one that failed its checks, or a run restarted with resume=false), and a
+    later resume must not mistake them for this run's."""
     root = Path(root)
     found = list_checkpoints(root)
+    if newest is not None:
+        for step, path in found:
+            if step > newest:
+                log.warning("checkpoint %s removed: it is newer than step %d, which this run just saved", path, newest)
+                shutil.rmtree(path, ignore_errors=True)
+        found = [(step, path) for step, path in found if step <= newest]
     for _, path in found[: max(0, len(found) - keep_last)]:
         shutil.rmtree(path, ignore_errors=True)
 
@@ -264,14 +337,17 @@ def remove_stale_temp(root: str | os.PathLike) -> None:
 
 
 def load_checkpoint(path: str | os.PathLike) -> Checkpoint:
-    """Read a checkpoint folder written by `save_checkpoint`."""
+    """Read a checkpoint folder written by `save_checkpoint`, after `checkpoint_problem`'s checks:
+    a damaged one is a ValueError naming the file and the fix (FileNotFoundError when the
+    folder is incomplete)."""
     path = Path(path)
-    state_file = path / STATE_FILE
-    if not state_file.is_file():
+    if not (path / STATE_FILE).is_file():
         raise FileNotFoundError(f"{path} is not a complete checkpoint (no {STATE_FILE}); delete it or pick another")
-    state = json.loads(state_file.read_text())
-    if state.get("format") != CHECKPOINT_FORMAT:
-        raise ValueError(f"{path}: checkpoint format {state.get('format')} is not {CHECKPOINT_FORMAT}")
+    problem = checkpoint_problem(path)
+    if problem is not None:
+        raise ValueError(f"{problem}: {CHECKPOINT_FIX}")
+    state = json.loads((path / STATE_FILE).read_bytes())
+    state.pop("files", None)
     model_state = load_file(str(path / MODEL_FILE))
     optimizer_state = _unflatten_optimizer(load_file(str(path / OPTIMIZER_FILE)), state.pop("optimizer"))
     return Checkpoint(

@@ -13,7 +13,7 @@ only in the config:
   layer. Its loader drops unknown tensor names silently: `check_sglang_names` replays that
   loader's renaming and lists what would be dropped, and the export refuses to write them.
 
-Folders are written under a temporary name next to `out_dir` and renamed into place.
+Folders are written under a temporary name next to `out_dir`, fsynced, and renamed into place.
 
     >>> export_vllm(model, model.config, "out/drafter-vllm")
     >>> model, config = load_drafter("out/drafter-vllm")
@@ -34,6 +34,7 @@ from safetensors.torch import save_file
 from eagle_assets.checked_reads import read_json_object, read_safetensors_header
 from eagle_assets.drafter.config import DrafterConfig
 from eagle_assets.drafter.model import Eagle3Drafter, check_vocab_mapping, exported_shapes
+from eagle_assets.durable import fsync_dir, fsync_tree
 from eagle_assets.formats import NUMBERING_KEY
 
 WEIGHTS_FILE = "model.safetensors"
@@ -160,11 +161,15 @@ def _write_folder(out_dir: Path, tensors: dict[str, torch.Tensor], config_json: 
     try:
         save_file(tensors, str(staging / WEIGHTS_FILE), metadata={"format": "pt"})
         (staging / CONFIG_FILE).write_text(json.dumps(config_json, indent=2) + "\n")
+        # The data reach the disk before the rename that publishes them, and the rename after
+        # (durable.py): a power loss never leaves a complete-looking export of empty files.
+        fsync_tree(staging)
         old = None
         if out_dir.exists():
             old = out_dir.parent / f".{out_dir.name}.old-{os.getpid()}"
             os.replace(out_dir, old)
         os.replace(staging, out_dir)
+        fsync_dir(out_dir.parent)
         if old is not None:
             shutil.rmtree(old, ignore_errors=True)
     except BaseException:

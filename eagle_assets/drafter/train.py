@@ -41,6 +41,7 @@ import os
 import random
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Protocol
@@ -66,6 +67,7 @@ from eagle_assets.drafter.model import Eagle3Drafter
 from eagle_assets.drafter.parallelize import TrainObjective, grad_sync, parallelize
 from eagle_assets.drafter.run_config import TrainConfig
 from eagle_assets.drafter.ttt import replay_drafting
+from eagle_assets.durable import write_durably
 
 METRICS_FILE = "metrics.jsonl"
 SUMMARY_FILE = "summary.json"
@@ -393,14 +395,13 @@ class Trainer:
             self.reporter.report_metrics(row)
 
     def _truncate_metrics(self, last_step: int) -> None:
-        """Drop metrics.jsonl rows after the resumed step (a killed run may have logged past it)."""
+        """Drop metrics.jsonl rows after the resumed step (a killed run may have logged past it),
+        and any line that is not a row (the torn last line of a killed write), durably."""
         path = self.out / METRICS_FILE
         if not self.env.is_main or not path.is_file():
             return
-        keep = [line for line in path.read_text().splitlines() if line.strip() and json.loads(line)["step"] <= last_step]
-        tmp = path.with_suffix(".jsonl.tmp")
-        tmp.write_text("".join(line + "\n" for line in keep))
-        os.replace(tmp, path)
+        keep = [row for row in _read_metrics(path, self.log) if row["step"] <= last_step]
+        write_durably(path, "".join(json.dumps(row) + "\n" for row in keep).encode())
 
     # ------------------------------------------------------------------ setup
     def setup(self) -> None:
@@ -777,10 +778,29 @@ def validation_metrics(totals: torch.Tensor, K: int) -> dict:
     }
 
 
-def _read_metrics(path: Path) -> list[dict]:
+def _read_metrics(path: Path, warn: Callable[[str], None] | None = None) -> list[dict]:
+    """The rows of metrics.jsonl, in order. A line that is not a JSON object with an integer
+    "step" (the torn last line of a run killed mid-write, or garbage) is left out, and `warn`
+    (default: a warning on stderr) is told which: the file is a log, and the rows after the
+    resumed checkpoint are logged again when their steps are replayed."""
     if not path.is_file():
         return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    rows, bad = [], []
+    for number, line in enumerate(path.read_bytes().split(b"\n"), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except ValueError:  # JSONDecodeError, UnicodeDecodeError
+            row = None
+        if isinstance(row, dict) and isinstance(row.get("step"), int) and not isinstance(row["step"], bool):
+            rows.append(row)
+        else:
+            bad.append(number)
+    if bad:
+        message = f"{path}: line(s) {bad[:5]} are not metric rows (a torn write?); left out"
+        (warn or (lambda m: print(m, file=sys.stderr)))(message)
+    return rows
 
 
 def _write_json(path: Path, obj) -> None:

@@ -21,7 +21,6 @@ one that produced the token ids.
 from __future__ import annotations
 
 import hashlib
-import json
 import posixpath
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
@@ -31,7 +30,18 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from eagle_assets.checked_reads import parse_json_object
 from eagle_assets.formats import CORPUS_MANIFEST, shard_of, stable_id
+
+CORPUS_FIX = (
+    "rerun the corpus stage: opening the corpus store for writing sets an unreadable shard aside "
+    "and the stage generates its samples again"
+)
+"""What to do about a corpus file that cannot be read."""
+MANIFEST_FIX = (
+    "restore it, or move it aside: the corpus is then every part-*.parquet in the folder, and the corpus "
+    "store lists them again when next opened for writing"
+)
 
 LIST_COLUMNS = {"input_ids": np.int32, "loss_mask": np.uint8}
 """List columns, yielded as numpy arrays of these dtypes (everything else as Python values)."""
@@ -61,9 +71,11 @@ def corpus_files(corpus_dir: str) -> tuple[fsspec.AbstractFileSystem, list[str]]
     manifest_path = posixpath.join(root, CORPUS_MANIFEST)
     listed = None
     if fs.isfile(manifest_path):
-        with fs.open(manifest_path, "r") as f:
-            manifest = json.load(f)
-        listed = manifest.get("shards", manifest.get("files")) if isinstance(manifest, dict) else None
+        with fs.open(manifest_path, "rb") as f:
+            manifest = parse_json_object(f.read(), manifest_path, "the corpus manifest", MANIFEST_FIX)
+        listed = manifest.get("shards", manifest.get("files"))
+        if listed is not None and not isinstance(listed, list):
+            raise ValueError(f"{manifest_path}: its shards are a JSON {type(listed).__name__}, not a list: {MANIFEST_FIX}")
     if listed is not None:
         files = [posixpath.join(root, _entry_path(e, manifest_path)) for e in listed]
         missing = [f for f in files if not fs.isfile(f)]
@@ -113,20 +125,37 @@ def iter_corpus_rows(
     fs, files = corpus_files(corpus_dir)
     for path in files:
         with fs.open(path, "rb") as f:
-            pf = pq.ParquetFile(f)
+            pf = _parquet_file(f, path)
             absent = [c for c in read if c not in pf.schema_arrow.names]
             if absent:
                 raise ValueError(
                     f"corpus file {path} has no column(s) {absent}; the hidden-state stage needs "
                     f"{read}. The file was not written by this version of the corpus stage: rebuild it."
                 )
-            for batch in pf.iter_batches(batch_size=batch_rows, columns=read):
+            batches = pf.iter_batches(batch_size=batch_rows, columns=read)
+            while (batch := _next_batch(batches, path)) is not None:
                 if where is not None:
                     keep = [where(s) for s in batch.column("sample_id").to_pylist()]
                     if not any(keep):
                         continue
                     batch = batch.filter(pa.array(keep))
                 yield from _rows(batch, columns)
+
+
+def _parquet_file(f, path: str) -> pq.ParquetFile:
+    try:
+        return pq.ParquetFile(f, page_checksum_verification=True)
+    except (pa.ArrowException, OSError) as exc:  # ArrowInvalid: no footer (truncated), garbage
+        raise ValueError(f"corpus file {path} is not a readable Parquet file ({exc}): {CORPUS_FIX}") from None
+
+
+def _next_batch(batches: Iterator[pa.RecordBatch], path: str) -> pa.RecordBatch | None:
+    """The next batch, or None at the end; a page that does not decode (or fails its checksum)
+    is a ValueError naming the file. Only the read is guarded, not the caller's use of the rows."""
+    try:
+        return next(batches, None)
+    except (pa.ArrowException, OSError) as exc:
+        raise ValueError(f"corpus file {path} has a damaged page ({exc}): {CORPUS_FIX}") from None
 
 
 def _rows(batch: pa.RecordBatch, columns: list[str]) -> Iterator[dict]:

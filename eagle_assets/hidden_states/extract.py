@@ -597,10 +597,22 @@ def shard_status(
     out_dir: str | Path, shard_index: int, expected: dict[str, int], settings: ExtractSettings,
     aux_ids: tuple[int, ...], hidden_size: int, target_fingerprint: str,
 ) -> str:  # fmt: skip
-    """"complete" when the shard exists and matches the corpus and settings, else why not."""
-    manifest = read_manifest(Path(out_dir) / shard_name(shard_index))
-    if manifest is None:
+    """"complete" when the shard exists, passes its checks and matches the corpus and settings,
+    else why not ("missing", "corrupt: ...", "stale: ..."): anything but "complete" is rebuilt.
+
+    The checks are `reader.shard_problem`'s: manifest, file size, header, shapes against the
+    manifest's counts, offsets, and the checksum when the file changed after its manifest.
+    """
+    from eagle_assets.formats import SHARD_MANIFEST_FILE
+    from eagle_assets.hidden_states.reader import shard_problem
+
+    shard_dir = Path(out_dir) / shard_name(shard_index)
+    if not (shard_dir / SHARD_MANIFEST_FILE).is_file():
         return "missing"
+    problem = shard_problem(shard_dir)
+    if problem is not None:
+        return f"corrupt: {problem}"
+    manifest = read_manifest(shard_dir)
     for what, have, want in (
         ("num_shards", manifest.num_shards, settings.num_shards),
         ("aux_layer_ids", list(manifest.aux_layer_ids), list(aux_ids)),

@@ -10,9 +10,9 @@ fsync at commit has little left to do. A bounded pool of (pinned) host buffers (
 limits how far the forward passes may run ahead of the disk.
 
 Atomicity: everything is written into a hidden temporary folder next to the shard
-(`.shard-00007.tmp-<pid>`), validated, fsynced, and then renamed into place with its
-`manifest.json` already inside. A shard folder is therefore complete iff it exists with its
-manifest; a killed process leaves only a hidden temporary folder, removed by the next run
+(`.shard-00007.tmp-<pid>`), validated, fsynced, hashed, and then renamed into place with its
+`manifest.json` (which records the file's size and SHA-256) already inside. A shard folder is
+therefore complete iff it exists with its manifest and passes `reader.shard_problem`; a killed process leaves only a hidden temporary folder, removed by the next run
 (`remove_stale`).
 
     layout = ShardLayout(num_samples=n, num_tokens=T, num_aux=3, hidden_size=H)
@@ -29,6 +29,7 @@ a multiple of its element size) and their shapes:
 from __future__ import annotations
 
 import ctypes
+import hashlib
 import json
 import os
 import queue
@@ -42,6 +43,7 @@ import numpy as np
 import torch
 from safetensors import safe_open
 
+from eagle_assets.durable import fsync_dir
 from eagle_assets.formats import SHARD_MANIFEST_FILE, SHARD_STATES_FILE, ShardManifest, shard_name
 
 TENSOR_ORDER = ("offsets", "input_ids", "aux", "final", "loss_mask")
@@ -176,6 +178,13 @@ def start_writeback(fd: int, offset: int, nbytes: int) -> None:
         _SYNC_FILE_RANGE(fd, offset, nbytes, _SYNC_FILE_RANGE_WRITE)
 
 
+def file_sha256(path: str | os.PathLike) -> str:
+    """SHA-256 of a file, read in large blocks (hashlib releases the GIL: the next shard's
+    forward passes go on meanwhile; the file was just written, so it is mostly in the page cache)."""
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
+
+
 def _pwrite_all(fd: int, data, offset: int) -> None:
     view = memoryview(data).cast("B")
     while len(view):
@@ -282,7 +291,11 @@ class ShardWriter:
             self._thread.join()
 
     def commit(self, manifest: ShardManifest) -> Path:
-        """Validate, fsync and rename the shard into place; returns the shard folder."""
+        """Validate, fsync and rename the shard into place; returns the shard folder.
+
+        Records the file's size and SHA-256 in `manifest` (`states_bytes`, `states_sha256`)
+        before writing it: the reader checks the size on every open and the checksum when asked
+        or when the file changed after its manifest (`reader.shard_problem`)."""
         self._stop()
         self._raise_if_failed()
         T = self.layout.num_tokens
@@ -298,12 +311,14 @@ class ShardWriter:
         os.close(self._fd)
         self._closed = True
         self._validate_file()
+        manifest.states_bytes, manifest.states_sha256 = self.layout.file_bytes(), file_sha256(self.tmp_dir / SHARD_STATES_FILE)
         manifest_tmp = self.tmp_dir / (SHARD_MANIFEST_FILE + ".tmp")
         with open(manifest_tmp, "w") as f:
             f.write(manifest.to_json())
             f.flush()
             os.fsync(f.fileno())
         os.replace(manifest_tmp, self.tmp_dir / SHARD_MANIFEST_FILE)
+        fsync_dir(self.tmp_dir)  # the manifest's name, before the folder's rename publishes it
         self._move_into_place()
         self._committed = True
         return self.final_dir
@@ -327,11 +342,7 @@ class ShardWriter:
             old = self.out_dir / f"{temp_prefix(self.index)}old-{os.getpid()}"
             os.rename(self.final_dir, old)
         os.rename(self.tmp_dir, self.final_dir)
-        dir_fd = os.open(self.out_dir, os.O_RDONLY)
-        try:
-            os.fsync(dir_fd)  # makes the rename itself durable
-        finally:
-            os.close(dir_fd)
+        fsync_dir(self.out_dir)  # makes the rename itself durable
         if old is not None:
             shutil.rmtree(old, ignore_errors=True)
 

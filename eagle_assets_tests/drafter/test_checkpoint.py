@@ -4,6 +4,7 @@ for bit (fp32 on CPU)."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import random
@@ -171,3 +172,30 @@ def test_resume_refuses_settings_that_would_change_the_run(tmp_path, one_thread)
         train(longer.replace(seed=1))
     assert [s for s, _ in ckpt.list_checkpoints(cfg.checkpoint_dir)] == [3]  # nothing was overwritten
     assert train(longer)["resumed_from_step"] == 3  # the same settings resume
+
+
+def test_a_checkpoint_records_its_files_and_older_ones_still_load(tmp_path):
+    model, opt = _trained_drafter()
+    state = {k: v for k, v in model.state_dict().items() if not k.startswith("embed_tokens.")}
+    path = ckpt.save_checkpoint(tmp_path, 4, state, get_optimizer_state_dict(model, opt, options=FULL), {})
+    files = json.loads((path / ckpt.STATE_FILE).read_text())["files"]
+    for name in (ckpt.MODEL_FILE, ckpt.OPTIMIZER_FILE):
+        assert files[name] == {"bytes": (path / name).stat().st_size, "sha256": hashlib.sha256((path / name).read_bytes()).hexdigest()}
+    assert ckpt.checkpoint_problem(path) is None and "files" not in ckpt.load_checkpoint(path).trainer_state
+    # A checkpoint written before the record existed gets every other check and loads.
+    raw = json.loads((path / ckpt.STATE_FILE).read_text())
+    del raw["files"]
+    (path / ckpt.STATE_FILE).write_text(json.dumps(raw))
+    assert ckpt.checkpoint_problem(path) is None and ckpt.load_checkpoint(path).step == 4
+
+
+def test_saving_a_step_removes_the_checkpoints_after_it(tmp_path):
+    """Checkpoints newer than the one just saved were left by a run this one did not resume from
+    (a damaged one skipped, or a restart with resume=false); a later resume must not pick them."""
+    model, opt = _trained_drafter()
+    state = {k: v for k, v in model.state_dict().items() if not k.startswith("embed_tokens.")}
+    osd = get_optimizer_state_dict(model, opt, options=FULL)
+    for step in (4, 8, 12):
+        ckpt.save_checkpoint(tmp_path, step, state, osd, {}, keep_last=3)
+    ckpt.save_checkpoint(tmp_path, 2, state, osd, {}, keep_last=3)
+    assert [s for s, _ in ckpt.list_checkpoints(tmp_path)] == [2]
