@@ -2,6 +2,7 @@
 
 # No `from __future__ import annotations`: Dagster resolves Config types from real annotations.
 
+import dataclasses
 import json
 from pathlib import Path
 from typing import Optional
@@ -14,7 +15,7 @@ from eagle_assets.bench.parity import ParityTolerance
 from eagle_assets.defs.common import GROUP, check_result, hash_files, metadata, stage_version, target_of
 from eagle_assets.defs.drafter import drafter_checkpoint
 from eagle_assets.engines.k_schedule import KSchedule
-from eagle_assets.resources.inference_server import InferenceServerResource
+from eagle_assets.resources.inference_server import NEEDS_DRAFTER_SERVER, InferenceServerResource
 from eagle_assets.resources.storage import StorageResource
 
 
@@ -96,6 +97,15 @@ def benchmark_report(context: dg.AssetExecutionContext, config: BenchmarkConfig,
     drafter_dir = storage.drafter(preset.name) / "drafter-vllm"
     summary = json.loads((storage.drafter(preset.name) / "summary.json").read_text())
     settings = config.settings(benchmark_k(config.k, summary, preset.ttt_steps), inference_server.served_dtype())
+    notes = [inference_server.serving_note()]
+    if inference_server.url:
+        if not inference_server.speculative_url:
+            raise ValueError(NEEDS_DRAFTER_SERVER)
+        # Two servers of the user's: the target alone and with the drafter, one configuration each.
+        settings = dataclasses.replace(settings, also_k=(), k_schedule=None, ngram=False, control=False, interleave_rounds=0,
+                                       baseline_again=False, confirm_schedule=False)  # fmt: skip
+        notes.append(f"served by your servers: the target at {inference_server.url}, with the drafter at "
+                     f"{inference_server.speculative_url} (at the K it was started with); no n-gram, other K or A/A control")  # fmt: skip
 
     def serve(speculative, replica=0):
         return inference_server.serve(speculative=speculative, replica=replica, log=context.log.info)
@@ -106,7 +116,7 @@ def benchmark_report(context: dg.AssetExecutionContext, config: BenchmarkConfig,
     report, paths = run_benchmark(
         settings, preset.name, path, drafter_dir, serve, storage.report(preset.name),
         target_num_layers=preset.num_layers, parent_al=config.parent_al, log=context.log.info,
-        notes=[inference_server.serving_note()], training_summary=summary, why_not_at_once=inference_server.why_not_at_once,
+        notes=notes, training_summary=summary, why_not_at_once=inference_server.why_not_at_once,
         extraction_server=extraction_server, trust_remote_code=preset.trust_remote_code,
     )  # fmt: skip
     text = paths.summary.read_text().rstrip("\n")

@@ -15,6 +15,7 @@ def default_resources() -> dict:
         "inference_server": InferenceServerResource(
             target=os.environ.get("EAGLE_ASSETS_TARGET", EMBEDDED_TARGET),
             url=os.environ.get("EAGLE_ASSETS_SERVER_URL") or None,
+            speculative_url=os.environ.get("EAGLE_ASSETS_SPECULATIVE_URL") or None,
             extraction_url=os.environ.get("EAGLE_ASSETS_EXTRACTION_URL") or None,
             # The name of the variable, never its value: the key is read when a request is made.
             api_key_env="EAGLE_ASSETS_SERVER_API_KEY",

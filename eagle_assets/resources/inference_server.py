@@ -57,6 +57,10 @@ class InferenceServerResource(dg.ConfigurableResource):
     """Name of the environment variable holding the server's API key."""
     model: Optional[str] = None
     """Model name on an existing server (default: the first it lists)."""
+    speculative_url: Optional[str] = None
+    """With `url`: an existing server of the same target serving the drafter (started with the
+    exported `drafter-vllm/`, e.g. `eagle-assets serve --drafter DIR`), for the drafter's checks
+    and the benchmark; a server of yours cannot load the drafter the pipeline trains."""
     extraction_url: Optional[str] = None
     """An existing extraction server (vLLM with the `extract_hidden_states` method and our
     hidden-state connector, `eagle-assets serve --extract`) that writes into a folder this host
@@ -192,10 +196,10 @@ class InferenceServerResource(dg.ConfigurableResource):
         `kv_transfer` and `max_model_len` go to the launch as they are (`extraction_server` uses them)."""
         if self.url:
             if drafter or speculative:
-                raise ValueError(
-                    "this resource points at an existing server (url is set): it cannot load a drafter. "
-                    "Leave url empty to let the pipeline launch vLLM with the drafter."
-                )
+                if not self.speculative_url:
+                    raise ValueError(NEEDS_DRAFTER_SERVER)
+                yield connect(self.speculative_url, self.model, api_key_from_env(self.api_key_env))
+                return
             yield connect(self.url, self.model, api_key_from_env(self.api_key_env))
             return
         served = served_config(drafter, k, speculative)
@@ -299,6 +303,15 @@ class InferenceServerResource(dg.ConfigurableResource):
         has let go of all of them (trimmed earlier, the first it lets go of would go, newest or not)."""
         while not self._in_use and len(self._warm) > self._warm_capacity():
             self._stop_oldest()
+
+
+NEEDS_DRAFTER_SERVER = (
+    "the pipeline is connected to an existing server (EAGLE_ASSETS_SERVER_URL), which cannot load the drafter it trained. "
+    "Serve the target with the drafter's export yourself (`eagle-assets serve --drafter data/<target>/drafter/drafter-vllm -k 3`, "
+    "or your engine's --speculative-config on that folder) and give its URL in EAGLE_ASSETS_SPECULATIVE_URL, then run the "
+    "drafter's checks and the benchmark again (they do not retrain); or leave EAGLE_ASSETS_SERVER_URL empty so the pipeline "
+    "launches vLLM itself."
+)
 
 
 def served_config(drafter: str | Path | None, k: int, speculative: dict | None) -> dict | None:
