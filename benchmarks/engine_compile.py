@@ -4,7 +4,7 @@
     python benchmarks/engine_compile.py --drafter DIR --num-prompts 80 -k 2 -k 3 --concurrency 1 --concurrency 8
 
 On a CPU host our servers run eagerly by default (`--enforce-eager`, compilation off): a server
-starts in ~30 s instead of ~2 min, which tests, `make run` and the drafter's checks want. A
+starts several times sooner, which tests, `make run` and the drafter's checks want. A
 deployment compiles (torch.compile with inductor, the target and the drafter alike), and that
 changes both tokens/s and the speedup speculation shows. For each mode this starts the real
 vLLM CPU server without speculation, with the EAGLE-3 drafter at each K and with n-gram

@@ -25,8 +25,8 @@ against their bare forward (ours / forward). bf16 weights: the real INT4 checkpo
 the engines' own kernels (`hidden_states/engine_extract.py`), not by this path.
 
 Needs torch, transformers, safetensors, pyarrow, fsspec, numpy and tqdm; imports only the
-project's pure modules (no dagster, no engine). The full run takes about 3-4 minutes on one
-H200 and writes at most ~10 GB at a time to the scratch folder, deleted as it goes.
+project's pure modules (no dagster, no engine). The full run writes at most ~10 GB at a time
+to the scratch folder, deleted as it goes (run time: benchmarks/results/extract_throughput_*).
 """
 
 from __future__ import annotations

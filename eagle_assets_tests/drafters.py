@@ -1,4 +1,4 @@
-"""Random EAGLE-3 drafters written by hand in DESIGN.md's checkpoint format, for engine tests.
+"""Random EAGLE-3 drafters written by hand in docs/design.md's checkpoint format, for engine tests.
 
 Written straight with safetensors, independently of `eagle_assets.drafter.export`, so that the
 engine tests also check the format itself against the real vLLM loader.

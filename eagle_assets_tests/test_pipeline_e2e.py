@@ -74,7 +74,7 @@ def test_report_served_figures_come_from_the_engine_counters(materialized_graph)
     assert all(s and s["drafts"] > 0 for s in stats), "the engine counted no drafts"
     served_al = report["served"]["al"]
     assert 1.0 <= served_al <= k + 1
-    # AL from the raw counters, as DESIGN.md defines it.
+    # AL from the raw counters, as docs/design.md defines it.
     drafts = sum(s["drafts"] for s in stats)
     accepted = sum(s["accepted"] for s in stats)
     assert served_al == pytest.approx(1 + accepted / drafts)

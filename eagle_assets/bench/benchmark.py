@@ -123,7 +123,7 @@ OFFLINE_REFERENCES = ("auto", "hf", "engine")
 # Rounds per level when the benchmark chooses. On all 80 MT-Bench turns, which come category
 # by category in tens, a round of every 10th prompt holds one turn of each category, and at
 # concurrency 8 it is one batch; shorter rounds cancel faster drift (two servers of one config
-# read within 1% over 20 rounds, 5% over 5, in one run each).
+# read closer over more rounds: benchmarks/results/k_schedule_cpu2_2026-12-03.md).
 DEFAULT_INTERLEAVE_ROUNDS = 10
 
 

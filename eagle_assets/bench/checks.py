@@ -9,7 +9,7 @@
     parent_al_check(al, parent_al)   a warm-started drafter's AL is at least its parent's
 
 Speedup = output tokens/s with speculation / without, same prompts, same engine, same run
-(DESIGN.md, "Metrics"): the two `ServedRun`s must share prompts, output length and model.
+(docs/design.md, "Metrics"): the two `ServedRun`s must share prompts, output length and model.
 A run serves its configurations one after another, so a host whose speed drifts (a shared VM)
 skews every ratio; serving no speculation again at the end (`BASELINE_END`) measures that drift,
 and the speedups then compare with the mean of both baselines. Served interleaved in rounds

@@ -1,7 +1,7 @@
 """Served sweeps of several configurations at once, interleaved in rounds.
 
 Served one after another, configurations meet the host at different times: on a shared VM
-whose speed drifts by 10-20% within half an hour, that skews every speedup by as much (the
+whose speed drifts within minutes, that skews every speedup by as much (the
 baseline served again at the end, `BASELINE_END`, only measures the drift). Here every
 configuration has its own server, all up together, and each concurrency level is split into
 rounds of the same prompts:
@@ -13,7 +13,7 @@ rounds of the same prompts:
 A slow spell then hits every configuration's share of the work alike, and the order rotates so
 none is always served first (after an idle spell) or last. A round takes every n-th prompt, so
 each holds a like share of every kind of prompt (MT-Bench's come category by category, and
-n-gram's speedup, for one, ranges from 1.2x on writing to 2x on extraction): the rounds then
+n-gram's speedup, for one, differs widely between categories): the rounds then
 differ by the host's speed, not by their content. A configuration's level adds up its
 rounds' requests and wall times, so its tokens/s is still output tokens / time serving them;
 each round's tokens/s is kept as well, so the report can show how far the speedup moved from

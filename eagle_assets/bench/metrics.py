@@ -20,7 +20,7 @@ OpenAI chat endpoint returns the same keys under `sglext.spec_tokens_details` wh
 `return_spec_tokens_details`. `spec_stats_from_sglang` turns a list of those into the same
 `SpecStats`.
 
-Definitions used everywhere in the project (DESIGN.md, "Metrics"):
+Definitions used everywhere in the project (docs/design.md, "Metrics"):
     AL  (acceptance length)     = tokens emitted per target verification step = 1 + accepted / drafts
     draft acceptance rate       = accepted / draft tokens   (vLLM's "avg draft acceptance rate";
                                   AL 2.05 at K = 7 shows as 15 %)

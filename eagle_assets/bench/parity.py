@@ -52,7 +52,7 @@ DRAFTER_CONFIG_KEYS = (
     "tie_word_embeddings",
     "bias",
 )
-"""Drafter config values that change what the engine computes (EAGLE3_SEMANTICS.md, section 7)."""
+"""Drafter config values that change what the engine computes (docs/eagle3-semantics.md, section 7)."""
 
 
 @dataclass(frozen=True)
@@ -396,7 +396,7 @@ def judge_parity(
             "the served K is larger than the offline K" + (f" (offline {k_off}, served {k_srv})" if k_off != k_srv else ""),
             "the served checkpoint is not the one evaluated offline",
             "the server samples (temperature > 0) or runs another method (n-gram) than the reference",
-            "the reference decoder's semantics drift from the engine's (EAGLE3_SEMANTICS.md)",
+            "the reference decoder's semantics drift from the engine's (docs/eagle3-semantics.md)",
         )
         return Verdict(
             "served_higher",

@@ -1,7 +1,7 @@
 """Reference EAGLE-3 speculative decoder in PyTorch, with vLLM's proposer semantics.
 
 The offline half of the benchmark: it says what acceptance a drafter earns when the engine
-does exactly what EAGLE3_SEMANTICS.md sections 2-3 describe, so that a low served acceptance
+does exactly what docs/eagle3-semantics.md sections 2-3 describe, so that a low served acceptance
 can be blamed on the drafter or on the engine wiring. Greedy verification makes its output
 equal, token for token, to the target's plain greedy decoding.
 
@@ -22,7 +22,7 @@ chain: K-1 mask slots (the mask token, fc(mask_hidden)) at positions p+1..p+K-1 
 more forward, each attending to the drafter KV at <= p and the mask slots before it, and give
 d_2..d_K at once. (vLLM runs them in the first pass's forward; attention makes it the same.)
 
-Metrics (DESIGN.md): AL = 1 + accepted / drafts; p_k = drafts whose k-th token was accepted / drafts.
+Metrics (docs/design.md): AL = 1 + accepted / drafts; p_k = drafts whose k-th token was accepted / drafts.
 
     python -m eagle_assets.bench.reference_decoder --target PATH --drafter PATH --k 3 --prompt "Hello"
 """

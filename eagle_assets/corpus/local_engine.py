@@ -71,7 +71,7 @@ class _Request:
 
 def load_generation_model(path: str, device: str = "cuda", dtype: torch.dtype = torch.float32):
     """The target for generation. fp32 by default: the CPU engine serves fp32, so greedy answers
-    are the ones it gives. bf16 decodes 1.3x faster on an H200 (benchmarks/slot_decoder_step.py)
+    are the ones it gives. bf16 decodes faster on a GPU (benchmarks/slot_decoder_step.py)
     at the cost of an answer drifting from the fp32 one now and then."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 

@@ -47,9 +47,9 @@ class SlotDecoder:
     def __init__(self, model, *, slots: int, max_len: int, seed: int = 0, cuda_graphs: bool | None = None):
         """`cuda_graphs`: replay each decode step as a captured CUDA graph (CUDA only; None = on
         when the model is on CUDA). A step is a few hundred small kernels whose launches, not the
-        GPU, bound it (30 ms of host time against 10 ms of GPU time at 1,024 slots in bf16); a
-        graph launches them all at once: 1.14x the eager step at 2,048 slots in bf16 on one H200
-        (benchmarks/slot_decoder_step.py), the same tokens (test_slot_decoder_graphs.py). One graph
+        GPU, bound it; a graph launches them all at once, for the same tokens
+        (test_slot_decoder_graphs.py; benchmarks/slot_decoder_step.py times both, figures in
+        benchmarks/results/slot_decoder_h200_2026-12-01.md). One graph
         per attention span (powers of two), captured on first use."""
         reason = unsupported_reason(model)
         if reason:

@@ -28,7 +28,7 @@ class DrafterConfig(dg.Config):
     drafter_intermediate_size: Optional[int] = None
     """MLP width of the drafter; default: the target's. Wider accepts a little more but makes
     every draft step dearer: where the target is small next to the drafter (SmolLM2 on CPU), the
-    target's width serves faster (README gives the figures)."""
+    target's width serves faster (benchmarks/results/quality_ablations_h200+cpu2_2026-12-01.md)."""
     epochs: int = 2
     max_steps: Optional[int] = None
     lr: float = 1e-3
@@ -50,9 +50,9 @@ class DrafterConfig(dg.Config):
     ptd_token_id: Optional[int] = None
     """Set: train the drafter for vLLM's parallel drafting (P-EAGLE): draft steps after the first
     are mask slots that read this token's embedding and a learned state, all drafted in one
-    forward. vLLM only. A round then costs 0.85-0.98 of a step-by-step one on a CPU, but the
-    drafts after the first accept less: on SmolLM2 its AL was 0.87 of a chain drafter's, level
-    with it served at best (README gives the figures). None: step by step (EAGLE-3)."""
+    forward. vLLM only. A round then costs less than a step-by-step one, but the drafts after
+    the first accept less, and on SmolLM2 it served level with a chain drafter at best
+    (benchmarks/results/parallel_drafting_cpu2+h200_2026-12-02.md). None: step by step (EAGLE-3)."""
     seed: int = 0
 
 

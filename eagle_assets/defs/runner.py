@@ -1,6 +1,6 @@
 """Runs the whole graph (or only its stale part) as real Dagster runs in the local instance.
 
-The graph goes in three runs (DESIGN.md: one job may not mix partitioned and unpartitioned
+The graph goes in three runs (docs/design.md: one job may not mix partitioned and unpartitioned
 assets): the corpus stage, one run per hidden-state partition, then the drafter stage. Each
 run is recorded in $DAGSTER_HOME, so the web UI shows it with its lineage and checks.
 """

@@ -7,7 +7,7 @@
 Dagster decides staleness per asset partition from code versions (each asset's
 `stage_version`) and data versions (each asset's content hash), through its own
 `CachingStaleStatusResolver`: the same status the web UI shows as "unsynced". Two facts of
-Dagster 1.13 shape this module (DESIGN.md, "Real components"):
+Dagster 1.13 shape this module (docs/design.md, "Components and what they impose"):
 
 * Staleness is not transitive: when an asset gets a new code version, its children are not
   stale yet; they turn stale only once it is rebuilt with a new data version (an identical

@@ -11,7 +11,7 @@ function; it is built from a target's `config.json` (new drafter), from an exist
     >>> cfg.to_vllm_config()["eagle_config"]["eagle_aux_hidden_state_layer_ids"]
     [2, 15, 27]
 
-Layer ids use the project's one convention (DESIGN.md): id k = Hugging Face
+Layer ids use the project's one convention (docs/design.md, "Layer ids"): id k = Hugging Face
 `output_hidden_states[k]`, the residual stream after k decoder layers. vLLM reads that
 numbering as is; SGLang adds one to every id, so `to_sglang_config` writes id - 1.
 """
@@ -36,7 +36,7 @@ SGLANG_FIRST_ID_RULE = ("deepseek_v2", "deepseek_v3", "kimi_k2", "kimi_k25")
 
 def sglang_can_capture(aux_layer_ids, target_num_layers: int) -> bool:
     """Whether SGLang can capture these layers: it captures at a layer's input, so never the last
-    layer's output (id L, EAGLE3_SEMANTICS.md section 5)."""
+    layer's output (id L, docs/eagle3-semantics.md section 5)."""
     return max(aux_layer_ids) < target_num_layers
 
 
@@ -95,7 +95,7 @@ class DrafterConfig:
     """Decoder layers. Layer 0 takes [embedding ; hidden]; vLLM runs each later one as a plain
     Llama layer on the running residual stream (`input_layernorm(h, residual)`). SGLang's later
     layers drop that residual (a different function), so drafters of more than one layer are
-    exported for vLLM only (EAGLE3_SEMANTICS.md section 7, row 9)."""
+    exported for vLLM only (docs/eagle3-semantics.md section 7, row 9)."""
     target_num_layers: int | None = None
     """Decoder layers of the target, when known: bounds the layer ids each engine can capture."""
     target_model_type: str | None = None
@@ -326,7 +326,7 @@ class DrafterConfig:
         return cfg
 
     def sglang_layer_ids(self) -> list[int]:
-        """Our ids in the numbering SGLang's target model reads (EAGLE3_SEMANTICS.md section 5).
+        """Our ids in the numbering SGLang's target model reads (docs/eagle3-semantics.md section 5).
 
         SGLang captures r_j at the entry of layer j. Its llama captures j = id + 1, so we write
         id - 1; its deepseek_v2 (DeepSeek-V3, Kimi-K2.x) adds 1 only when the first id is 1, so
@@ -336,7 +336,7 @@ class DrafterConfig:
         if self.target_num_layers is not None and not sglang_can_capture(ids, self.target_num_layers):
             raise ValueError(
                 f"aux id {max(ids)} is the last layer's output (target has {self.target_num_layers} layers), which "
-                "SGLang cannot capture: it captures at a layer's input (EAGLE3_SEMANTICS.md section 5). "
+                "SGLang cannot capture: it captures at a layer's input (docs/eagle3-semantics.md section 5). "
                 f"Use ids <= {self.target_num_layers - 1}."
             )
         if self.target_model_type is None:
@@ -466,7 +466,7 @@ def _read_rope(cfg: dict) -> tuple[float, dict | None]:
 
 
 def _refuse_unsupported(cfg: dict, eagle: dict, layer_id_numbering: str = "vllm") -> None:
-    """Errors for drafter options whose function differs from ours (EAGLE3_SEMANTICS.md section 7)."""
+    """Errors for drafter options whose function differs from ours (docs/eagle3-semantics.md section 7)."""
     problems = []
     layers = int(cfg.get("num_hidden_layers", 1))
     if layers < 1 or (layers > 1 and layer_id_numbering == "sglang"):

@@ -1,6 +1,6 @@
 """Drafter export to the engines' checkpoint folders, the name checks, and loading back.
 
-An export is an HF folder (DESIGN.md, "Drafter checkpoint"): `config.json` for
+An export is an HF folder (docs/design.md, "Drafter checkpoint"): `config.json` for
 `LlamaForCausalLMEagle3` and `model.safetensors` with `fc.weight`, `layers.0.*`, `norm.weight`,
 `lm_head.weight`, `d2t` (int64) and `t2d` (bool); never `embed_tokens` (the engines take the
 target's). A drafter of more layers adds `layers.1.*` ... (vLLM only). The two engines differ

@@ -2,7 +2,7 @@
 
 One step, for a slot at position p that pairs a hidden state h (g_p = fc(A_p) at the first
 draft step, the previous step's pre-norm output afterwards) with the embedding of the next
-token x_{p+1} (EAGLE3_SEMANTICS.md sections 2-3):
+token x_{p+1} (docs/eagle3-semantics.md sections 2-3):
 
     e = input_layernorm(E[x_{p+1}])           u = hidden_norm(h)         res = h
     a = o_proj(Attn([e ; u], rotary position p))          # keys: this drafter's KV at <= p

@@ -758,7 +758,7 @@ def validation_metrics(totals: torch.Tensor, K: int) -> dict:
     step_tokens (K), step_correct (K), replayed round counts (K+1)].
 
     `val_accept` p_k and `val_al` = 1 + sum_k p_k come from drafting replayed along the held-out
-    answers (the reference decoder's definitions, DESIGN.md "Metrics"). The teacher-forced
+    answers (the reference decoder's definitions, docs/design.md "Metrics"). The teacher-forced
     estimate, the running product of per-step accuracies, is kept as `val_accept_teacher_forced`:
     it averages over every position alike and so reads higher than drafting achieves."""
     loss_sum, tokens = float(totals[0]), float(totals[1])

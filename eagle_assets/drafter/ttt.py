@@ -1,7 +1,7 @@
 """Training-time test (TTT): the EAGLE-3 loss, unrolled over K draft steps as serving runs them.
 
 Sequence index t pairs g_t = fc(A_t) with E[x_{t+1}] at rotary position t and predicts
-x_{t+2}. Step i (0..K-1) is serving's draft step i+1 (EAGLE3_SEMANTICS.md sections 3 and 6):
+x_{t+2}. Step i (0..K-1) is serving's draft step i+1 (docs/eagle3-semantics.md sections 3 and 6):
 
     token     E[x_{t+1+i}]                        (teacher forcing: the ground-truth token)
     hidden    g_t at i = 0, else step i-1's h_pre at t (the last layer's, for drafters of more layers)

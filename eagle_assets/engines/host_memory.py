@@ -15,9 +15,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 # What a launched vLLM holds on a CPU host beyond its float32 weights and its KV cache: the API
-# server, the engine core and the worker with their libraries. Measured on SmolLM2 (0.5 GB of
-# float32 weights, 1 GiB of cache): a started server took 3.2 GB of MemAvailable, its processes
-# 4.0 GB resident together (shared libraries counted in each).
+# server, the engine core and the worker with their libraries (the SmolLM2 server's figures
+# behind this constant: benchmarks/results/serving_memory_cpu2_2026-12-02.md).
 ENGINE_OVERHEAD_BYTES = 2 << 30
 # Memory left to the rest of the run (the pipeline's own process, the page cache) after a start.
 HEADROOM_BYTES = 1 << 30

