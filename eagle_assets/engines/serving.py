@@ -11,7 +11,6 @@ down on the way out (success, failure, Ctrl-C).
 
 from __future__ import annotations
 
-import os
 import time
 import urllib.error
 import urllib.request
@@ -27,6 +26,7 @@ from eagle_assets.engines.preflight import PreflightError, engine_args_for, pref
 from eagle_assets.engines.process import ServerFailed, ServerProcess, free_port
 from eagle_assets.engines.vllm_launch import DEFAULT_KV_CACHE_GIB, ENGINE_SITE, VllmLaunch, engine_environment, require_engine_python, speculative_config
 from eagle_assets.paths import engine_venv, runs_dir
+from eagle_assets.settings_env import env_secret
 from eagle_assets.targets import TargetPreset
 
 
@@ -226,7 +226,8 @@ def cold_sampling_check(server: InferenceServer, prompts: list[str], greedy: lis
 
 
 def api_key_from_env(variable: str | None) -> str | None:
-    return os.environ.get(variable) if variable else None
+    """The key in the variable `variable`, or in the file that `<variable>_FILE` names."""
+    return env_secret(variable) if variable else None
 
 
 __all__ = ["InferenceServer", "chat_once", "cold_sampling_check", "COLD_TEMPERATURE", "SMOKE_PROMPTS", "connect", "launch_vllm", "ServerFailed", "PreflightError", "api_key_from_env"]

@@ -12,9 +12,10 @@ Layer-id numbering for SGLang exports lives with the drafter config
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 from pathlib import Path
+
+from eagle_assets.settings_env import env_path
 
 SGLANG_SCRIPT = r'''
 import json, sys, time
@@ -55,8 +56,7 @@ def launch_command(python: Path, model: Path, port: int, drafter: Path | None, s
 
 
 def sglang_venv() -> Path | None:
-    value = os.environ.get("EAGLE_ASSETS_SGLANG_VENV")
-    return Path(value) if value else None
+    return env_path("EAGLE_ASSETS_SGLANG_VENV", None)
 
 
 def run_sglang_preflight(target: Path, drafter: Path | None, steps: int, timeout_s: float = 120) -> dict:
