@@ -9,6 +9,7 @@ MemoryError from eight bytes of garbage read as a header length) with no file na
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 
@@ -26,6 +27,12 @@ def read_json_object(path: str | Path, what: str, fix: str) -> dict:
 
 
 SAFETENSORS_FIX = "re-export the drafter, or copy the file again"
+# The dtypes the safetensors format defines, with their bits per element.
+SAFETENSORS_DTYPE_BITS = {
+    "BOOL": 8, "U8": 8, "I8": 8, "F8_E5M2": 8, "F8_E4M3": 8, "F8_E8M0": 8, "F8_E4M3FNUZ": 8, "F8_E5M2FNUZ": 8,
+    "F4": 4, "F6_E2M3": 6, "F6_E3M2": 6, "I16": 16, "U16": 16, "F16": 16, "BF16": 16,
+    "I32": 32, "U32": 32, "F32": 32, "C64": 64, "F64": 64, "I64": 64, "U64": 64,
+}  # fmt: skip
 
 
 def read_safetensors_header(path: str | Path) -> dict[str, dict]:
@@ -33,7 +40,8 @@ def read_safetensors_header(path: str | Path) -> dict[str, dict]:
 
     The format: an 8-byte little-endian header length, that many bytes of JSON, then the data.
     The length is checked against the file's size before anything is read, and each tensor's
-    data against the bytes that follow, so a garbage or truncated file is named as such."""
+    data against the bytes that follow, so a garbage or truncated file is named as such; each
+    dtype must be one the format defines and fill its tensor's bytes exactly."""
     path = Path(path)
     size = path.stat().st_size
     with open(path, "rb") as f:
@@ -57,6 +65,18 @@ def read_safetensors_header(path: str | Path) -> dict[str, dict]:
             raise ValueError(
                 f"{path}: tensor {name!r} has no shape, or its data lies past the end of the file "
                 f"(truncated?): {SAFETENSORS_FIX}"
+            )
+        bits = SAFETENSORS_DTYPE_BITS.get(entry.get("dtype"))
+        if bits is None:
+            raise ValueError(
+                f"{path}: tensor {name!r} has dtype {entry.get('dtype')!r}, which is not a safetensors dtype "
+                f"(those are {', '.join(SAFETENSORS_DTYPE_BITS)}): {SAFETENSORS_FIX}"
+            )
+        start, end = entry["data_offsets"]
+        if not all(isinstance(d, int) and d >= 0 for d in entry["shape"]) or math.prod(entry["shape"]) * bits != (end - start) * 8:
+            raise ValueError(
+                f"{path}: tensor {name!r} ({entry['dtype']}, shape {entry['shape']}) does not fill its {end - start} bytes: "
+                f"{SAFETENSORS_FIX}"
             )
     return header
 
