@@ -72,8 +72,10 @@ def env_int(name: str, default: int, *, min: int | None = None, max: int | None 
     value = _raw(name)
     if value is None:
         return default
-    bounds = " ".join(b for b in (f">= {min}" if min is not None else "", f"<= {max}" if max is not None else "") if b)
-    want = f"a whole number {bounds}".rstrip()
+    if min is not None and max is not None:
+        want = f"a whole number from {min} to {max}"
+    else:
+        want = "a whole number" + (f" >= {min}" if min is not None else f" <= {max}" if max is not None else "")
     try:
         number = int(value)
     except ValueError:

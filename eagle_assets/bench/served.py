@@ -561,7 +561,8 @@ def _main(argv: list[str] | None = None) -> int:
     ap.add_argument("--label", default="baseline", help='engine configuration: "baseline", "eagle3", "ngram"')
     ap.add_argument("--engine", default="vllm", choices=ENGINES)
     ap.add_argument("--num-prompts", type=int, default=16, help="first N MT-Bench questions")
-    ap.add_argument("--prompts", help="JSONL file with a 'messages' or 'prompt' field per line (default MT-Bench)")
+    ap.add_argument("--prompts", help="JSONL or Parquet prompt file (eagle_assets.corpus.prompts; each prompt's first user "
+                                      "turn is sent, with its system message), default MT-Bench")
     ap.add_argument("--output-len", type=int, default=256)
     ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 8])
     ap.add_argument("--smoke", action="store_true", help="2 prompts, 16 tokens, concurrency 1 and 2")
@@ -582,17 +583,14 @@ def _main(argv: list[str] | None = None) -> int:
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per request drowns the results
     if args.smoke:
         args.num_prompts, args.output_len, args.concurrency = 2, 16, [1, 2]
-    if args.prompts:
-        prompts = []
-        with open(args.prompts, encoding="utf-8") as f:
-            for lineno, line in enumerate(f, 1):
-                if not line.strip():
-                    continue
-                row = json.loads(line)
-                if "messages" not in row and "prompt" not in row:
-                    raise SystemExit(f"{args.prompts}:{lineno}: needs a 'messages' or 'prompt' field")
-                prompts.append(as_messages(row.get("messages") or row["prompt"]))
-        prompts = prompts[: args.num_prompts]
+    if args.prompts:  # read as the pipeline reads prompt files (a bad row names its line); first turns, as MT-Bench's
+        from eagle_assets.corpus.prompts import PromptFileError, load_prompt_file
+
+        try:
+            loaded = load_prompt_file(args.prompts, purpose="evaluation", limit=args.num_prompts)
+            prompts = [p.to_messages()[: 2 if p.system is not None else 1] for p in loaded]
+        except PromptFileError as exc:
+            ap.error(str(exc))
     else:
         prompts = mt_bench_prompts(args.num_prompts)
     settings = SweepSettings(output_len=args.output_len, concurrencies=tuple(args.concurrency), engine=args.engine)
