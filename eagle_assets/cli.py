@@ -84,15 +84,18 @@ def preflight(
     from eagle_assets.engines.preflight import engine_args_for
     from eagle_assets.engines.preflight import preflight as run_preflight
 
+    from eagle_assets.settings_env import SettingError
+
     try:
         preset, folder = resolve_target(target, log=lambda m: typer.echo(m, err=True))
+        report = run_preflight(folder, drafter, engine, num_speculative_tokens, engine_args_for(preset, host_device()))
     except (ValueError, KeyError) as exc:
         if as_json:  # a script reading --json gets JSON whatever went wrong
-            finding = {"level": "error", "code": "target", "message": _message(exc)}
+            code = "setting" if isinstance(exc, SettingError) else "target"
+            finding = {"level": "error", "code": code, "message": _message(exc)}
             typer.echo(json.dumps({"ok": False, "findings": [finding], "engine": {}, "seconds": 0.0}, indent=2))
             raise typer.Exit(1)
         _fail(_message(exc))
-    report = run_preflight(folder, drafter, engine, num_speculative_tokens, engine_args_for(preset, host_device()))
     if as_json:
         typer.echo(json.dumps({"ok": report.ok, "findings": [f.__dict__ for f in report.findings], "engine": report.engine, "seconds": report.seconds}, indent=2))
     else:

@@ -263,6 +263,8 @@ def preflight(
     else:
         if drafter is not None:
             check_drafter(target_cfg, Path(drafter), report, engine=engine)
+        if drafter is not None and engine == "sglang" and (Path(drafter) / "config.json").is_file():
+            _check_sglang_layers(Path(drafter), report)
     if not report.ok:
         # What our own checks refused the engine's validation (~10-30 s) would refuse again, or
         # crash on (a corrupt file) with a traceback in place of the file's name: fix these first.
@@ -276,17 +278,7 @@ def preflight(
             report.add(f["level"], f["code"], f["message"])
         report.engine = answer.get("engine", {})
     elif engine == "sglang":
-        from eagle_assets.drafter.config import folder_num_layers
         from eagle_assets.engines.sglang_launch import run_sglang_preflight
-
-        layers = folder_num_layers(drafter) if drafter is not None else 1
-        if layers > 1:
-            report.add(
-                "error", "sglang_layers",
-                f"the drafter has {layers} decoder layers: SGLang's layers after the first restart the residual "
-                "stream from the previous layer's MLP output (vLLM carries it), so it would draft with another "
-                "function than the one trained. Serve it with vLLM, or train one layer for SGLang.",
-            )  # fmt: skip
 
         answer = run_sglang_preflight(Path(target), Path(drafter) if drafter else None, num_speculative_tokens)
         for f in answer.get("findings", []):
@@ -296,6 +288,19 @@ def preflight(
         report.add("error", "engine", f"unknown engine {engine!r}: use vllm or sglang")
     report.seconds = time.monotonic() - started
     return report
+
+
+def _check_sglang_layers(drafter: Path, report: PreflightReport) -> None:
+    from eagle_assets.drafter.config import folder_num_layers
+
+    layers = folder_num_layers(drafter)
+    if layers > 1:
+        report.add(
+            "error", "sglang_layers",
+            f"the drafter has {layers} decoder layers: SGLang's layers after the first restart the residual "
+            "stream from the previous layer's MLP output (vLLM carries it), so it would draft with another "
+            "function than the one trained. Serve it with vLLM, or train one layer for SGLang.",
+        )  # fmt: skip
 
 
 def engine_args_for(preset, device: str = "cpu") -> dict:
