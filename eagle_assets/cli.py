@@ -83,7 +83,6 @@ def preflight(
     from eagle_assets.engines.envs import host_device
     from eagle_assets.engines.preflight import engine_args_for
     from eagle_assets.engines.preflight import preflight as run_preflight
-
     from eagle_assets.settings_env import SettingError
 
     try:

@@ -138,14 +138,14 @@ def load_mt_bench(path: str | Path = MT_BENCH_PATH) -> list[Prompt]:
 
 
 # ---- user files -------------------------------------------------------------------------
-def _text(value: Any, where: str, what: str) -> str:
-    """`value` as prompt text: a non-empty string that is valid Unicode, else a PromptFileError
-    naming `what` and why. JSON may carry a lone surrogate (the escape \\ud800 without its
+def _text(value: Any, where: str, what: str, may_be_empty: bool = False) -> str:
+    """`value` as prompt text: a string (non-empty unless `may_be_empty`) that is valid Unicode,
+    else a PromptFileError naming `what` and why. JSON may carry a lone surrogate (the escape \\ud800 without its
     pair), which Python decodes but no UTF-8 writer, tokenizer or server accepts."""
     if not isinstance(value, str):
         shown = repr(value) if len(repr(value)) <= 40 else repr(value)[:40] + "..."
         raise PromptFileError(f"{where}: {what} must be text (a string), not {type(value).__name__} {shown}")
-    if not value.strip():
+    if not value.strip() and not may_be_empty:
         raise PromptFileError(f"{where}: {what} is empty; give the text or drop the row")
     try:
         value.encode("utf-8")
@@ -173,7 +173,7 @@ def _row_to_prompt(row: Mapping[str, Any], where: str) -> Prompt:
             role = m.get("role") if isinstance(m, Mapping) else None
             content = m.get("content") if isinstance(m, Mapping) else None
             if role == "system" and k == 0:
-                system = _text(content, where, "message 0 (system)") if content is not None else None
+                system = _text(content, where, "message 0 (system)", may_be_empty=True) if content is not None else None
             elif role == "user":
                 turns.append(_text(content, where, f"message {k} (user)"))
             elif role == "assistant":

@@ -9,6 +9,8 @@ misread, and that the folder is this engine's export (the engines count layer id
 a corrupt or truncated file is an error naming it. The engine's own validation runs inside the
 engine's environment (`vllm_preflight.py`: `EngineArgs(...).create_engine_config()`, model-class
 resolution, `supports_eagle3`), so a refusal that would otherwise surface after a 22-minute load shows now.
+It runs only where our own checks found no error: those answer in well under a second, the
+engine's validation takes 10-30 s and would only refuse (or crash on) the same files again.
 """
 
 from __future__ import annotations
