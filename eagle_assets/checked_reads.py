@@ -35,12 +35,11 @@ def parse_json_object(data: bytes | str, where: object, what: str, fix: str) -> 
 SAFETENSORS_FIX = "re-export the drafter, or copy the file again"
 
 
-# Bytes per element of the safetensors dtypes (sub-byte and unknown ones are not size-checked).
-_DTYPE_BYTES = {
-    "BOOL": 1, "U8": 1, "I8": 1, "F8_E5M2": 1, "F8_E4M3": 1, "F8_E8M0": 1,
-    "I16": 2, "U16": 2, "F16": 2, "BF16": 2,
-    "I32": 4, "U32": 4, "F32": 4,
-    "I64": 8, "U64": 8, "F64": 8, "C64": 8,
+# Bits per element of every dtype the safetensors format defines; any other is refused.
+SAFETENSORS_DTYPE_BITS = {
+    "BOOL": 8, "U8": 8, "I8": 8, "F8_E5M2": 8, "F8_E4M3": 8, "F8_E8M0": 8, "F8_E4M3FNUZ": 8, "F8_E5M2FNUZ": 8,
+    "F4": 4, "F6_E2M3": 6, "F6_E3M2": 6, "I16": 16, "U16": 16, "F16": 16, "BF16": 16,
+    "I32": 32, "U32": 32, "F32": 32, "C64": 64, "F64": 64, "I64": 64, "U64": 64,
 }  # fmt: skip
 
 
@@ -49,9 +48,10 @@ def read_safetensors_header(path: str | Path, fix: str = SAFETENSORS_FIX) -> dic
 
     The format: an 8-byte little-endian header length, that many bytes of JSON, then the data.
     The length is checked against the file's size before anything is read, and the tensors'
-    data against the bytes that follow: each tensor's extent must hold its dtype and shape, and
-    together they must cover the data exactly, as the safetensors library itself demands. So a
-    garbage, truncated or extended file is named as such, with `fix`, before any parser sees it."""
+    data against the bytes that follow: each dtype must be one the format defines, each tensor's
+    extent must hold its dtype and shape, and together they must cover the data exactly, as the
+    safetensors library itself demands. So a garbage, truncated or extended file is named as
+    such, with `fix`, before any parser sees it."""
     return read_safetensors_layout(path, fix)[0]
 
 
@@ -86,11 +86,16 @@ def read_safetensors_layout(path: str | Path, fix: str = SAFETENSORS_FIX) -> tup
                 f"{path}: truncated: tensor {name!r} ends {end} bytes into the data, the file holds {data_bytes} "
                 f"after its header: {fix}"
             )
-        element = _DTYPE_BYTES.get(entry.get("dtype"))
-        if element is not None and end - begin != element * math.prod(entry["shape"]):
+        bits = SAFETENSORS_DTYPE_BITS.get(entry.get("dtype"))
+        if bits is None:
             raise ValueError(
-                f"{path}: tensor {name!r} ({entry.get('dtype')}, shape {entry['shape']}) takes {end - begin} bytes, "
-                f"its shape needs {element * math.prod(entry['shape'])}: {fix}"
+                f"{path}: tensor {name!r} has dtype {entry.get('dtype')!r}, which is not a safetensors dtype "
+                f"(those are {', '.join(SAFETENSORS_DTYPE_BITS)}): {fix}"
+            )
+        if math.prod(entry["shape"]) * bits != (end - begin) * 8:
+            raise ValueError(
+                f"{path}: tensor {name!r} ({entry['dtype']}, shape {entry['shape']}) takes {end - begin} bytes, "
+                f"its shape needs {math.prod(entry['shape']) * bits / 8:g}: {fix}"
             )
         extents.append((begin, end))
     covered = 0

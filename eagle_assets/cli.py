@@ -75,7 +75,7 @@ def preflight(
     target: str = typer.Option(EMBEDDED_TARGET, help="Preset name or model folder."),
     drafter: Optional[Path] = typer.Option(None, help="Drafter folder (config.json + model.safetensors)."),
     engine: str = typer.Option("vllm", help="vllm or sglang."),
-    num_speculative_tokens: int = typer.Option(3, "--num-speculative-tokens", "-k"),
+    num_speculative_tokens: int = typer.Option(3, "--num-speculative-tokens", "-k", min=1, help="Draft tokens per step, at least 1."),
     as_json: bool = typer.Option(False, "--json", help="Print the findings as JSON."),
 ) -> None:
     """Validate a target (and drafter) with our checks and the engine's own, without loading weights."""
@@ -83,16 +83,18 @@ def preflight(
     from eagle_assets.engines.envs import host_device
     from eagle_assets.engines.preflight import engine_args_for
     from eagle_assets.engines.preflight import preflight as run_preflight
+    from eagle_assets.settings_env import SettingError
 
     try:
         preset, folder = resolve_target(target, log=lambda m: typer.echo(m, err=True))
+        report = run_preflight(folder, drafter, engine, num_speculative_tokens, engine_args_for(preset, host_device()))
     except (ValueError, KeyError) as exc:
         if as_json:  # a script reading --json gets JSON whatever went wrong
-            finding = {"level": "error", "code": "target", "message": _message(exc)}
+            code = "setting" if isinstance(exc, SettingError) else "target"
+            finding = {"level": "error", "code": code, "message": _message(exc)}
             typer.echo(json.dumps({"ok": False, "findings": [finding], "engine": {}, "seconds": 0.0}, indent=2))
             raise typer.Exit(1)
         _fail(_message(exc))
-    report = run_preflight(folder, drafter, engine, num_speculative_tokens, engine_args_for(preset, host_device()))
     if as_json:
         typer.echo(json.dumps({"ok": report.ok, "findings": [f.__dict__ for f in report.findings], "engine": report.engine, "seconds": report.seconds}, indent=2))
     else:
@@ -319,9 +321,17 @@ def run(
 ) -> None:
     """Materialise the whole asset graph (or only its stale part) as Dagster runs, then print the benchmark summary."""
     from eagle_assets.bench.report import SUMMARY_TXT
-    from eagle_assets.defs.runner import DEFAULT_PRESET, materialize_graph, materialize_stale
     from eagle_assets.paths import data_dir
     from eagle_assets.run_presets import RUN_PRESET_NOTES, RUN_PRESETS
+    from eagle_assets.settings_env import SettingError
+
+    try:  # the definitions read (and check) every environment variable of a deployment as they load
+        import eagle_assets.definitions  # noqa: F401
+        from eagle_assets.defs.runner import DEFAULT_PRESET, materialize_graph, materialize_stale
+
+        reports_root = data_dir()
+    except SettingError as exc:
+        _fail(str(exc))
 
     if preset is not None and preset not in RUN_PRESETS:
         _fail(f"unknown run preset {preset!r}; known: {', '.join(RUN_PRESETS)}")
@@ -335,7 +345,7 @@ def run(
             materialize_graph(preset or DEFAULT_PRESET)
     except Exception as exc:  # a failed Dagster run: its error is the message
         _fail(f"the run failed: {exc}")
-    reports = sorted(data_dir().glob("*/report/report.md"), key=lambda p: p.stat().st_mtime)
+    reports = sorted(reports_root.glob("*/report/report.md"), key=lambda p: p.stat().st_mtime)
     if reports:
         summary = reports[-1].with_name(SUMMARY_TXT)
         if summary.is_file():
@@ -349,12 +359,12 @@ def run(
 @app.command()
 def plan(
     preset: str = typer.Option(EMBEDDED_TARGET, help="Target preset (eagle-assets target list)."),
-    samples: int = typer.Option(..., help="Corpus samples to generate."),
-    tokens_per_sample: int = typer.Option(..., help="Average tokens per sample (prompt + answer, reasoning included)."),
-    epochs: int = typer.Option(5, help="Training epochs."),
-    val_fraction: float = typer.Option(0.1, help="Share of samples held out for validation."),
-    gpus: Optional[int] = typer.Option(None, help="GPUs for training; default: the preset's tensor-parallel size."),
-    num_aux: Optional[int] = typer.Option(None, help="Aux layers saved; default: the preset's (3)."),
+    samples: int = typer.Option(..., min=1, help="Corpus samples to generate."),
+    tokens_per_sample: int = typer.Option(..., min=1, help="Average tokens per sample (prompt + answer, reasoning included)."),
+    epochs: int = typer.Option(5, min=1, help="Training epochs."),
+    val_fraction: float = typer.Option(0.1, help="Share of samples held out for validation, in [0, 1)."),
+    gpus: Optional[int] = typer.Option(None, min=1, help="GPUs for training; default: the preset's tensor-parallel size."),
+    num_aux: Optional[int] = typer.Option(None, min=1, help="Aux layers saved; default: the preset's (3)."),
     generation_tok_s: Optional[float] = typer.Option(None, help="Measured corpus tokens/s of the inference server (default: the reference Kimi-K2.5 run on 8 GPUs, ~760)."),
     extraction_tok_s: Optional[float] = typer.Option(None, help="Measured extraction tokens/s (default: that run's 3,165)."),
     train_tok_s_per_gpu: Optional[float] = typer.Option(None, help="Measured training tokens/s per GPU (default: that run's ~871)."),
@@ -362,15 +372,21 @@ def plan(
 ) -> None:
     """Disk and hours of a run before it starts: corpus, hidden states, generation, extraction, training."""
     import dataclasses
+    import math
 
     from eagle_assets.planner import Throughputs, estimate
 
     given = {
-        "generation_tokens_per_s": generation_tok_s,
-        "extraction_tokens_per_s": extraction_tok_s,
-        "train_tokens_per_gpu_s": train_tok_s_per_gpu,
+        "generation_tokens_per_s": ("--generation-tok-s", generation_tok_s),
+        "extraction_tokens_per_s": ("--extraction-tok-s", extraction_tok_s),
+        "train_tokens_per_gpu_s": ("--train-tok-s-per-gpu", train_tok_s_per_gpu),
     }
-    rates = Throughputs(**{k: v for k, v in given.items() if v is not None})
+    for option, value in given.values():
+        if value is not None and not (math.isfinite(value) and value > 0):
+            _fail(f"{option} {value}: give a measured rate, a positive finite number of tokens per second")
+    if not (math.isfinite(val_fraction) and 0 <= val_fraction < 1):
+        _fail(f"--val-fraction {val_fraction}: give the share held out for validation, at least 0 and below 1")
+    rates = Throughputs(**{k: v for k, (_, v) in given.items() if v is not None})
     try:
         e = estimate(preset, samples, tokens_per_sample, rates, epochs=epochs, val_fraction=val_fraction, gpus=gpus, num_aux=num_aux)
     except (KeyError, ValueError) as exc:
@@ -420,11 +436,16 @@ def main() -> None:
     # Python keeps an inherited "ignore" for SIGINT (a script's background job has one), which
     # would leave `serve` deaf to the Ctrl-C it promises: handle it whatever was inherited.
     signal.signal(signal.SIGINT, _raise_interrupt)
+    from eagle_assets.settings_env import SettingError
+
     try:
         app()
     except KeyboardInterrupt:
         typer.secho("interrupted; servers stopped", fg=typer.colors.YELLOW, err=True)
         sys.exit(130)
+    except SettingError as exc:  # an environment variable read wherever a command reaches it
+        typer.secho(str(exc), fg=typer.colors.RED, err=True)
+        sys.exit(1)
 
 
 if __name__ == "__main__":

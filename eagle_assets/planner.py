@@ -15,6 +15,7 @@ pass your own where your hardware or target differs. Pure Python: no Dagster, no
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from eagle_assets.hidden_states.budget import Plan, _human, plan
@@ -117,7 +118,7 @@ def estimate(
     gpus = p.tensor_parallel_size if gpus is None else gpus
     _require(gpus >= 1, f"gpus must be at least 1, not {gpus}")
     for name, rate in vars(throughputs).items():
-        _require(rate > 0, f"throughput {name} must be positive, not {rate}: pass a measured rate")
+        _require(math.isfinite(rate) and rate > 0, f"throughput {name} must be a positive finite number, not {rate}: pass a measured rate")
     sizes = plan(p, samples, tokens_per_sample, num_aux=num_aux)
     train_tokens = epochs * sizes.num_tokens * (1 - val_fraction)
     notes = ()

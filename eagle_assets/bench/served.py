@@ -24,8 +24,10 @@ against a server:
         --concurrency 1 4 8 --out eagle3.json
     python -m eagle_assets.bench.served --base-url ... --model ... --label baseline --smoke
 
-The API key (`--api-key` or `EAGLE_ASSETS_API_KEY`) is sent as a bearer token and never logged
-or written to results.
+The API key is read from a file (`--api-key-file PATH`) or an environment variable
+(`--api-key-env NAME`, default EAGLE_ASSETS_SERVER_API_KEY, or the file NAME_FILE names), never
+from the command line, where `ps` shows it to every user of the host; it is sent as a bearer token
+and never logged or written to results.
 """
 
 from __future__ import annotations
@@ -536,6 +538,22 @@ def write_json_atomic(path: str | Path, obj: object) -> Path:
     return path
 
 
+def read_api_key(path: str | None, variable: str | None) -> str | None:
+    """The key in the file `path` when given, else in the variable `variable` (or the file
+    `<variable>_FILE` names); a ValueError naming the file or the variable when it cannot be read."""
+    from eagle_assets.settings_env import env_secret
+
+    if path is None:
+        return env_secret(variable) if variable else None
+    try:
+        key = Path(path).read_text(encoding="utf-8").strip()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ValueError(f"--api-key-file {path}: cannot be read ({type(exc).__name__}: {exc})") from None
+    if not key:
+        raise ValueError(f"--api-key-file {path} is empty: write the key into it")
+    return key
+
+
 def _main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--base-url", required=True)
@@ -543,32 +561,40 @@ def _main(argv: list[str] | None = None) -> int:
     ap.add_argument("--label", default="baseline", help='engine configuration: "baseline", "eagle3", "ngram"')
     ap.add_argument("--engine", default="vllm", choices=ENGINES)
     ap.add_argument("--num-prompts", type=int, default=16, help="first N MT-Bench questions")
-    ap.add_argument("--prompts", help="JSONL file with a 'messages' or 'prompt' field per line (default MT-Bench)")
+    ap.add_argument("--prompts", help="JSONL or Parquet prompt file (eagle_assets.corpus.prompts; each prompt's first user "
+                                      "turn is sent, with its system message), default MT-Bench")
     ap.add_argument("--output-len", type=int, default=256)
     ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 8])
     ap.add_argument("--smoke", action="store_true", help="2 prompts, 16 tokens, concurrency 1 and 2")
-    ap.add_argument("--api-key", default=os.environ.get("EAGLE_ASSETS_API_KEY"))
+    ap.add_argument("--api-key-file", metavar="PATH", help="a file holding the server's API key")
+    ap.add_argument("--api-key-env", metavar="NAME", default="EAGLE_ASSETS_SERVER_API_KEY",
+                    help="the environment variable holding the key (or NAME_FILE, a file holding it)")
+    ap.add_argument("--api-key", help=argparse.SUPPRESS)  # refused below: a key on the command line
     ap.add_argument("--out", help="write the ServedRun as JSON here")
     args = ap.parse_args(argv)
+    if args.api_key is not None:
+        ap.error("--api-key puts the key on the command line, where `ps` shows it to every user of this host: "
+                 "give --api-key-file PATH, or set it in the variable --api-key-env names (default EAGLE_ASSETS_SERVER_API_KEY)")
+    try:
+        api_key = read_api_key(args.api_key_file, args.api_key_env)
+    except ValueError as exc:
+        ap.error(str(exc))
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per request drowns the results
     if args.smoke:
         args.num_prompts, args.output_len, args.concurrency = 2, 16, [1, 2]
-    if args.prompts:
-        prompts = []
-        with open(args.prompts, encoding="utf-8") as f:
-            for lineno, line in enumerate(f, 1):
-                if not line.strip():
-                    continue
-                row = json.loads(line)
-                if "messages" not in row and "prompt" not in row:
-                    raise SystemExit(f"{args.prompts}:{lineno}: needs a 'messages' or 'prompt' field")
-                prompts.append(as_messages(row.get("messages") or row["prompt"]))
-        prompts = prompts[: args.num_prompts]
+    if args.prompts:  # read as the pipeline reads prompt files (a bad row names its line); first turns, as MT-Bench's
+        from eagle_assets.corpus.prompts import PromptFileError, load_prompt_file
+
+        try:
+            loaded = load_prompt_file(args.prompts, purpose="evaluation", limit=args.num_prompts)
+            prompts = [p.to_messages()[: 2 if p.system is not None else 1] for p in loaded]
+        except PromptFileError as exc:
+            ap.error(str(exc))
     else:
         prompts = mt_bench_prompts(args.num_prompts)
     settings = SweepSettings(output_len=args.output_len, concurrencies=tuple(args.concurrency), engine=args.engine)
-    run = run_served(args.label, args.base_url, args.model, prompts, settings, api_key=args.api_key)
+    run = run_served(args.label, args.base_url, args.model, prompts, settings, api_key=api_key)
     for lv in run.levels:
         if lv.spec is None:
             al = ""

@@ -7,7 +7,9 @@ turns in a source file are ignored. Each prompt has a stable `prompt_id`.
 Sources:
   * `load_prompt_file(url)`: JSONL or Parquet at any fsspec URL; each row has `messages`
     (an OpenAI chat list, multi-turn allowed) or `prompt` (a string) or `turns` (a list of
-    user strings). Bad rows fail with the file and row named.
+    user strings). Any valid Unicode text is accepted; a bad row (not JSON, not UTF-8, a
+    field of the wrong type, empty text, a lone surrogate such as the escape `\\ud800`)
+    refuses the whole file with the file and its line (JSONL) or row (Parquet) named.
   * `synthesize_prompts(...)`: Magpie-style, the target samples the user turn itself from the
     chat template cut just after the user header (`<|im_start|>user\\n` for ChatML), through
     the server's raw `/v1/completions`; deduplicated, empty and over-long ones dropped;
@@ -72,7 +74,7 @@ class Prompt:
     source: str = "file"
     """`file`, `magpie` or `mt_bench`."""
     origin: str = ""
-    """Where it came from (`file.jsonl row 12`), for error messages."""
+    """Where it came from (`file.jsonl line 12`, `file.parquet row 12`), for error messages."""
 
     @classmethod
     def make(cls, turns: Sequence[str], system: str | None = None, source: str = "file", origin: str = "") -> "Prompt":
@@ -136,6 +138,25 @@ def load_mt_bench(path: str | Path = MT_BENCH_PATH) -> list[Prompt]:
 
 
 # ---- user files -------------------------------------------------------------------------
+def _text(value: Any, where: str, what: str, may_be_empty: bool = False) -> str:
+    """`value` as prompt text: a string (non-empty unless `may_be_empty`) that is valid Unicode,
+    else a PromptFileError naming `what` and why. JSON may carry a lone surrogate (the escape \\ud800 without its
+    pair), which Python decodes but no UTF-8 writer, tokenizer or server accepts."""
+    if not isinstance(value, str):
+        shown = repr(value) if len(repr(value)) <= 40 else repr(value)[:40] + "..."
+        raise PromptFileError(f"{where}: {what} must be text (a string), not {type(value).__name__} {shown}")
+    if not value.strip() and not may_be_empty:
+        raise PromptFileError(f"{where}: {what} is empty; give the text or drop the row")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise PromptFileError(
+            f"{where}: {what} holds a lone surrogate {value[exc.start]!r} at character {exc.start}, which is not "
+            "Unicode text (a JSON escape such as \\ud800 without its pair): fix the text or drop the row"
+        ) from None
+    return value
+
+
 def _row_to_prompt(row: Mapping[str, Any], where: str) -> Prompt:
     source = row.get("source") if row.get("source") in (*TRAINING_SOURCES, "mt_bench") else "file"
     if row.get("messages") is not None:
@@ -152,11 +173,9 @@ def _row_to_prompt(row: Mapping[str, Any], where: str) -> Prompt:
             role = m.get("role") if isinstance(m, Mapping) else None
             content = m.get("content") if isinstance(m, Mapping) else None
             if role == "system" and k == 0:
-                system = content if isinstance(content, str) else None
+                system = _text(content, where, "message 0 (system)", may_be_empty=True) if content is not None else None
             elif role == "user":
-                if not isinstance(content, str) or not content.strip():
-                    raise PromptFileError(f"{where}: message {k} (user) is empty; every user turn needs text")
-                turns.append(content)
+                turns.append(_text(content, where, f"message {k} (user)"))
             elif role == "assistant":
                 continue  # the target writes its own answers
             else:
@@ -168,22 +187,20 @@ def _row_to_prompt(row: Mapping[str, Any], where: str) -> Prompt:
             raise PromptFileError(f"{where}: `messages` has no user turn")
         return Prompt.make(turns, system=system, source=source, origin=where)
     if row.get("prompt") is not None:
-        text = row["prompt"]
-        if not isinstance(text, str) or not text.strip():
-            raise PromptFileError(f"{where}: `prompt` is empty; give the prompt text or drop the row")
-        return Prompt.make([text], source=source, origin=where)
+        return Prompt.make([_text(row["prompt"], where, "`prompt`")], source=source, origin=where)
     if row.get("turns") is not None:
         turns = row["turns"]
-        if not isinstance(turns, (list, tuple)) or not turns or not all(isinstance(t, str) and t.strip() for t in turns):
-            raise PromptFileError(f"{where}: `turns` must be a non-empty list of non-empty strings")
-        return Prompt.make(list(turns), source=source, origin=where)
+        if not isinstance(turns, (list, tuple)) or not turns:
+            raise PromptFileError(f"{where}: `turns` must be a non-empty list of user messages (strings)")
+        return Prompt.make([_text(t, where, f"`turns` item {k}") for k, t in enumerate(turns)], source=source, origin=where)
     raise PromptFileError(
         f"{where}: the row has neither `messages` (an OpenAI chat list) nor `prompt` (a string); "
         f"its keys are {sorted(row)}"
     )
 
 
-def _read_rows(url: str, storage_options: Mapping[str, Any]) -> Iterable[tuple[int, Any]]:
+def _read_rows(url: str, storage_options: Mapping[str, Any]) -> Iterable[tuple[str, Any]]:
+    """(where in the file, row): `line N` of a JSONL file (blank lines skipped but counted), `row N` of Parquet."""
     lower = url.lower()
     try:
         if lower.endswith(_PARQUET_SUFFIXES):
@@ -191,17 +208,24 @@ def _read_rows(url: str, storage_options: Mapping[str, Any]) -> Iterable[tuple[i
 
             with fsspec.open(url, "rb", **storage_options) as f:
                 table = pq.read_table(f)
-            return list(enumerate(table.to_pylist(), 1))
+            return [(f"row {n}", row) for n, row in enumerate(table.to_pylist(), 1)]
         if lower.endswith(_JSONL_SUFFIXES):
             rows = []
-            with fsspec.open(url, "rt", encoding="utf-8", compression="infer", **storage_options) as f:
-                for n, line in enumerate(f, 1):
+            with fsspec.open(url, "rb", compression="infer", **storage_options) as f:
+                for n, raw in enumerate(f, 1):
+                    try:  # line by line, so that a bad byte names its line; a BOM may open the file
+                        line = raw.decode("utf-8-sig" if n == 1 else "utf-8")
+                    except UnicodeDecodeError as exc:
+                        raise PromptFileError(
+                            f"{url} line {n}: not UTF-8 text (byte {raw[exc.start]:#04x} at column {exc.start + 1}): "
+                            "save the file as UTF-8"
+                        ) from None
                     if not line.strip():
                         continue
                     try:
-                        rows.append((n, json.loads(line)))
+                        rows.append((f"line {n}", json.loads(line)))
                     except json.JSONDecodeError as exc:
-                        raise PromptFileError(f"{url} row {n}: not valid JSON ({exc})") from None
+                        raise PromptFileError(f"{url} line {n}: not valid JSON ({exc})") from None
             return rows
     except PromptFileError:
         raise
@@ -226,6 +250,9 @@ def load_prompt_file(
     """Prompts from a JSONL or Parquet file at any fsspec URL, duplicates (same prompt_id) dropped.
 
     `purpose="training"` (the default) refuses MT-Bench, by file name and by question content.
+    A bad row refuses the whole file, naming its line (JSONL) or row (Parquet) and what is wrong
+    with it: a corpus built from the good rows alone would silently lack the prompts the user
+    gave, and the fix (in the file) is the user's to make.
     """
     if purpose not in ("training", "evaluation"):
         raise ValueError(f"purpose must be 'training' or 'evaluation', got {purpose!r}")
@@ -235,8 +262,8 @@ def load_prompt_file(
             "benchmark_report (load_mt_bench) and give the corpus another prompt file or Magpie prompts."
         )
     prompts, seen = [], set()
-    for n, row in _read_rows(url, storage_options or {}):
-        where = f"{url} row {n}"
+    for at, row in _read_rows(url, storage_options or {}):
+        where = f"{url} {at}"
         if not isinstance(row, Mapping):
             raise PromptFileError(f"{where}: expected a JSON object, got {type(row).__name__}")
         p = _row_to_prompt(row, where)

@@ -2,9 +2,12 @@
 
 # No `from __future__ import annotations`: Dagster resolves Config types from real annotations.
 
+import os
+import posixpath
 from typing import Optional
 
 import dagster as dg
+import fsspec
 
 from eagle_assets.corpus import checks as corpus_checks
 from eagle_assets.corpus.client import ClientSettings
@@ -14,9 +17,49 @@ from eagle_assets.corpus.store import CorpusStore
 from eagle_assets.corpus.target import load_tokenizer, target_fingerprint
 from eagle_assets.defs.common import GROUP, check_result, hash_tree, metadata, stage_version, target_of
 from eagle_assets.resources.inference_server import InferenceServerResource
+from eagle_assets.paths import data_dir
 from eagle_assets.resources.storage import StorageResource
+from eagle_assets.settings_env import env_list, env_str
 
 PROMPTS_FILE = "prompts.jsonl"
+PROMPT_ROOTS_ENV = "EAGLE_ASSETS_PROMPT_ROOTS"
+
+
+def prompt_roots() -> list[str]:
+    """Where a run's `prompts.file_url` may read: the data folder, the folder the prompt sensor
+    watches (EAGLE_ASSETS_PROMPTS_URL) and the folders or URL prefixes listed in
+    EAGLE_ASSETS_PROMPT_ROOTS (comma-separated; `*` allows any). Anyone who may launch a run
+    sets file_url, so without this limit a run could read any file the code location can."""
+    watched = env_str("EAGLE_ASSETS_PROMPTS_URL")
+    return [str(data_dir()), *([watched] if watched else []), *env_list(PROMPT_ROOTS_ENV)]
+
+
+def check_prompt_url(url: str) -> None:
+    """Refuse a prompt file outside `prompt_roots()`, naming the setting that allows it."""
+    roots = prompt_roots()
+    if "*" in roots or any(_url_under(url, root) for root in roots):
+        return
+    raise ValueError(
+        f"prompts.file_url {url!r} lies outside the folders a run may read prompts from ({', '.join(roots)}): "
+        f"move the file under one of them, or add its folder to {PROMPT_ROOTS_ENV} (comma-separated folders or "
+        "URL prefixes; * allows any) in the code location's environment"
+    )
+
+
+def _url_key(url: str) -> tuple[str, str]:
+    """(protocol, normalised path): local paths resolved through symbolic links and `..`."""
+    protocol, path = fsspec.core.split_protocol(url)
+    protocol = protocol or "file"
+    if protocol in ("file", "local"):
+        return "file", os.path.realpath(os.path.expanduser(path))
+    return protocol, posixpath.normpath(path)
+
+
+def _url_under(url: str, root: str) -> bool:
+    if "::" in url:  # a chained URL (simplecache::s3://..., zip://...::file): only where a root names it
+        return url == root or url.startswith(root.rstrip("/") + "/")
+    (protocol, path), (root_protocol, root_path) = _url_key(url), _url_key(root)
+    return protocol == root_protocol and (path == root_path or path.startswith(root_path.rstrip("/") + "/"))
 
 
 class PromptsConfig(dg.Config):
@@ -25,7 +68,8 @@ class PromptsConfig(dg.Config):
     source: str = "magpie"
     """"magpie" (the target writes them; needs no data set) or "file"."""
     file_url: Optional[str] = None
-    """JSONL or Parquet at any fsspec URL, rows with `messages` or `prompt` (source "file")."""
+    """JSONL or Parquet at an fsspec URL, rows with `messages` or `prompt` (source "file"); it
+    must lie under `prompt_roots()` (the data folder, EAGLE_ASSETS_PROMPTS_URL, EAGLE_ASSETS_PROMPT_ROOTS)."""
     num_prompts: int = 48
     seed: int = 0
     multi_turn_fraction: float = 0.25
@@ -56,6 +100,7 @@ def prompts(
     if config.source == "file":
         if not config.file_url:
             raise ValueError("prompts.source is 'file' but file_url is empty: give the JSONL or Parquet URL")
+        check_prompt_url(config.file_url)
         items = load_prompt_file(config.file_url, purpose="training")
         stats = {"source": config.file_url}
     elif config.source == "magpie":

@@ -2,7 +2,6 @@
 
 # No `from __future__ import annotations`: Dagster resolves Config types from real annotations.
 
-import os
 from contextlib import closing
 from typing import Optional
 
@@ -27,8 +26,9 @@ from eagle_assets.hidden_states.vocab import (
 )
 from eagle_assets.resources.inference_server import InferenceServerResource
 from eagle_assets.resources.storage import StorageResource
+from eagle_assets.settings_env import env_int
 
-NUM_SHARDS = int(os.environ.get("EAGLE_ASSETS_NUM_SHARDS", "4"))
+NUM_SHARDS = env_int("EAGLE_ASSETS_NUM_SHARDS", 4, min=1)
 """Hidden-state partitions. Samples go to shards by a stable hash of their id, so one shard
 can be rebuilt alone; changing the count re-assigns samples (rebuild all shards then)."""
 shard_partitions = dg.StaticPartitionsDefinition([f"{i:05d}" for i in range(NUM_SHARDS)])

@@ -1,35 +1,45 @@
-"""Binds the resources in one place; environment values come in here only."""
+"""Binds the resources in one place; environment values come in here only, each checked as it
+is read (`eagle_assets.settings_env`), so a bad one is refused with its name when the
+definitions load rather than deep inside a run."""
 
 from __future__ import annotations
 
-import os
+from pathlib import Path
+from urllib.parse import urlsplit
 
 from eagle_assets.resources.inference_server import InferenceServerResource
 from eagle_assets.resources.storage import StorageResource
 from eagle_assets.resources.trainer import TrainerResource
-from eagle_assets.targets import EMBEDDED_TARGET
+from eagle_assets.paths import data_dir
+from eagle_assets.settings_env import env_flag, env_int, env_str
+from eagle_assets.targets import EMBEDDED_TARGET, PRESETS
+
+
+HTTP_URL = "an http:// or https:// URL with a host"
 
 
 def default_resources() -> dict:
     return {
         "inference_server": InferenceServerResource(
-            target=os.environ.get("EAGLE_ASSETS_TARGET", EMBEDDED_TARGET),
-            url=os.environ.get("EAGLE_ASSETS_SERVER_URL") or None,
-            speculative_url=os.environ.get("EAGLE_ASSETS_SPECULATIVE_URL") or None,
-            extraction_url=os.environ.get("EAGLE_ASSETS_EXTRACTION_URL") or None,
-            # The name of the variable, never its value: the key is read when a request is made.
+            target=env_str("EAGLE_ASSETS_TARGET", EMBEDDED_TARGET, check=_is_target,
+                           expect=f"a target preset ({', '.join(sorted(PRESETS))}) or a model folder with config.json"),
+            url=env_str("EAGLE_ASSETS_SERVER_URL", None, check=_is_http_url, expect=HTTP_URL),
+            speculative_url=env_str("EAGLE_ASSETS_SPECULATIVE_URL", None, check=_is_http_url, expect=HTTP_URL),
+            extraction_url=env_str("EAGLE_ASSETS_EXTRACTION_URL", None, check=_is_http_url, expect=HTTP_URL),
+            # The name of the variable, never its value: the key is read when a request is made
+            # (from the variable, or from the file EAGLE_ASSETS_SERVER_API_KEY_FILE names).
             api_key_env="EAGLE_ASSETS_SERVER_API_KEY",
-            compiled=_flag("EAGLE_ASSETS_SERVE_COMPILED"),
+            compiled=env_flag("EAGLE_ASSETS_SERVE_COMPILED"),
         ),
-        "storage": StorageResource(root=os.environ.get("EAGLE_ASSETS_DATA", "")),
-        "trainer": TrainerResource(nproc_per_node=int(os.environ.get("EAGLE_ASSETS_NPROC_PER_NODE", "1"))),
+        "storage": StorageResource(root=str(data_dir()) if env_str("EAGLE_ASSETS_DATA") else ""),
+        "trainer": TrainerResource(nproc_per_node=env_int("EAGLE_ASSETS_NPROC_PER_NODE", 1, min=1)),
     }
 
 
-def _flag(name: str) -> bool:
-    """An on/off environment variable: unset, empty or 0 is off, 1 is on; anything else is refused
-    rather than read as off."""
-    value = os.environ.get(name, "").strip()
-    if value not in ("", "0", "1"):
-        raise ValueError(f"{name}={value!r}: set it to 1 (on) or 0 (off)")
-    return value == "1"
+def _is_target(value: str) -> bool:
+    return value in PRESETS or (Path(value).expanduser() / "config.json").is_file()
+
+
+def _is_http_url(value: str) -> bool:
+    parts = urlsplit(value)
+    return parts.scheme in ("http", "https") and bool(parts.hostname)

@@ -22,14 +22,15 @@ stale partition instead.
 from __future__ import annotations
 
 import hashlib
-import os
 from collections.abc import Iterable, Iterator, Mapping
 
 import dagster as dg
+from dagster._utils.schedules import is_valid_cron_string
 
 from eagle_assets.defs.jobs import JOBS, STAGES
 from eagle_assets.defs.staleness import StaleReport, stage_lookup, stale_report, step_run_config
-from eagle_assets.run_presets import run_config
+from eagle_assets.run_presets import RUN_PRESETS, run_config
+from eagle_assets.settings_env import env_choice, env_str
 
 RETRAIN_TAG = "eagle_assets/retrain"
 """Tag on every run of a retraining wave; its value names the wave."""
@@ -105,7 +106,8 @@ def default_schedules() -> list[dg.ScheduleDefinition]:
     """The project's schedules, with the cron and fallback preset from the environment."""
     return [
         build_retrain_schedule(
-            cron=os.environ.get("EAGLE_ASSETS_RETRAIN_CRON", DEFAULT_CRON),
-            fallback_preset=os.environ.get("EAGLE_ASSETS_PRESET", "smollm2-default"),
+            cron=env_str("EAGLE_ASSETS_RETRAIN_CRON", DEFAULT_CRON, check=is_valid_cron_string,
+                         expect="a cron string of five fields, e.g. '0 3 * * 0' (Sundays 03:00)"),
+            fallback_preset=env_choice("EAGLE_ASSETS_PRESET", "smollm2-default", RUN_PRESETS),
         )
     ]

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from collections.abc import Iterable, Mapping, Sequence
 
 import dagster as dg
@@ -33,7 +32,8 @@ from dagster._core.storage.dagster_run import IN_PROGRESS_RUN_STATUSES
 
 from eagle_assets.defs.schedules import RETRAIN_TAG, stage_jobs, wave_requests
 from eagle_assets.defs.staleness import Step, stage_lookup, stale_report, step_run_config
-from eagle_assets.run_presets import run_config
+from eagle_assets.run_presets import RUN_PRESETS, run_config
+from eagle_assets.settings_env import env_choice, env_flag, env_str
 
 PROMPT_SUFFIXES = (".jsonl", ".parquet")
 
@@ -171,12 +171,13 @@ def automation_sensor(name: str = "eagle3_automation") -> dg.AutomationCondition
 
 
 def automation_enabled() -> bool:
-    return os.environ.get("EAGLE_ASSETS_AUTOMATION", "").lower() in ("1", "true", "yes", "on")
+    """EAGLE_ASSETS_AUTOMATION: on (1, true, yes, on) or off (0, false, no, off, unset); anything else is refused."""
+    return env_flag("EAGLE_ASSETS_AUTOMATION")
 
 
 def default_sensors(automation: bool = False) -> list[dg.SensorDefinition]:
     """The project's sensors, configured from the environment."""
-    preset = os.environ.get("EAGLE_ASSETS_PRESET", "smollm2-default")
-    prompts = build_prompt_files_sensor(os.environ.get("EAGLE_ASSETS_PROMPTS_URL") or None, fallback_preset=preset)
+    preset = env_choice("EAGLE_ASSETS_PRESET", "smollm2-default", RUN_PRESETS)
+    prompts = build_prompt_files_sensor(env_str("EAGLE_ASSETS_PROMPTS_URL"), fallback_preset=preset)
     # With automation conditions, Dagster carries changes downstream itself.
     return [prompts, automation_sensor() if automation else build_followup_sensor(fallback_preset=preset)]

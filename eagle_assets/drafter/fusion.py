@@ -17,12 +17,13 @@ Inference mode stays eager: the reference decoder needs no speed and Dynamo need
 from __future__ import annotations
 
 import functools
-import os
 import warnings
 from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
+
+from eagle_assets.settings_env import env_choice
 
 COMPILE_ENV = "EAGLE_ASSETS_COMPILE"
 RECOMPILE_LIMIT = 64
@@ -33,7 +34,7 @@ warnings.filterwarnings("ignore", message=r"\s*Online softmax is disabled", cate
 
 
 def _compile_wanted(args: tuple) -> bool:
-    setting = os.environ.get(COMPILE_ENV, "auto")
+    setting = env_choice(COMPILE_ENV, "auto", ("auto", "0", "1"))
     if setting == "0" or torch.is_inference_mode_enabled():
         return False
     first = next((a for a in args if isinstance(a, torch.Tensor)), None)

@@ -9,6 +9,8 @@ misread, and that the folder is this engine's export (the engines count layer id
 a corrupt or truncated file is an error naming it. The engine's own validation runs inside the
 engine's environment (`vllm_preflight.py`: `EngineArgs(...).create_engine_config()`, model-class
 resolution, `supports_eagle3`), so a refusal that would otherwise surface after a 22-minute load shows now.
+It runs only where our own checks found no error: those answer in well under a second, the
+engine's validation takes 10-30 s and would only refuse (or crash on) the same files again.
 """
 
 from __future__ import annotations
@@ -27,8 +29,8 @@ from eagle_assets.targets import default_aux_layer_ids, preset_from_hf_config, r
 ENGINE_SCRIPTS = Path(__file__).resolve().parent
 EAGLE3_ARCHITECTURES = {"LlamaForCausalLMEagle3", "Eagle3LlamaForCausalLM", "LlamaForCausalLMEagle3Speculator"}
 DRAFTER_CONFIG_FIX = "re-export the drafter, or pass its export folder (config.json + model.safetensors)"
-# Findings after which the engines' own validation is not run: it would only crash on the same file.
-UNREADABLE = ("target_unreadable", "drafter_config_unreadable", "drafter_weights_unreadable")
+# What a drafter's config.json may give as `torch_dtype` / `dtype`: the names the engines load.
+DRAFTER_DTYPES = ("bfloat16", "float16", "float32", "half", "float", "auto")
 
 ENGINE_NAMES = {"vllm": "vLLM", "sglang": "SGLang"}
 
@@ -112,13 +114,18 @@ def check_drafter(target_cfg: dict, drafter: Path, report: PreflightReport, engi
     layers, hidden, vocab = shape.num_layers, shape.hidden_size, shape.vocab_size
     cfg_path = drafter / "config.json"
     if not cfg_path.is_file():
-        report.add("error", "drafter_missing", f"no drafter config at {cfg_path}: pass the folder holding config.json and model.safetensors")
+        missing = f"no folder {drafter}" if not drafter.is_dir() else f"no drafter config at {cfg_path}"
+        report.add("error", "drafter_missing", f"{missing}: pass the drafter's folder, the one holding config.json and model.safetensors")
         return
     try:
         cfg = read_json_object(cfg_path, "the drafter's config", DRAFTER_CONFIG_FIX)
     except ValueError as exc:
         report.add("error", "drafter_config_unreadable", str(exc))
         return
+    for key in ("torch_dtype", "dtype"):
+        if cfg.get(key) is not None and cfg[key] not in DRAFTER_DTYPES:
+            report.add("error", "drafter_dtype", f"{cfg_path}: `{key}` is {cfg[key]!r}, not a dtype the engines load "
+                                                 f"({', '.join(DRAFTER_DTYPES[:3])}): {DRAFTER_CONFIG_FIX}")  # fmt: skip
     wrong_engine = wrong_engine_export(cfg, cfg_path, engine) if engine in ENGINE_NAMES else None
     if wrong_engine:
         report.add("error", "drafter_numbering", wrong_engine)
@@ -258,8 +265,13 @@ def preflight(
     else:
         if drafter is not None:
             check_drafter(target_cfg, Path(drafter), report, engine=engine)
-    if any(f.code in UNREADABLE for f in report.findings):
-        # The engine's validation would fail on the same file, with a traceback in place of its name.
+        if drafter is not None and engine == "sglang" and (Path(drafter) / "config.json").is_file():
+            _check_sglang_layers(Path(drafter), report)
+    if not report.ok:
+        # What our own checks refused the engine's validation (~10-30 s) would refuse again, or
+        # crash on (a corrupt file) with a traceback in place of the file's name: fix these first.
+        name = ENGINE_NAMES.get(engine, engine)
+        report.add("info", "engine_skipped", f"{name}'s own validation did not run: fix the errors above first")
         report.seconds = time.monotonic() - started
         return report
     if engine == "vllm":
@@ -268,17 +280,7 @@ def preflight(
             report.add(f["level"], f["code"], f["message"])
         report.engine = answer.get("engine", {})
     elif engine == "sglang":
-        from eagle_assets.drafter.config import folder_num_layers
         from eagle_assets.engines.sglang_launch import run_sglang_preflight
-
-        layers = folder_num_layers(drafter) if drafter is not None else 1
-        if layers > 1:
-            report.add(
-                "error", "sglang_layers",
-                f"the drafter has {layers} decoder layers: SGLang's layers after the first restart the residual "
-                "stream from the previous layer's MLP output (vLLM carries it), so it would draft with another "
-                "function than the one trained. Serve it with vLLM, or train one layer for SGLang.",
-            )  # fmt: skip
 
         answer = run_sglang_preflight(Path(target), Path(drafter) if drafter else None, num_speculative_tokens, engine_args)
         for f in answer.get("findings", []):
@@ -288,6 +290,19 @@ def preflight(
         report.add("error", "engine", f"unknown engine {engine!r}: use vllm or sglang")
     report.seconds = time.monotonic() - started
     return report
+
+
+def _check_sglang_layers(drafter: Path, report: PreflightReport) -> None:
+    from eagle_assets.drafter.config import folder_num_layers
+
+    layers = folder_num_layers(drafter)
+    if layers > 1:
+        report.add(
+            "error", "sglang_layers",
+            f"the drafter has {layers} decoder layers: SGLang's layers after the first restart the residual "
+            "stream from the previous layer's MLP output (vLLM carries it), so it would draft with another "
+            "function than the one trained. Serve it with vLLM, or train one layer for SGLang.",
+        )  # fmt: skip
 
 
 def engine_args_for(preset, device: str = "cpu") -> dict:

@@ -11,7 +11,6 @@ down on the way out (success, failure, Ctrl-C).
 
 from __future__ import annotations
 
-import os
 import time
 import urllib.error
 import urllib.request
@@ -35,6 +34,7 @@ from eagle_assets.engines.vllm_launch import (
     startup_timeout_for,
 )
 from eagle_assets.paths import engine_venv, runs_dir
+from eagle_assets.settings_env import env_secret
 from eagle_assets.targets import TargetPreset
 
 
@@ -263,7 +263,8 @@ def cold_sampling_check(server: InferenceServer, prompts: list[str], greedy: lis
 
 
 def api_key_from_env(variable: str | None) -> str | None:
-    return os.environ.get(variable) if variable else None
+    """The key in the variable `variable`, or in the file that `<variable>_FILE` names."""
+    return env_secret(variable) if variable else None
 
 
 __all__ = ["InferenceServer", "chat_once", "cold_sampling_check", "COLD_TEMPERATURE", "SMOKE_PROMPTS", "connect", "launch_vllm", "ServerFailed", "PreflightError", "api_key_from_env"]

@@ -12,9 +12,10 @@ Layer-id numbering for SGLang exports lives with the drafter config
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 from pathlib import Path
+
+from eagle_assets.settings_env import env_path
 
 SGLANG_SCRIPT = r'''
 import json, sys, time
@@ -55,8 +56,7 @@ def launch_command(python: Path, model: Path, port: int, drafter: Path | None, s
 
 
 def sglang_venv() -> Path | None:
-    value = os.environ.get("EAGLE_ASSETS_SGLANG_VENV")
-    return Path(value) if value else None
+    return env_path("EAGLE_ASSETS_SGLANG_VENV", None)
 
 
 def preflight_argv(target: Path, drafter: Path | None, steps: int, engine_args: dict | None = None) -> list[str]:

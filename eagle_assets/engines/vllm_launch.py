@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -207,10 +208,44 @@ def cpu_threads_bind(cpus: Iterable[int]) -> str | None:
 ENGINE_SITE = Path(__file__).resolve().parent / "engine_site"
 
 
-def engine_environment(venv: Path, device: str = "cpu", kv_cache_gib: int = DEFAULT_KV_CACHE_GIB, base: dict | None = None) -> dict[str, str]:
-    """The engine process's environment: offline hub, our vLLM plugin, CPU KV cache size and thread
-    binding, Intel OpenMP and numba's threading layer."""
-    env = dict(base if base is not None else os.environ)
+# What a launched engine inherits from the pipeline's environment: the system's basics (search
+# path, home, locale, time zone, temporary folder, certificates, proxies) and the settings of the
+# engine and its libraries. Nothing else: the pipeline's own secrets (its database password, cloud
+# credentials, the API keys of other services) stay out of a process that serves the network.
+ENGINE_ENV_NAMES = frozenset({
+    "PATH", "HOME", "USER", "LOGNAME", "LANG", "LANGUAGE", "TZ", "TMPDIR", "TERM",
+    "HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY", "ALL_PROXY", "http_proxy", "https_proxy", "no_proxy", "all_proxy",
+    "SSL_CERT_FILE", "SSL_CERT_DIR", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE",
+    "LD_LIBRARY_PATH", "LD_PRELOAD", "CC", "CXX",
+})  # fmt: skip
+ENGINE_ENV_PREFIXES = (
+    "LC_", "XDG_", "CUDA_", "NVIDIA_", "NCCL_", "VLLM_", "HF_", "TRANSFORMERS_", "OMP_", "KMP_", "MKL_",
+    "NUMBA_", "TORCH", "PYTORCH_", "TRITON_", "GLOO_",
+)  # fmt: skip
+# Secrets under those prefixes stay out too (HF_TOKEN: the engine is offline). VLLM_API_KEY would
+# lock a launched server with a key its clients here do not send: it reaches an engine only as
+# engine_environment's `api_key`.
+ENGINE_ENV_SECRET = re.compile(r"TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL|API_KEY|ACCESS_KEY")
+
+
+def inherited_environment(base: dict[str, str]) -> dict[str, str]:
+    """The part of `base` a launched engine may see (ENGINE_ENV_NAMES, ENGINE_ENV_PREFIXES, no secrets)."""
+    return {
+        name: value
+        for name, value in base.items()
+        if (name in ENGINE_ENV_NAMES or name.startswith(ENGINE_ENV_PREFIXES)) and not ENGINE_ENV_SECRET.search(name)
+    }
+
+
+def engine_environment(venv: Path, device: str = "cpu", kv_cache_gib: int = DEFAULT_KV_CACHE_GIB, base: dict | None = None,
+                       api_key: str | None = None) -> dict[str, str]:  # fmt: skip
+    """The engine process's environment, built from an allow-list of `base` (default os.environ;
+    `inherited_environment`): offline hub, our vLLM plugin, CPU KV cache size and thread binding,
+    Intel OpenMP and numba's threading layer; with `api_key`, the key vLLM then requires of every
+    request (VLLM_API_KEY: in the engine's environment, never on its command line)."""
+    env = inherited_environment(dict(base if base is not None else os.environ))
+    if api_key:
+        env["VLLM_API_KEY"] = api_key
     env["HF_HUB_OFFLINE"] = "1"
     env["TRANSFORMERS_OFFLINE"] = "1"
     env["VLLM_NO_USAGE_STATS"] = "1"

@@ -52,7 +52,7 @@ def test_jsonl_and_parquet_give_the_same_prompts_with_stable_ids(tmp_path):
     assert single.turns == ("What is 2+2?",) and single.system is None and single.source == "file"
     assert multi.turns == ("Hi", "Tell me more.") and multi.system == "Be brief."  # assistant turn dropped
     assert multi.prompt_id == stable_id("prompt", "Be brief.", ["Hi", "Tell me more."])
-    assert multi.origin.endswith("p.jsonl row 2")
+    assert multi.origin.endswith("p.jsonl line 2")
 
 
 def test_saved_prompt_sets_load_back_identically(tmp_path):
@@ -68,11 +68,19 @@ def test_saved_prompt_sets_load_back_identically(tmp_path):
 @pytest.mark.parametrize(
     "rows, message",
     [
-        ([{"prompt": "ok"}, {"text": "no known key"}], r"row 2: the row has neither `messages` .* nor `prompt`.*\['text'\]"),
-        ([{"prompt": "ok"}, {"prompt": "ok2"}, {"prompt": "   "}], r"row 3: `prompt` is empty"),
-        ([{"messages": [{"role": "user", "content": ""}]}], r"row 1: message 0 \(user\) is empty"),
-        ([{"messages": [{"role": "tool", "content": "x"}]}], r"row 1: message 0 has role 'tool'"),
-        ([{"messages": [{"role": "assistant", "content": "x"}]}], r"row 1: `messages` has no user turn"),
+        ([{"prompt": "ok"}, {"text": "no known key"}], r"line 2: the row has neither `messages` .* nor `prompt`.*\['text'\]"),
+        ([{"prompt": "ok"}, {"prompt": "ok2"}, {"prompt": "   "}], r"line 3: `prompt` is empty"),
+        ([{"messages": [{"role": "user", "content": ""}]}], r"line 1: message 0 \(user\) is empty"),
+        ([{"messages": [{"role": "tool", "content": "x"}]}], r"line 1: message 0 has role 'tool'"),
+        ([{"messages": [{"role": "assistant", "content": "x"}]}], r"line 1: `messages` has no user turn"),
+        # Not text: named as such, not as "empty".
+        ([{"prompt": "ok"}, {"prompt": 123}], r"line 2: `prompt` must be text \(a string\), not int 123"),
+        ([{"turns": ["fine", ["nested"]]}], r"line 1: `turns` item 1 must be text \(a string\), not list"),
+        ([{"messages": [{"role": "user", "content": {"text": "x"}}]}], r"line 1: message 0 \(user\) must be text"),
+        # A lone surrogate (json.dumps writes it as the escape \ud800): the row, not a UnicodeEncodeError.
+        ([{"prompt": "ok"}, {"prompt": "ab\ud800c"}], r"line 2: `prompt` holds a lone surrogate '\\ud800' at character 2"),
+        ([{"messages": [{"role": "system", "content": "\udfff"}, {"role": "user", "content": "hi"}]}],
+         r"line 1: message 0 \(system\) holds a lone surrogate"),
     ],
 )
 def test_bad_rows_name_the_file_and_row(tmp_path, rows, message):
@@ -81,11 +89,24 @@ def test_bad_rows_name_the_file_and_row(tmp_path, rows, message):
         load_prompt_file(str(path))
 
 
+def test_any_unicode_text_loads_and_bad_bytes_name_their_line(tmp_path):
+    texts = ["naïve café", "日本語の質問", "emoji 🦅 and astral 𝔘𝔫𝔦", "RTL עברית", "a\u0301 combining"]
+    path = write_jsonl(tmp_path / "unicode.jsonl", [{"prompt": t} for t in texts])
+    assert [p.turns[0] for p in load_prompt_file(str(path))] == texts
+    bom = tmp_path / "bom.jsonl"
+    bom.write_bytes(b"\xef\xbb\xbf" + json.dumps({"prompt": "after a BOM"}).encode() + b"\n")
+    assert [p.turns[0] for p in load_prompt_file(str(bom))] == ["after a BOM"]
+    latin1 = tmp_path / "latin1.jsonl"
+    latin1.write_bytes(b'{"prompt": "fine"}\n\n{"prompt": "caf\xe9"}\n')
+    with pytest.raises(PromptFileError, match=r"latin1\.jsonl line 3: not UTF-8 text \(byte 0xe9 at column 16\)"):
+        load_prompt_file(str(latin1))
+
+
 def test_unreadable_files_name_the_file(tmp_path):
     with pytest.raises(PromptFileError, match=r"cannot read prompt file .*missing\.jsonl: FileNotFoundError"):
         load_prompt_file(str(tmp_path / "missing.jsonl"))
     (tmp_path / "broken.jsonl").write_text('{"prompt": "fine"}\n{"prompt": \n')
-    with pytest.raises(PromptFileError, match=r"broken\.jsonl row 2: not valid JSON"):
+    with pytest.raises(PromptFileError, match=r"broken\.jsonl line 2: not valid JSON"):
         load_prompt_file(str(tmp_path / "broken.jsonl"))
     (tmp_path / "corrupt.parquet").write_bytes(b"not parquet at all")
     with pytest.raises(PromptFileError, match=r"cannot read prompt file .*corrupt\.parquet"):
@@ -108,7 +129,7 @@ def test_mt_bench_is_for_evaluation_only(tmp_path):
         load_prompt_file(str(tmp_path / "my_prompts.jsonl"))
     sneaky = "  " + questions[5].turns[0].upper().replace(" ", "\n ") + " "
     path = write_jsonl(tmp_path / "train.jsonl", [{"prompt": "a fine prompt"}, {"prompt": sneaky}])
-    with pytest.raises(EvaluationDataError, match=r"1 prompt\(s\) are MT-Bench questions \(.*train\.jsonl row 2"):
+    with pytest.raises(EvaluationDataError, match=r"1 prompt\(s\) are MT-Bench questions \(.*train\.jsonl line 2"):
         load_prompt_file(str(path))
     with pytest.raises(EvaluationDataError):
         ensure_training_prompts(questions[:1])

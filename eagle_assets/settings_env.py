@@ -1,0 +1,158 @@
+"""Settings read from the environment: typed readers that check each value where it is read.
+
+    from eagle_assets.settings_env import env_flag, env_int, env_path
+    NUM_SHARDS = env_int("EAGLE_ASSETS_NUM_SHARDS", 4, min=1)
+
+A bad value raises `SettingError` (a ValueError) whose message names the variable, the value
+and the fix; the command line prints it as one line and exits 1. Unset and empty both mean the
+default (compose passes `${VAR:-}` through as an empty string). `VARIABLES` lists every
+variable the pipeline reads, with what it means; the tests check that no other module reads an
+`EAGLE_ASSETS_*` variable itself. Pure Python: no Dagster, no torch.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterable
+from pathlib import Path
+
+VARIABLES: dict[str, str] = {
+    "EAGLE_ASSETS_CACHE": "folder for converted targets and downloaded packages (default ./.cache)",
+    "EAGLE_ASSETS_DATA": "folder where the assets write their outputs (default ./data)",
+    "EAGLE_ASSETS_RUNS": "folder for server logs and per-run scratch files (default ./.runs)",
+    "EAGLE_ASSETS_VLLM_VENV": "the vLLM engine's virtual environment (default ./.venvs/vllm)",
+    "EAGLE_ASSETS_SGLANG_VENV": "an SGLang engine environment (unset: SGLang's own validation is skipped)",
+    "EAGLE_ASSETS_NUM_SHARDS": "hidden-state partitions, at least 1 (default 4)",
+    "EAGLE_ASSETS_AUTOMATION": "1 gives every asset an automation condition (default 0)",
+    "EAGLE_ASSETS_PRESET": "run preset for assets never built before (default smollm2-default)",
+    "EAGLE_ASSETS_PROMPTS_URL": "folder the new_prompt_files sensor watches (unset: none)",
+    "EAGLE_ASSETS_PROMPT_ROOTS": "comma-separated folders or URL prefixes a run's prompts.file_url may read, besides "
+                                 "EAGLE_ASSETS_DATA and EAGLE_ASSETS_PROMPTS_URL; * allows any",
+    "EAGLE_ASSETS_RETRAIN_CRON": "when the retrain schedule runs, a cron string (default 0 3 * * 0)",
+    "EAGLE_ASSETS_TARGET": "target preset name or model folder of the Dagster resources (default the embedded SmolLM2)",
+    "EAGLE_ASSETS_SERVER_URL": "an OpenAI-compatible server to use instead of launching vLLM (unset: launch)",
+    "EAGLE_ASSETS_SERVER_API_KEY": "that server's API key (or EAGLE_ASSETS_SERVER_API_KEY_FILE, a file holding it)",
+    "EAGLE_ASSETS_SERVE_COMPILED": "1 serves the pipeline's CPU servers compiled (default 0)",
+    "EAGLE_ASSETS_NPROC_PER_NODE": "training processes per node, at least 1 (default 1)",
+    "EAGLE_ASSETS_COMPILE": "drafter kernels compiled: auto (on CUDA), 1 (always) or 0 (never)",
+}
+
+FLAG_ON = ("1", "true", "yes", "on")
+FLAG_OFF = ("0", "false", "no", "off")
+
+
+class SettingError(ValueError):
+    """An environment variable whose value cannot be used; the message names it and the fix."""
+
+
+def _raw(name: str) -> str | None:
+    """The variable's value stripped of surrounding blanks; None when unset or empty."""
+    value = os.environ.get(name)
+    if value is None or not value.strip():
+        return None
+    return value.strip()
+
+
+def _unset_for(default: object) -> str:
+    return "unset it" if default is None else f"unset it for the default ({default})"
+
+
+def env_str(name: str, default: str | None = None, *, check: Callable[[str], bool] | None = None, expect: str = "") -> str | None:
+    """A text setting; with `check`, a value it rejects is refused as not being `expect`."""
+    value = _raw(name)
+    if value is None:
+        return default
+    if check is not None and not check(value):
+        raise SettingError(f"{name}={value!r} is not {expect}: fix it, or {_unset_for(default)}")
+    return value
+
+
+def env_int(name: str, default: int, *, min: int | None = None, max: int | None = None) -> int:
+    """A whole number in [min, max]."""
+    value = _raw(name)
+    if value is None:
+        return default
+    if min is not None and max is not None:
+        want = f"a whole number from {min} to {max}"
+    else:
+        want = "a whole number" + (f" >= {min}" if min is not None else f" <= {max}" if max is not None else "")
+    try:
+        number = int(value)
+    except ValueError:
+        raise SettingError(f"{name}={value!r} is not {want}: set it to one, or {_unset_for(default)}") from None
+    if (min is not None and number < min) or (max is not None and number > max):
+        raise SettingError(f"{name}={number} is out of range: it must be {want}; set it to one, or {_unset_for(default)}")
+    return number
+
+
+def env_flag(name: str, default: bool = False) -> bool:
+    """On/off: 1, true, yes, on or 0, false, no, off (any case); anything else is refused, not read as off."""
+    value = _raw(name)
+    if value is None:
+        return default
+    if value.lower() in FLAG_ON:
+        return True
+    if value.lower() in FLAG_OFF:
+        return False
+    raise SettingError(f"{name}={value!r} is neither on nor off: set it to 1 (on) or 0 (off), or {_unset_for(int(default))}")
+
+
+def env_choice(name: str, default: str, choices: Iterable[str]) -> str:
+    """One of `choices`."""
+    choices = list(choices)
+    value = _raw(name)
+    if value is None:
+        return default
+    if value not in choices:
+        raise SettingError(f"{name}={value!r} is not one of {', '.join(choices)}: set it to one, or {_unset_for(default)}")
+    return value
+
+
+def env_path(name: str, default: str | Path | None) -> Path | None:
+    """A folder (created by whoever writes into it). A value that is a file, or that lies under
+    a file, is refused here rather than failing later as a NotADirectoryError in another module."""
+    value = _raw(name)
+    if value is None:
+        return None if default is None else Path(default).resolve()
+    path = Path(value).expanduser().resolve()
+    fix = f"point it at a folder (it is created if missing), or {_unset_for(default)}"
+    if path.exists() and not path.is_dir():
+        raise SettingError(f"{name}={value!r} is not a folder ({_kind(path)}): {fix}")
+    ancestor = next((p for p in path.parents if p.exists()), None)
+    if ancestor is not None and not ancestor.is_dir() and not path.exists():
+        raise SettingError(f"{name}={value!r} cannot be a folder: {ancestor} above it is {_kind(ancestor)}; {fix}")
+    return path
+
+
+def env_secret(name: str) -> str | None:
+    """A secret: the variable's value, or the content of the file named by `<name>_FILE` (Docker's
+    secrets convention, which keeps it out of `docker inspect`), without its final newline."""
+    file_name = _raw(f"{name}_FILE")
+    if file_name is None:
+        return _raw(name)
+    try:
+        secret = Path(file_name).read_text(encoding="utf-8").strip()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise SettingError(f"{name}_FILE={file_name!r} cannot be read ({exc.__class__.__name__}: {exc}): "
+                           f"point it at a readable text file holding the key, or unset it") from None  # fmt: skip
+    if not secret:
+        raise SettingError(f"{name}_FILE={file_name!r} is empty: write the key into it, or unset it")
+    return secret
+
+
+def env_list(name: str, separator: str = ",") -> list[str]:
+    """Items separated by `separator`, blanks around them and empty items dropped."""
+    value = _raw(name)
+    return [item.strip() for item in value.split(separator) if item.strip()] if value else []
+
+
+def _kind(path: Path) -> str:
+    if path.is_file():
+        return "a file"
+    if path.is_char_device():
+        return "a character device"
+    if path.is_block_device():
+        return "a block device"
+    if path.is_fifo():
+        return "a named pipe"
+    return "not a folder"
