@@ -32,6 +32,10 @@ VARIABLES: dict[str, str] = {
     "EAGLE_ASSETS_TARGET": "target preset name or model folder of the Dagster resources (default the embedded SmolLM2)",
     "EAGLE_ASSETS_SERVER_URL": "an OpenAI-compatible server to use instead of launching vLLM (unset: launch)",
     "EAGLE_ASSETS_SERVER_API_KEY": "that server's API key (or EAGLE_ASSETS_SERVER_API_KEY_FILE, a file holding it)",
+    "EAGLE_ASSETS_SPECULATIVE_URL": "with EAGLE_ASSETS_SERVER_URL: a server of yours serving the target with the drafter's export, "
+                                    "for the drafter's checks and the benchmark (unset: they say how to serve one)",
+    "EAGLE_ASSETS_EXTRACTION_URL": "a server of yours extracting hidden states (`eagle-assets serve --extract`), for "
+                                   "hidden_state_shards (unset: launched when the states come from the engine)",
     "EAGLE_ASSETS_SERVE_COMPILED": "1 serves the pipeline's CPU servers compiled (default 0)",
     "EAGLE_ASSETS_NPROC_PER_NODE": "training processes per node, at least 1 (default 1)",
     "EAGLE_ASSETS_COMPILE": "drafter kernels compiled: auto (on CUDA), 1 (always) or 0 (never)",
