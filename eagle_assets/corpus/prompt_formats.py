@@ -323,6 +323,13 @@ _NATIVE = ("openai", "eagle")
 _FORMAT_KEYS = {"sharegpt": "`conversations`", "openai": "`messages`", "alpaca": "`instruction`", "eagle": "`prompt` or `turns`"}
 
 
+def _has_format(record: Mapping, fmt: str) -> bool:
+    """Whether a record has the key of `fmt` (this project's own rows: `_row_to_prompt` tells)."""
+    if fmt in _NATIVE:
+        return True
+    return record.get("conversations" if fmt == "sharegpt" else "instruction") is not None
+
+
 def _valid_unicode(text: str) -> bool:
     try:
         text.encode("utf-8")
@@ -399,6 +406,16 @@ def record_prompt(record: Any, fmt: str, where: str, lenient: bool = False, stat
     """One record of the given format as a Prompt, or `RecordProblem` naming `where`."""
     if isinstance(record, RecordProblem):
         raise record
+    try:
+        prompt = _convert(record, fmt, where, lenient, stats)
+    except UnicodeEncodeError:  # Prompt.make hashes the text as UTF-8
+        prompt = None
+    if prompt is None or not all(_valid_unicode(t) for t in (prompt.system or "", *prompt.turns)):
+        raise RecordProblem("bad_unicode", f"{where}: the prompt holds text that is not valid Unicode (lone surrogates)")
+    return prompt
+
+
+def _convert(record: Any, fmt: str, where: str, lenient: bool, stats: ReadStats | None) -> Prompt:
     if fmt == "text":
         if not isinstance(record, str):
             raise RecordProblem("invalid", f"{where}: a text prompt file holds one prompt per line")
@@ -406,9 +423,7 @@ def record_prompt(record: Any, fmt: str, where: str, lenient: bool = False, stat
     else:
         if not isinstance(record, Mapping):
             raise RecordProblem("invalid", f"{where}: expected a JSON object, got {type(record).__name__}")
-        found = detect_format(record)
-        native = fmt in _NATIVE and (found in _NATIVE or found is None)  # one reader, `_row_to_prompt`, for both
-        if found != fmt and not native:
+        if not _has_format(record, fmt):
             raise RecordProblem("invalid", f"{where}: the row has no {_FORMAT_KEYS[fmt]}: the file is read as {fmt} "
                                            f"(detected from its first row, or given); its keys are {sorted(record)}")  # fmt: skip
         if fmt == "sharegpt":
@@ -420,9 +435,6 @@ def record_prompt(record: Any, fmt: str, where: str, lenient: bool = False, stat
                 prompt = _row_to_prompt(record, where)
             except PromptFileError as exc:
                 raise RecordProblem("invalid", str(exc)) from None
-    bad = [t for t in (prompt.system or "", *prompt.turns) if not _valid_unicode(t)]
-    if bad:
-        raise RecordProblem("bad_unicode", f"{where}: the prompt holds text that is not valid Unicode (lone surrogates)")
     return prompt
 
 
@@ -441,9 +453,9 @@ def iter_prompts(
         raise PromptFileError(f"format {format!r}: choose one of {', '.join(FORMATS)}")
     stats = stats if stats is not None else ReadStats()
     stats.url = url
-    stats.container = container = _container(url, format)
     fmt = None if format == "auto" else format
     with resolved_url(url) as path:
+        stats.container = container = _container(url, format)
         try:
             for where, record in _records(path, url, container, storage_options or {}):
                 stats.records += 1
@@ -615,13 +627,13 @@ def sharegpt_prompts(
 # ---- mixing sources ------------------------------------------------------------------------
 def mix_counts(shares: Mapping[str, float], num_prompts: int) -> dict[str, int]:
     """Prompts per source for `num_prompts` split by `shares` (any positive weights, normalised;
-    largest remainders round, so the counts add up to `num_prompts`)."""
+    largest remainders round, a tie to the source named first, so the counts add up to `num_prompts`)."""
     if not shares or any(not (w > 0) for w in shares.values()):
         raise ValueError(f"mix {dict(shares)}: give each source a positive share, e.g. {{'sharegpt': 0.75, 'magpie': 0.25}}")
     total = sum(shares.values())
     exact = {s: num_prompts * w / total for s, w in shares.items()}
     counts = {s: int(x) for s, x in exact.items()}
-    for s in sorted(exact, key=lambda s: (counts[s] - exact[s], s))[: num_prompts - sum(counts.values())]:
+    for s in sorted(exact, key=lambda s: counts[s] - exact[s])[: num_prompts - sum(counts.values())]:  # stable: ties in order
         counts[s] += 1
     return counts
 
