@@ -44,6 +44,9 @@ reason in `ReadStats` (the packaged ShareGPT file is read so). ShareGPT's reason
                           valid Unicode (lone surrogates: cannot be written as UTF-8 nor sent)
   invalid                 not a conversation (a turn without `from`/`value`, an unknown role)
 
+and in any format `invalid_json` (a JSON Lines row that does not parse), `invalid` (a row that
+is not a prompt of its format) and `bad_unicode`.
+
 A conversation whose later human turn is blank or not valid Unicode keeps the turns before it
 (the answers after such a turn reply to nothing the target would see); `ReadStats.shortened`
 counts them. `sharegpt_prompts()` samples the packaged file reproducibly:
@@ -275,8 +278,6 @@ def _records(path: str, name: str, container: str, storage_options: Mapping[str,
                     n += 1
                     yield f"{name} row {n}", row
         return
-    if container == "json":
-        container = _sniff_json(path, storage_options)
     with fsspec.open(path, "rt", encoding="utf-8", errors="surrogateescape", compression="infer", **storage_options) as f:
         if container == "json_array":
             try:
@@ -455,8 +456,11 @@ def iter_prompts(
     stats.url = url
     fmt = None if format == "auto" else format
     with resolved_url(url) as path:
-        stats.container = container = _container(url, format)
+        container = _container(url, format)
         try:
+            if container == "json":  # an array, or JSON Lines: the first character tells
+                container = _sniff_json(path, storage_options or {})
+            stats.container = container
             for where, record in _records(path, url, container, storage_options or {}):
                 stats.records += 1
                 if fmt is None:

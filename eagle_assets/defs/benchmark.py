@@ -96,8 +96,8 @@ class BenchmarkConfig(dg.Config):
     ],
 )
 def benchmark_report(context: dg.AssetExecutionContext, config: BenchmarkConfig, inference_server: InferenceServerResource, storage: StorageResource):
-    """The drafter in the real engine: the same MT-Bench prompts without speculation, with our
-    EAGLE-3 drafter and with vLLM's n-gram speculation, over a concurrency sweep; acceptance
+    """The drafter in the real engine: the same prompts (MT-Bench's, or prompts_url's) without
+    speculation, with our EAGLE-3 drafter and with vLLM's n-gram speculation, over a concurrency sweep; acceptance
     from the engine's own counters against the offline reference decoder, with a verdict on
     whether a gap is the drafter's fault or the engine wiring's. Markdown, JSON and plots."""
     preset, path = target_of(inference_server)

@@ -62,7 +62,7 @@ def test_sharegpt_and_openai_files_give_the_same_prompts_in_every_container(tmp_
         assert read(tmp_path / name) == EXPECTED, name
     stats = ReadStats()
     load_prompt_file(str(tmp_path / "s.json"), stats=stats)
-    assert (stats.format, stats.container, stats.records, stats.prompts) == ("sharegpt", "json", 2, 2)
+    assert (stats.format, stats.container, stats.records, stats.prompts) == ("sharegpt", "json_array", 2, 2)
     # Every human turn is kept, the answers are the target's to write; the ids are the content's.
     assert load_prompt_file(str(tmp_path / "s.json"))[0].prompt_id == Prompt.make([Q1, Q2], system=SYSTEM).prompt_id
 
