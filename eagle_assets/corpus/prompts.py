@@ -39,13 +39,16 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from functools import lru_cache
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import fsspec
 
 from eagle_assets.corpus.client import ClientSettings, InferenceClient
 from eagle_assets.corpus.conversation import ChatTemplate
 from eagle_assets.formats import stable_id
+
+if TYPE_CHECKING:  # prompt_formats imports this module
+    from eagle_assets.corpus.prompt_formats import ReadStats
 
 MT_BENCH_PATH = Path(__file__).resolve().parent.parent / "data" / "mt_bench_questions.jsonl"
 TRAINING_SOURCES = ("file", "magpie", "sharegpt")
@@ -191,7 +194,7 @@ def load_prompt_file(
     storage_options: Mapping[str, Any] | None = None,
     format: str = "auto",
     skip_bad_rows: bool = False,
-    stats: Any = None,
+    stats: ReadStats | None = None,
 ) -> list[Prompt]:
     """Prompts from a prompt file (any format of `prompt_formats.py`, at any fsspec URL or
     `pkg://PACKAGE/PATH`), duplicates (same prompt_id) dropped.
