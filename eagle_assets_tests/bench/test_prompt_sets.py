@@ -74,7 +74,8 @@ def test_prompts_without_categories_get_no_category_slices_and_the_report_names_
     results = [Result(tokens=[1] * 8, accepted_per_step=[2, 1, 0], k=3, answer_end=4), Result(tokens=[1] * 8, accepted_per_step=[3, 1], k=3)]
     slices = offline_slices(results, None, 3)
     assert [s.source for s in slices] == [WITHIN_ANSWER, "after the end of the answer"]  # no `category ...` slice
-    report = build_report("smollm2", "d", RUNS, offline=OFFLINE, offline_slices=slices, prompt_set="traffic.json: the first user turn of its first 8 prompts")
+    name = "traffic.json: the first user turn of its first 8 prompts"
+    report = build_report("smollm2", "d", RUNS, offline=OFFLINE, offline_slices=slices, prompt_set=name)
     assert "- prompts: traffic.json: the first user turn of its first 8 prompts" in to_markdown(report)
     assert "prompts: traffic.json: the first user turn of its first 8 prompts" in summary_text(report)
     paths = write_report(report, tmp_path)

@@ -60,7 +60,8 @@ def test_a_mix_of_sharegpt_and_a_users_file_splits_num_prompts_by_share(tmp_path
 
 def failure(result) -> str:
     assert not result.success
-    return next(e for e in result.all_events if e.event_type_value == "STEP_FAILURE").event_specific_data.error.to_string()  # with its cause: the asset's own error
+    error = next(e for e in result.all_events if e.event_type_value == "STEP_FAILURE").event_specific_data.error
+    return error.to_string()  # with its cause: the asset's own error
 
 
 def test_mt_bench_in_a_training_file_and_an_unknown_source_fail_the_materialisation(tmp_path, smollm2_path):
