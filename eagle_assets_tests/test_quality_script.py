@@ -70,3 +70,34 @@ def test_held_out_prompts_are_the_validation_splits_single_turn_prompts(script, 
     assert 3 <= len(expected) < 30  # the split holds some, not all
     assert held == sorted(expected, key=json.dumps)  # no answers, no multi-turn, no training prompt
     assert script.held_out_prompts(tmp_path, 2, val_fraction=0.5) == held[:2]
+
+
+def test_the_corpus_prompts_come_from_the_presets_source_unless_chosen(script):
+    from argparse import Namespace
+
+    def counts(preset, **kw):
+        a = Namespace(**{"prompt_source": None, "num_prompts": None, "mix": None, **kw})
+        return script.prompt_counts(a, script.settings_of(preset, "prompts"))
+
+    assert counts("smollm2-quality") == {"sharegpt": 16000}
+    assert counts("smollm2-quality", prompt_source="magpie") == {"magpie": 16000}
+    assert counts("smollm2-quality", prompt_source="mix") == {"sharegpt": 12000, "magpie": 4000}  # the preset's mix
+    assert counts("smollm2-quality", prompt_source="mix", mix=script._shares("sharegpt=1,magpie=1"), num_prompts=10) == {"sharegpt": 5, "magpie": 5}
+    assert counts("smollm2-default") == {"magpie": 32} and counts("smollm2-tiny") == {"magpie": 16}  # CI's presets stay on Magpie
+
+
+def test_sharegpt_prompts_are_read_as_the_asset_reads_them_and_fitted_to_the_generators_length(script, smollm2_path):
+    import asyncio
+    from argparse import Namespace
+
+    from eagle_assets.corpus.prompt_formats import ContextFit, sharegpt_prompts
+    from eagle_assets.corpus.target import load_tokenizer
+
+    tokenizer = load_tokenizer(smollm2_path)
+    a = Namespace(prompt_source=None, num_prompts=30, mix=None, max_len=1024, no_topics=False)
+    figures: dict = {}
+    # ShareGPT needs no generator: the client and template Magpie would use stay unused.
+    items = asyncio.run(script._prompts(a, script.settings_of("smollm2-quality", "prompts"), None, None, tokenizer, figures))
+    expected, _ = sharegpt_prompts(30, 0, "all", ContextFit(tokenizer, 1024, 256))
+    assert [(p.prompt_id, p.source) for p in items] == [(p.prompt_id, "sharegpt") for p in expected] and len(items) == 30
+    assert figures["sharegpt"]["records"] == 17671 and figures["sharegpt"]["fit_context_tokens"] == 1024

@@ -35,7 +35,7 @@ from eagle_assets.bench.parity import AcceptanceNumbers, ParityTolerance, Traini
 from eagle_assets.bench.reference_decoder import Result, speculative_generate
 from eagle_assets.bench.replay_reference import replay_reference
 from eagle_assets.bench.report import BenchmarkReport, build_report, write_report
-from eagle_assets.bench.served import SweepSettings, mt_bench_categories, mt_bench_prompts, mt_bench_size, refuse_too_few_prompts, run_served
+from eagle_assets.bench.served import PromptSet, SweepSettings, mt_bench_set, mt_bench_size, refuse_too_few_prompts, run_served
 from eagle_assets.drafter.export import load_drafter
 from eagle_assets.drafter.target_head import read_target_embedding
 from eagle_assets.engines.host_memory import available_memory_bytes
@@ -51,7 +51,7 @@ class BenchmarkSettings:
     """What the benchmark measures and how hard."""
 
     num_prompts: int = 8
-    """MT-Bench first turns (evaluation only)."""
+    """MT-Bench first turns (evaluation only), or the first of `prompt_set`."""
     output_len: int = 64
     """Tokens per answer, exact (ignore_eos), served and offline alike."""
     concurrencies: tuple[int, ...] = (1, 4, 8)
@@ -95,6 +95,8 @@ class BenchmarkSettings:
     threshold of the greedy check depends on it."""
     tolerance: ParityTolerance = field(default_factory=ParityTolerance)
     min_speedup: float = 1.0
+    prompt_set: PromptSet | None = None
+    """The prompts (`served.user_prompt_set`: a user's own traffic); None: MT-Bench's first turns."""
 
     def __post_init__(self) -> None:
         ks = (self.k, *self.also_k)
@@ -111,7 +113,9 @@ class BenchmarkSettings:
         # Checked here, before the offline reference and the servers' starts, not at the first
         # level that cannot be filled.
         refuse_too_few_prompts(self.num_prompts, self.concurrencies, f"num_prompts={self.num_prompts}")
-        if self.num_prompts > (available := mt_bench_size()):
+        if self.prompt_set is not None and self.num_prompts > (available := len(self.prompt_set.messages)):
+            raise ValueError(f"num_prompts={self.num_prompts}: the prompt set has {available}; give at most {available}")
+        if self.prompt_set is None and self.num_prompts > (available := mt_bench_size()):
             raise ValueError(f"num_prompts={self.num_prompts}: MT-Bench has {available} first turns; give at most {available}")
         if self.offline_reference not in OFFLINE_REFERENCES:
             raise ValueError(f"offline_reference={self.offline_reference!r}: give one of {', '.join(OFFLINE_REFERENCES)}")
@@ -241,11 +245,12 @@ def run_benchmark(
     if trained_aux_layer_ids is None:
         trained_aux_layer_ids = training_summary.get("aux_layer_ids")
     served_drafter_dir = served_drafter_dir or drafter_dir
-    prompts = mt_bench_prompts(settings.num_prompts)
+    prompt_set = settings.prompt_set or mt_bench_set(settings.num_prompts)
+    prompts = list(prompt_set.messages[: settings.num_prompts])
     sweep = SweepSettings(output_len=settings.output_len, concurrencies=tuple(settings.concurrencies), progress=False)
     reference = offline_reference_source(settings.offline_reference, target_path, extraction_server is not None)
     streams = GreedyStreams(settings, prompts, log) if (reference == "engine" or settings.greedy_check) else None
-    notes = [n for n in notes if n]
+    notes = [n for n in notes if n] + list(prompt_set.notes)
     if reference == "hf":
         results = offline_results(target_path, drafter_dir, prompts, settings, log, trust_remote_code=trust_remote_code)
     settings, how_served = interleaving(settings, served_drafter_dir, why_not_at_once)
@@ -259,7 +264,7 @@ def run_benchmark(
         notes.append("offline reference replayed over the states the serving engine captured along the target's greedy answers "
                      "from its server (the target was not loaded here)")  # fmt: skip
     offline = AcceptanceNumbers.from_results(results, settings.k)
-    chosen = mt_bench_categories(settings.num_prompts)[: len(results)]
+    chosen = list(prompt_set.categories[: len(results)]) if prompt_set.categories else None  # none: no per-category slices
     slices = offline_slices(results, chosen, settings.k)
     log(f"offline reference: AL {offline.al:.3f}, p_k {[round(p, 3) for p in offline.per_position_acceptance]}")
     ended_early = answers_ending_early(results)
@@ -287,6 +292,7 @@ def run_benchmark(
         training=TrainingFacts.from_summary(training_summary),
         confirmation=confirmation,
         greedy_check=streams.check if streams else None,
+        prompt_set=prompt_set.name,
     )
     paths = write_report(report, out_dir)
     return report, paths

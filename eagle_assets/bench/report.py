@@ -107,6 +107,8 @@ class BenchmarkReport:
     greedy_check: GreedyCheck | None = None
     """The drafter's served greedy output against plain greedy, token for token, and the
     target's margin where they part (`bench/greedy_check.py`); None when not checked."""
+    prompt_set: str = ""
+    """What the prompts were (MT-Bench's first turns, or a user's file), served and offline alike."""
 
     def run(self, label: str) -> ServedRun | None:
         return next((r for r in self.runs if r.label == label), None)
@@ -148,6 +150,7 @@ class BenchmarkReport:
                 "definitions": dict(self.definitions),
                 "created_at": self.created_at,
                 "notes": list(self.notes),
+                "prompt_set": self.prompt_set,
                 "training": self.training.to_dict() if self.training else None,
                 "confirmation_runs": [r.to_dict() for r in self.confirmation],
                 "greedy_check": self.greedy_check.to_dict() if self.greedy_check else None,
@@ -172,6 +175,7 @@ class BenchmarkReport:
             definitions=dict(d.get("definitions", METRIC_DEFINITIONS)),
             created_at=float(d.get("created_at", 0.0)),
             notes=tuple(d.get("notes", ())),
+            prompt_set=d.get("prompt_set", ""),
             training=TrainingFacts.from_dict(d["training"]) if d.get("training") else None,
             confirmation=tuple(ServedRun.from_dict(_nan_back(r)) for r in d.get("confirmation_runs", ())),
             greedy_check=GreedyCheck.from_dict(d["greedy_check"]) if d.get("greedy_check") else None,
@@ -229,6 +233,7 @@ def build_report(
     training: TrainingFacts | None = None,
     confirmation: Sequence[ServedRun] = (),
     greedy_check: GreedyCheck | None = None,
+    prompt_set: str = "",
 ) -> BenchmarkReport:
     """Put the runs, offline numbers and verdict together and run the checks.
 
@@ -271,6 +276,7 @@ def build_report(
         training=training,
         confirmation=tuple(confirmation),
         greedy_check=greedy_check,
+        prompt_set=prompt_set,
     )
 
 
@@ -325,6 +331,8 @@ def to_markdown(report: BenchmarkReport, plots: Mapping[str, str] | None = None)
     if first:
         out.append(f"- load: {first.num_prompts} prompts, greedy, exactly {first.output_len} output tokens each, "
                    f"concurrency {', '.join(str(lv.concurrency) for lv in first.levels)}")
+    if report.prompt_set:
+        out.append(f"- prompts: {report.prompt_set}")
     ks = [f"{r.label} {'by batch size' if run_schedule(r) else k}" for r in report.runs if (k := draft_tokens_per_step(r)) is not None]
     if ks:
         out.append(f"- draft tokens per step (K): {', '.join(ks)}; parity and checks at `{report.spec_label}`'s")
@@ -532,6 +540,8 @@ def summary_text(report: BenchmarkReport) -> str:
     spec_run = report.run(report.spec_label)
     k = draft_tokens_per_step(spec_run) if spec_run else None
     lines = [f"benchmark: {report.drafter} on {report.target} ({report.engine}{f', K={k}' if k else ''})"]
+    if report.prompt_set:
+        lines.append(f"prompts: {report.prompt_set}")
     if report.parity:
         lines.append(f"verdict: {report.parity.verdict} - {report.parity.sentence}")
     if report.greedy_check:

@@ -40,7 +40,7 @@ import math
 import os
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
@@ -200,6 +200,79 @@ def as_messages(prompt: str | Sequence[Mapping]) -> Messages:
     if not msgs or any("role" not in m or "content" not in m for m in msgs):
         raise ValueError(f"a prompt must be a string or a list of {{role, content}} messages; got {prompt!r:.200}")
     return msgs
+
+
+@dataclass(frozen=True)
+class PromptSet:
+    """The prompts a benchmark sends, the served sweep and the offline reference alike, and
+    what the report calls them."""
+
+    name: str
+    messages: tuple[Messages, ...]
+    categories: tuple[str, ...] | None = None
+    """One per prompt (MT-Bench's), for the offline breakdown per category; None: no categories."""
+    notes: tuple[str, ...] = ()
+    """What the report should say about how they were chosen (prompts left out, and why)."""
+
+
+def mt_bench_set(n: int | None = None) -> PromptSet:
+    """`mt_bench_prompts(n)` with their categories: the benchmark's default prompt set."""
+    messages = mt_bench_prompts(n)
+    return PromptSet(f"MT-Bench first turns ({len(messages)} of {mt_bench_size()}, spread over its categories)",
+                     tuple(messages), tuple(mt_bench_categories(n)))  # fmt: skip
+
+
+def user_prompt_set(
+    url: str,
+    num_prompts: int,
+    format: str = "auto",
+    fits: Callable[[Messages], bool] | None = None,
+    storage_options: Mapping | None = None,
+) -> PromptSet:
+    """The first user turn (after the system message, when there is one) of the first
+    `num_prompts` distinct prompts of a user's prompt file that `fits` the target's context, in
+    file order: the traffic a drafter will serve, as single requests. The file is read whole
+    and strictly (any format of corpus/prompt_formats.py), so a bad row fails here, naming its
+    line, before anything is served; MT-Bench is allowed (evaluation). Raises ValueError when
+    fewer than `num_prompts` prompts fit."""
+    from eagle_assets.corpus.prompts import load_prompt_file
+
+    chosen: list[Messages] = []
+    seen, too_long = set(), 0
+    for prompt in load_prompt_file(url, purpose="evaluation", format=format, storage_options=storage_options):
+        messages = ([{"role": "system", "content": prompt.system}] if prompt.system is not None else []) + [
+            {"role": "user", "content": prompt.turns[0]}]  # fmt: skip
+        key = json.dumps(messages)
+        if key in seen:
+            continue
+        seen.add(key)
+        if fits is not None and not fits(messages):
+            too_long += 1
+            continue
+        chosen.append(messages)
+        if len(chosen) == num_prompts:
+            break
+    left_out = f"; {too_long} left out: their first turn and the answer do not fit the target's context" if too_long else ""
+    if len(chosen) < num_prompts:
+        raise ValueError(f"num_prompts={num_prompts}: {url} has {len(chosen)} distinct prompts{left_out}; give at most {len(chosen)}")
+    notes = (f"prompts: {too_long} of {url}'s first prompts left out, too long for the target's context",) if too_long else ()
+    return PromptSet(f"{url}: the first user turn of its first {len(chosen)} prompts", tuple(chosen), None, notes)
+
+
+def context_fit(target_path: str | Path, max_model_len: int, new_tokens: int, trust_remote_code: bool = False) -> Callable[[Messages], bool]:
+    """Whether a prompt, rendered with the target's chat template, and `new_tokens` more fit
+    `max_model_len` (the server refuses a request that does not)."""
+    from eagle_assets.corpus.target import load_tokenizer
+
+    tokenizer = None  # loaded at the first prompt: a file that fails to read fails before it
+
+    def fits(messages: Messages) -> bool:
+        nonlocal tokenizer
+        tokenizer = tokenizer or load_tokenizer(target_path, trust_remote_code=trust_remote_code)
+        ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+        return len(ids["input_ids"] if isinstance(ids, Mapping) else ids) + new_tokens <= max_model_len
+
+    return fits
 
 
 def mt_bench_prompts(n: int | None = None, path: str | Path | None = None) -> list[Messages]:
@@ -560,9 +633,8 @@ def _main(argv: list[str] | None = None) -> int:
     ap.add_argument("--model", required=True, help="served model name")
     ap.add_argument("--label", default="baseline", help='engine configuration: "baseline", "eagle3", "ngram"')
     ap.add_argument("--engine", default="vllm", choices=ENGINES)
-    ap.add_argument("--num-prompts", type=int, default=16, help="first N MT-Bench questions")
-    ap.add_argument("--prompts", help="JSONL or Parquet prompt file (eagle_assets.corpus.prompts; each prompt's first user "
-                                      "turn is sent, with its system message), default MT-Bench")
+    ap.add_argument("--num-prompts", type=int, default=16, help="MT-Bench questions spread over its categories, or the first N of --prompts")
+    ap.add_argument("--prompts", help="a prompt file in any format of corpus/prompt_formats.py: the first user turn of each (default MT-Bench)")
     ap.add_argument("--output-len", type=int, default=256)
     ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 8])
     ap.add_argument("--smoke", action="store_true", help="2 prompts, 16 tokens, concurrency 1 and 2")
@@ -583,16 +655,10 @@ def _main(argv: list[str] | None = None) -> int:
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per request drowns the results
     if args.smoke:
         args.num_prompts, args.output_len, args.concurrency = 2, 16, [1, 2]
-    if args.prompts:  # read as the pipeline reads prompt files (a bad row names its line); first turns, as MT-Bench's
-        from eagle_assets.corpus.prompts import PromptFileError, load_prompt_file
-
-        try:
-            loaded = load_prompt_file(args.prompts, purpose="evaluation", limit=args.num_prompts)
-            prompts = [p.to_messages()[: 2 if p.system is not None else 1] for p in loaded]
-        except PromptFileError as exc:
-            ap.error(str(exc))
-    else:
-        prompts = mt_bench_prompts(args.num_prompts)
+    try:
+        prompts = list(user_prompt_set(args.prompts, args.num_prompts).messages if args.prompts else mt_bench_prompts(args.num_prompts))
+    except ValueError as exc:
+        raise SystemExit(str(exc)) from None
     settings = SweepSettings(output_len=args.output_len, concurrencies=tuple(args.concurrency), engine=args.engine)
     run = run_served(args.label, args.base_url, args.model, prompts, settings, api_key=api_key)
     for lv in run.levels:

@@ -1,7 +1,10 @@
 """The `prompts` and `synthetic_corpus` stages as plain Python (no dagster import).
 
-    prompts.py       prompt sets: user files (JSONL/Parquet, any fsspec URL), Magpie synthesis
-                     by the target, MT-Bench for evaluation only
+    prompts.py       prompt sets: user files, Magpie synthesis by the target, MT-Bench for
+                     evaluation only
+    prompt_formats.py  prompt files in ShareGPT, OpenAI chat, Alpaca or text format (JSON Lines,
+                     JSON arrays streamed, Parquet; any fsspec URL or pkg://), and ShareGPT's
+                     packaged conversations as a seeded sample
     client.py        async OpenAI-compatible client: bounded concurrency, retries with backoff
     conversation.py  the target's chat template: reasoning re-wrapped, token ids, loss mask,
                      round-trip verification

@@ -5,11 +5,11 @@ replays the user turns one at a time and lets the target write every answer, so 
 turns in a source file are ignored. Each prompt has a stable `prompt_id`.
 
 Sources:
-  * `load_prompt_file(url)`: JSONL or Parquet at any fsspec URL; each row has `messages`
-    (an OpenAI chat list, multi-turn allowed) or `prompt` (a string) or `turns` (a list of
-    user strings). Any valid Unicode text is accepted; a bad row (not JSON, not UTF-8, a
-    field of the wrong type, empty text, a lone surrogate such as the escape `\\ud800`)
-    refuses the whole file with the file and its line (JSONL) or row (Parquet) named.
+  * `load_prompt_file(url)`: a prompt file at any fsspec URL or `pkg://PACKAGE/PATH`, in
+    any of the formats of `prompt_formats.py` (ShareGPT, OpenAI chat `messages`, Alpaca,
+    plain text, and this project's rows with `messages`, `prompt` or `turns`), detected per
+    file; JSON Lines, JSON arrays (streamed), Parquet or text. Bad rows fail with the file
+    and row named.
   * `synthesize_prompts(...)`: Magpie-style, the target samples the user turn itself from the
     chat template cut just after the user header (`<|im_start|>user\\n` for ChatML), through
     the server's raw `/v1/completions`; deduplicated, empty and over-long ones dropped;
@@ -39,7 +39,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from functools import lru_cache
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import fsspec
 
@@ -47,10 +47,11 @@ from eagle_assets.corpus.client import ClientSettings, InferenceClient
 from eagle_assets.corpus.conversation import ChatTemplate
 from eagle_assets.formats import stable_id
 
+if TYPE_CHECKING:  # prompt_formats imports this module
+    from eagle_assets.corpus.prompt_formats import ReadStats
+
 MT_BENCH_PATH = Path(__file__).resolve().parent.parent / "data" / "mt_bench_questions.jsonl"
-TRAINING_SOURCES = ("file", "magpie")
-_JSONL_SUFFIXES = (".jsonl", ".ndjson", ".jsonl.gz", ".ndjson.gz", ".jsonl.zst")
-_PARQUET_SUFFIXES = (".parquet", ".pq")
+TRAINING_SOURCES = ("file", "magpie", "sharegpt")
 
 
 class PromptFileError(ValueError):
@@ -72,7 +73,7 @@ class Prompt:
     system: str | None = None
     """System message; None lets the chat template use its default."""
     source: str = "file"
-    """`file`, `magpie` or `mt_bench`."""
+    """`file`, `magpie`, `sharegpt` or `mt_bench`."""
     origin: str = ""
     """Where it came from (`file.jsonl line 12`, `file.parquet row 12`), for error messages."""
 
@@ -199,61 +200,27 @@ def _row_to_prompt(row: Mapping[str, Any], where: str) -> Prompt:
     )
 
 
-def _read_rows(url: str, storage_options: Mapping[str, Any]) -> Iterable[tuple[str, Any]]:
-    """(where in the file, row): `line N` of a JSONL file (blank lines skipped but counted), `row N` of Parquet."""
-    lower = url.lower()
-    try:
-        if lower.endswith(_PARQUET_SUFFIXES):
-            import pyarrow.parquet as pq
-
-            with fsspec.open(url, "rb", **storage_options) as f:
-                table = pq.read_table(f)
-            return [(f"row {n}", row) for n, row in enumerate(table.to_pylist(), 1)]
-        if lower.endswith(_JSONL_SUFFIXES):
-            rows = []
-            with fsspec.open(url, "rb", compression="infer", **storage_options) as f:
-                for n, raw in enumerate(f, 1):
-                    try:  # line by line, so that a bad byte names its line; a BOM may open the file
-                        line = raw.decode("utf-8-sig" if n == 1 else "utf-8")
-                    except UnicodeDecodeError as exc:
-                        raise PromptFileError(
-                            f"{url} line {n}: not UTF-8 text (byte {raw[exc.start]:#04x} at column {exc.start + 1}): "
-                            "save the file as UTF-8"
-                        ) from None
-                    if not line.strip():
-                        continue
-                    try:
-                        rows.append((f"line {n}", json.loads(line)))
-                    except json.JSONDecodeError as exc:
-                        raise PromptFileError(f"{url} line {n}: not valid JSON ({exc})") from None
-            return rows
-    except PromptFileError:
-        raise
-    except (OSError, ValueError, ImportError) as exc:  # missing file, bad URL, corrupt Parquet
-        raise PromptFileError(
-            f"cannot read prompt file {url}: {type(exc).__name__}: {exc}. Check that the path or URL "
-            "exists and is readable (and its storage options, for object stores)."
-        ) from None
-    raise PromptFileError(
-        f"{url}: unknown prompt file type; use JSONL ({', '.join(_JSONL_SUFFIXES)}) or Parquet "
-        f"({', '.join(_PARQUET_SUFFIXES)})"
-    )
-
-
 def load_prompt_file(
     url: str,
     *,
     purpose: str = "training",
     limit: int | None = None,
     storage_options: Mapping[str, Any] | None = None,
+    format: str = "auto",
+    skip_bad_rows: bool = False,
+    stats: ReadStats | None = None,
 ) -> list[Prompt]:
-    """Prompts from a JSONL or Parquet file at any fsspec URL, duplicates (same prompt_id) dropped.
+    """Prompts from a prompt file (any format of `prompt_formats.py`, at any fsspec URL or
+    `pkg://PACKAGE/PATH`), duplicates (same prompt_id) dropped.
 
     `purpose="training"` (the default) refuses MT-Bench, by file name and by question content.
-    A bad row refuses the whole file, naming its line (JSONL) or row (Parquet) and what is wrong
-    with it: a corpus built from the good rows alone would silently lack the prompts the user
-    gave, and the fix (in the file) is the user's to make.
+    `format` forces a format ("auto" detects it). A bad row refuses the whole file, naming its
+    row and line and what is wrong with it: a corpus built from the good rows alone would
+    silently lack prompts the user gave, and the fix (in the file) is the user's to make;
+    `skip_bad_rows` drops such rows instead, counting them in `stats` (a `ReadStats`).
     """
+    from eagle_assets.corpus.prompt_formats import iter_prompts  # it reads rows with _row_to_prompt, here
+
     if purpose not in ("training", "evaluation"):
         raise ValueError(f"purpose must be 'training' or 'evaluation', got {purpose!r}")
     if purpose == "training" and is_mt_bench_url(url):
@@ -262,14 +229,12 @@ def load_prompt_file(
             "benchmark_report (load_mt_bench) and give the corpus another prompt file or Magpie prompts."
         )
     prompts, seen = [], set()
-    for at, row in _read_rows(url, storage_options or {}):
-        where = f"{url} {at}"
-        if not isinstance(row, Mapping):
-            raise PromptFileError(f"{where}: expected a JSON object, got {type(row).__name__}")
-        p = _row_to_prompt(row, where)
+    for p in iter_prompts(url, format=format, storage_options=storage_options, skip_bad=skip_bad_rows, stats=stats):
         if p.prompt_id not in seen:
             seen.add(p.prompt_id)
             prompts.append(p)
+        elif stats is not None:
+            stats.drop("duplicate")
         if limit is not None and len(prompts) >= limit:
             break
     if not prompts:

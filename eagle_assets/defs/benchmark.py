@@ -12,6 +12,7 @@ import dagster as dg
 from eagle_assets.bench.benchmark import BenchmarkSettings, benchmark_k, run_benchmark
 from eagle_assets.bench.checks import BASELINE, CONTROL, NGRAM, against, host_drift, round_speedups
 from eagle_assets.bench.parity import ParityTolerance
+from eagle_assets.bench.served import PromptSet, context_fit, user_prompt_set
 from eagle_assets.defs.common import GROUP, check_result, hash_files, metadata, stage_version, target_of
 from eagle_assets.defs.drafter import drafter_checkpoint
 from eagle_assets.engines.k_schedule import KSchedule
@@ -21,7 +22,13 @@ from eagle_assets.resources.storage import StorageResource
 
 class BenchmarkConfig(dg.Config):
     num_prompts: int = 8
-    """MT-Bench first turns, served and offline."""
+    """MT-Bench first turns (or the first of `prompts_url`), served and offline."""
+    prompts_url: Optional[str] = None
+    """Benchmark on your own traffic instead of MT-Bench: a prompt file (any fsspec URL or
+    pkg://PACKAGE/PATH; ShareGPT, OpenAI chat, Alpaca or text), the first user turn of each of
+    its first num_prompts prompts that fit the target's context."""
+    prompts_format: str = "auto"
+    """The prompts_url file's format: "auto" (detected), "sharegpt", "openai", "alpaca", "eagle" or "text"."""
     output_len: int = 64
     concurrencies: list[int] = [1, 4, 8]
     k: Optional[int] = None
@@ -55,10 +62,11 @@ class BenchmarkConfig(dg.Config):
     parent_al: Optional[float] = None
     """AL of the parent drafter on the same prompts, for a warm start's no-regression check."""
 
-    def settings(self, k: int, served_dtype: str = "float32") -> BenchmarkSettings:
+    def settings(self, k: int, served_dtype: str = "float32", prompt_set: Optional[PromptSet] = None) -> BenchmarkSettings:
         """The benchmark's settings at `k` draft tokens per step (they refuse what cannot run)."""
         return BenchmarkSettings(
             num_prompts=self.num_prompts,
+            prompt_set=prompt_set,
             output_len=self.output_len,
             concurrencies=tuple(self.concurrencies),
             k=k,
@@ -89,14 +97,19 @@ class BenchmarkConfig(dg.Config):
     ],
 )
 def benchmark_report(context: dg.AssetExecutionContext, config: BenchmarkConfig, inference_server: InferenceServerResource, storage: StorageResource):
-    """The drafter in the real engine: the same MT-Bench prompts without speculation, with our
-    EAGLE-3 drafter and with vLLM's n-gram speculation, over a concurrency sweep; acceptance
+    """The drafter in the real engine: the same prompts (MT-Bench's, or prompts_url's) without
+    speculation, with our EAGLE-3 drafter and with vLLM's n-gram speculation, over a concurrency sweep; acceptance
     from the engine's own counters against the offline reference decoder, with a verdict on
     whether a gap is the drafter's fault or the engine wiring's. Markdown, JSON and plots."""
     preset, path = target_of(inference_server)
     drafter_dir = storage.drafter(preset.name) / "drafter-vllm"
     summary = json.loads((storage.drafter(preset.name) / "summary.json").read_text())
-    settings = config.settings(benchmark_k(config.k, summary, preset.ttt_steps), inference_server.served_dtype())
+    k = benchmark_k(config.k, summary, preset.ttt_steps)
+    prompt_set = None
+    if config.prompts_url:
+        fits = context_fit(path, preset.max_model_len, config.output_len + max([k, *config.also_k]), preset.trust_remote_code)
+        prompt_set = user_prompt_set(config.prompts_url, config.num_prompts, config.prompts_format, fits)
+    settings = config.settings(k, inference_server.served_dtype(), prompt_set)
     notes = [inference_server.serving_note()]
     if inference_server.url:
         if not inference_server.speculative_url:

