@@ -113,7 +113,7 @@ CASES = [
     Case("prompt_not_utf8", (*SERVED, "--prompts", "{prompt_latin1}"), ("{prompt_latin1} line 1", "not UTF-8"), code=2),
     Case("prompt_not_json", (*SERVED, "--prompts", "{prompt_not_json}"), ("{prompt_not_json} line 2", "not valid JSON"), code=2),
     Case("prompt_empty", (*SERVED, "--prompts", "{prompt_empty}"), ("{prompt_empty} line 1", "is empty"), code=2),
-    Case("prompt_no_known_key", (*SERVED, "--prompts", "{prompt_no_key}"), ("{prompt_no_key} line 1", "neither `messages`"), code=2),
+    Case("prompt_no_known_key", (*SERVED, "--prompts", "{prompt_no_key}"), ("{prompt_no_key} line 1", "cannot tell the file's format"), code=2),
     Case("prompt_file_missing", (*SERVED, "--prompts", "/nonexistent/prompts.jsonl"), ("/nonexistent/prompts.jsonl",), code=2),
     Case("prompt_file_type", (*SERVED, "--prompts", "{prompt_csv}"), ("{prompt_csv}", "unknown prompt file type"), code=2),
 ]

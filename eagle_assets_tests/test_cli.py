@@ -151,7 +151,7 @@ def test_bench_refuses_a_bad_prompt_file_before_serving_anything(tmp_path, targe
     bad.write_text(json.dumps({"conversations": [{"from": "human", "value": "hi"}]}) + "\n"
                    + json.dumps({"conversations": [{"from": "tool", "value": "x"}]}) + "\n")  # fmt: skip
     (tmp_path / "traffic.csv").write_text("a,b\n")
-    for path, message in ((bad, f"{bad} row 2: turn 0 is from 'tool'"),
+    for path, message in ((bad, f"{bad} line 2: turn 0 is from 'tool'"),
                           (tmp_path / "missing.json", f"cannot read prompt file {tmp_path / 'missing.json'}: FileNotFoundError"),
                           (tmp_path / "traffic.csv", "unknown prompt file type")):  # fmt: skip
         result = invoke("bench", "--drafter", drafter_folder(tmp_path), "--target", str(target), "--out", str(tmp_path / "r"),

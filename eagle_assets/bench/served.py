@@ -658,7 +658,7 @@ def _main(argv: list[str] | None = None) -> int:
     try:
         prompts = list(user_prompt_set(args.prompts, args.num_prompts).messages if args.prompts else mt_bench_prompts(args.num_prompts))
     except ValueError as exc:
-        raise SystemExit(str(exc)) from None
+        ap.error(str(exc))
     settings = SweepSettings(output_len=args.output_len, concurrencies=tuple(args.concurrency), engine=args.engine)
     run = run_served(args.label, args.base_url, args.model, prompts, settings, api_key=api_key)
     for lv in run.levels:

@@ -74,7 +74,7 @@ from typing import Any, TextIO
 
 import fsspec
 
-from eagle_assets.corpus.prompts import Prompt, PromptFileError, _row_to_prompt, _text_hash, mt_bench_hashes
+from eagle_assets.corpus.prompts import Prompt, PromptFileError, _row_to_prompt, _text_hash, mt_bench_hashes, unicode_problem
 from eagle_assets.formats import stable_id
 
 FORMATS = ("auto", "sharegpt", "openai", "alpaca", "eagle", "text")
@@ -261,7 +261,7 @@ def json_array_records(f: TextIO) -> Iterator[tuple[int, int, Any]]:
 
 def _sniff_json(path: str, storage_options: Mapping[str, Any]) -> str:
     """"json_array" when the file's first character (after whitespace) is `[`, else "jsonl"."""
-    with fsspec.open(path, "rt", encoding="utf-8", errors="surrogateescape", compression="infer", **storage_options) as f:
+    with fsspec.open(path, "rt", encoding="utf-8-sig", errors="surrogateescape", compression="infer", **storage_options) as f:
         while chunk := f.read(4096):
             if stripped := chunk.lstrip():
                 return "json_array" if stripped[0] == "[" else "jsonl"
@@ -270,7 +270,8 @@ def _sniff_json(path: str, storage_options: Mapping[str, Any]) -> str:
 
 def _records(path: str, name: str, container: str, storage_options: Mapping[str, Any]) -> Iterator[tuple[str, Any]]:
     """(where, record) of each record of the file at `path`, called `name` in messages; `where`
-    names the row (the line of JSON Lines and text, the line a JSON array's record starts on).
+    names its line (JSON Lines and text), its row (Parquet) or both (a JSON array's record: its
+    row and the line it starts on).
     Text is decoded with surrogateescape: bytes that are not UTF-8 reach the Unicode check."""
     if container == "parquet":
         import pyarrow.parquet as pq
@@ -282,7 +283,7 @@ def _records(path: str, name: str, container: str, storage_options: Mapping[str,
                     n += 1
                     yield f"{name} row {n}", row
         return
-    with fsspec.open(path, "rt", encoding="utf-8", errors="surrogateescape", compression="infer", **storage_options) as f:
+    with fsspec.open(path, "rt", encoding="utf-8-sig", errors="surrogateescape", compression="infer", **storage_options) as f:
         if container == "json_array":
             try:
                 for n, line, record in json_array_records(f):
@@ -297,12 +298,12 @@ def _records(path: str, name: str, container: str, storage_options: Mapping[str,
             if not text.strip():
                 continue
             if container == "text":
-                yield f"{name} row {n}", text.strip()
+                yield f"{name} line {n}", text.strip()
                 continue
             try:
-                yield f"{name} row {n}", json.loads(text)
+                yield f"{name} line {n}", json.loads(text)
             except json.JSONDecodeError as exc:
-                yield f"{name} row {n}", RecordProblem("invalid_json", f"{name} row {n}: not valid JSON ({exc})")
+                yield f"{name} line {n}", RecordProblem("invalid_json", f"{name} line {n}: not valid JSON ({exc})")
 
 
 # ---- record formats ------------------------------------------------------------------------
@@ -336,11 +337,7 @@ def _has_format(record: Mapping, fmt: str) -> bool:
 
 
 def _valid_unicode(text: str) -> bool:
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
+    return unicode_problem(text) is None
 
 
 def sharegpt_prompt(record: Mapping, where: str, lenient: bool = False, stats: ReadStats | None = None) -> Prompt:
@@ -413,11 +410,24 @@ def record_prompt(record: Any, fmt: str, where: str, lenient: bool = False, stat
         raise record
     try:
         prompt = _convert(record, fmt, where, lenient, stats)
-    except UnicodeEncodeError:  # Prompt.make hashes the text as UTF-8
-        prompt = None
-    if prompt is None or not all(_valid_unicode(t) for t in (prompt.system or "", *prompt.turns)):
-        raise RecordProblem("bad_unicode", f"{where}: the prompt holds text that is not valid Unicode (lone surrogates)")
+        texts = [prompt.system or "", *prompt.turns]
+    except UnicodeEncodeError:  # Prompt.make hashes the text as UTF-8: name the text that failed
+        prompt, texts = None, _strings(record)
+    problem = next((q for t in texts if (q := unicode_problem(t))), None)
+    if prompt is None or problem:
+        raise RecordProblem("bad_unicode", f"{where}: the prompt {problem or 'holds text that is not valid Unicode'}")
     return prompt
+
+
+def _strings(value: Any) -> list[str]:
+    """Every string inside a record (text, or nested JSON values)."""
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, Mapping):
+        return [s for v in value.values() for s in _strings(v)]
+    if isinstance(value, (list, tuple)):
+        return [s for v in value for s in _strings(v)]
+    return []
 
 
 def _convert(record: Any, fmt: str, where: str, lenient: bool, stats: ReadStats | None) -> Prompt:

@@ -139,6 +139,21 @@ def load_mt_bench(path: str | Path = MT_BENCH_PATH) -> list[Prompt]:
 
 
 # ---- user files -------------------------------------------------------------------------
+def unicode_problem(text: str) -> str | None:
+    """Why `text` is not Unicode text a tokenizer or server accepts, or None. Files are decoded
+    with surrogateescape, so a byte that is not UTF-8 arrives as a surrogate U+DC80..U+DCFF and is
+    named as that byte; any other lone surrogate came from a JSON escape such as \\ud800."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        char = text[exc.start]
+        if 0xDC80 <= ord(char) <= 0xDCFF:
+            return f"is not UTF-8 text (byte {ord(char) - 0xDC00:#04x} at character {exc.start}): save the file as UTF-8"
+        return (f"holds a lone surrogate {char!r} at character {exc.start}, which is not Unicode text (a JSON escape "
+                "such as \\ud800 without its pair): fix the text or drop the row")  # fmt: skip
+    return None
+
+
 def _text(value: Any, where: str, what: str, may_be_empty: bool = False) -> str:
     """`value` as prompt text: a string (non-empty unless `may_be_empty`) that is valid Unicode,
     else a PromptFileError naming `what` and why. JSON may carry a lone surrogate (the escape \\ud800 without its
@@ -148,13 +163,8 @@ def _text(value: Any, where: str, what: str, may_be_empty: bool = False) -> str:
         raise PromptFileError(f"{where}: {what} must be text (a string), not {type(value).__name__} {shown}")
     if not value.strip() and not may_be_empty:
         raise PromptFileError(f"{where}: {what} is empty; give the text or drop the row")
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError as exc:
-        raise PromptFileError(
-            f"{where}: {what} holds a lone surrogate {value[exc.start]!r} at character {exc.start}, which is not "
-            "Unicode text (a JSON escape such as \\ud800 without its pair): fix the text or drop the row"
-        ) from None
+    if problem := unicode_problem(value):
+        raise PromptFileError(f"{where}: {what} {problem}")
     return value
 
 

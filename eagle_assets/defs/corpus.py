@@ -26,18 +26,19 @@ PROMPTS_FILE = "prompts.jsonl"
 PROMPT_ROOTS_ENV = "EAGLE_ASSETS_PROMPT_ROOTS"
 
 
-def prompt_roots() -> list[str]:
-    """Where a run's `prompts.file_url` may read: the data folder, the folder the prompt sensor
-    watches (EAGLE_ASSETS_PROMPTS_URL) and the folders or URL prefixes listed in
-    EAGLE_ASSETS_PROMPT_ROOTS (comma-separated; `*` allows any). Anyone who may launch a run
-    sets file_url, so without this limit a run could read any file the code location can."""
+def prompt_roots(data_root: str | None = None) -> list[str]:
+    """Where a run's `prompts.file_url` may read: the data folder (`data_root`, default
+    EAGLE_ASSETS_DATA's), the folder the prompt sensor watches (EAGLE_ASSETS_PROMPTS_URL) and the
+    folders or URL prefixes listed in EAGLE_ASSETS_PROMPT_ROOTS (comma-separated; `*` allows
+    any). Anyone who may launch a run sets file_url, so without this limit a run could read any
+    file the code location can."""
     watched = env_str("EAGLE_ASSETS_PROMPTS_URL")
-    return [str(data_dir()), *([watched] if watched else []), *env_list(PROMPT_ROOTS_ENV)]
+    return [data_root or str(data_dir()), *([watched] if watched else []), *env_list(PROMPT_ROOTS_ENV)]
 
 
-def check_prompt_url(url: str) -> None:
-    """Refuse a prompt file outside `prompt_roots()`, naming the setting that allows it."""
-    roots = prompt_roots()
+def check_prompt_url(url: str, data_root: str | None = None) -> None:
+    """Refuse a prompt file outside `prompt_roots(data_root)`, naming the setting that allows it."""
+    roots = prompt_roots(data_root)
     if "*" in roots or any(_url_under(url, root) for root in roots):
         return
     raise ValueError(
@@ -136,7 +137,7 @@ def prompts(
     if "file" in counts and not config.file_url:
         raise ValueError("prompts use a file but file_url is empty: give the prompt file's path or URL")
     if "file" in counts:
-        check_prompt_url(config.file_url)
+        check_prompt_url(config.file_url, storage.root or None)
     tokenizer = load_tokenizer(path, trust_remote_code=preset.trust_remote_code)
     fit = None
     if {"file", "sharegpt"} & set(counts):

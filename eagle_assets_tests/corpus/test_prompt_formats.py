@@ -97,7 +97,7 @@ def test_the_format_is_detected_per_file_and_can_be_forced(tmp_path):
     with pytest.raises(PromptFileError, match="format 'csv': choose one of auto, sharegpt, openai, alpaca, eagle, text"):
         load_prompt_file(str(tmp_path / "both.jsonl"), format="csv")
     write_jsonl(tmp_path / "unknown.jsonl", [{"text": "x"}])
-    with pytest.raises(PromptFileError, match=r"unknown\.jsonl row 1: cannot tell the file's format from its first row \(\['text'\]\)"):
+    with pytest.raises(PromptFileError, match=r"unknown\.jsonl line 1: cannot tell the file's format from its first row \(\['text'\]\)"):
         load_prompt_file(str(tmp_path / "unknown.jsonl"))
 
 
@@ -115,12 +115,12 @@ def test_a_bad_row_names_its_line(tmp_path):
     with pytest.raises(PromptFileError, match=rf"s\.json row 3 \(line {line}\): the conversation opens with an answer"):
         load_prompt_file(str(tmp_path / "s.json"))
     cases = {
-        "role": ([SHAREGPT[1], {"conversations": [{"from": "tool", "value": "x"}]}], r"row 2: turn 0 is from 'tool'"),
+        "role": ([SHAREGPT[1], {"conversations": [{"from": "tool", "value": "x"}]}], r"line 2: turn 0 is from 'tool'"),
         "empty": ([{"conversations": [{"from": "human", "value": "ok"}, {"from": "gpt", "value": "a"}, {"from": "human", "value": " "}]}],
-                  r"row 1: turn 2 \(human\) is empty"),
-        "mixed": ([SHAREGPT[1], {"instruction": "x"}], r"row 2: the row has no `conversations`: the file is read as sharegpt"),
-        "alpaca": ([{"instruction": "x"}, {"instruction": ""}], r"row 2: `instruction` is empty"),
-        "unicode": ([{"prompt": "fine"}, {"prompt": "cut emoji \ud83d"}], r"row 2: the prompt holds text that is not valid Unicode"),
+                  r"line 1: turn 2 \(human\) is empty"),
+        "mixed": ([SHAREGPT[1], {"instruction": "x"}], r"line 2: the row has no `conversations`: the file is read as sharegpt"),
+        "alpaca": ([{"instruction": "x"}, {"instruction": ""}], r"line 2: `instruction` is empty"),
+        "unicode": ([{"prompt": "fine"}, {"prompt": "cut emoji \ud83d"}], r"line 2: `prompt` holds a lone surrogate"),
     }  # fmt: skip
     for name, (rows, message) in cases.items():
         path = tmp_path / f"{name}.jsonl"
@@ -128,7 +128,7 @@ def test_a_bad_row_names_its_line(tmp_path):
         with pytest.raises(PromptFileError, match=f"{name}\\.jsonl {message}"):
             load_prompt_file(str(path))
     (tmp_path / "badbytes.txt").write_bytes(b"fine\nLatin-1 caf\xe9\n")
-    with pytest.raises(PromptFileError, match=r"badbytes\.txt row 2: the prompt holds text that is not valid Unicode"):
+    with pytest.raises(PromptFileError, match=r"badbytes\.txt line 2: the prompt is not UTF-8 text"):
         load_prompt_file(str(tmp_path / "badbytes.txt"))
     # A JSON array cut inside its third record: strict reading names where, and keeps nothing.
     (tmp_path / "cut.json").write_text(text[: text.index("...continued")])
@@ -183,7 +183,7 @@ def test_mt_bench_is_refused_as_training_data_in_every_format(tmp_path, kind):
     else:
         path = tmp_path / "train.json"
         path.write_text(json.dumps(rows[kind]))
-    with pytest.raises(EvaluationDataError, match=r"1 prompt\(s\) are MT-Bench questions \(.*train\.\w+ row 2"):
+    with pytest.raises(EvaluationDataError, match=r"1 prompt\(s\) are MT-Bench questions \(.*train\.\w+ (row|line) 2"):
         load_prompt_file(str(path))
     assert len(load_prompt_file(str(path), purpose="evaluation")) == 2
     # By name, in any format and place: a package's data file too.

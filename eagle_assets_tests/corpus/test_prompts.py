@@ -98,7 +98,7 @@ def test_any_unicode_text_loads_and_bad_bytes_name_their_line(tmp_path):
     assert [p.turns[0] for p in load_prompt_file(str(bom))] == ["after a BOM"]
     latin1 = tmp_path / "latin1.jsonl"
     latin1.write_bytes(b'{"prompt": "fine"}\n\n{"prompt": "caf\xe9"}\n')
-    with pytest.raises(PromptFileError, match=r"latin1\.jsonl line 3: not UTF-8 text \(byte 0xe9 at column 16\)"):
+    with pytest.raises(PromptFileError, match=r"latin1\.jsonl line 3: `prompt` is not UTF-8 text \(byte 0xe9 at character 3\)"):
         load_prompt_file(str(latin1))
 
 

@@ -49,8 +49,9 @@ def test_sharegpt_source_samples_the_packaged_conversations_and_counts_what_it_d
 
 def test_a_mix_of_sharegpt_and_a_users_file_splits_num_prompts_by_share(tmp_path, smollm2_path):
     rows = [{"instruction": f"Write a haiku about the number {i}.", "output": "ignored"} for i in range(10)]
-    (tmp_path / "mine.json").write_text(json.dumps(rows))
-    config = {"source": "mix", "num_prompts": 8, "mix": {"sharegpt": 3, "file": 1}, "file_url": str(tmp_path / "mine.json")}
+    (tmp_path / "data").mkdir(exist_ok=True)  # a run reads prompt files under its data folder (prompt_roots)
+    (tmp_path / "data" / "mine.json").write_text(json.dumps(rows))
+    config = {"source": "mix", "num_prompts": 8, "mix": {"sharegpt": 3, "file": 1}, "file_url": str(tmp_path / "data" / "mine.json")}
     result, written = materialize(tmp_path, config)
     items = load_prompt_file(str(written))
     assert meta(result)["sources"] == {"file": 2, "sharegpt": 6} and len(items) == 8
@@ -65,8 +66,9 @@ def failure(result) -> str:
 
 
 def test_mt_bench_in_a_training_file_and_an_unknown_source_fail_the_materialisation(tmp_path, smollm2_path):
-    (tmp_path / "train.txt").write_text("a fine prompt\n" + load_mt_bench()[3].turns[0] + "\n")
-    result, written = materialize(tmp_path, {"source": "file", "file_url": str(tmp_path / "train.txt")}, raise_on_error=False)
+    (tmp_path / "data").mkdir(exist_ok=True)
+    (tmp_path / "data" / "train.txt").write_text("a fine prompt\n" + load_mt_bench()[3].turns[0] + "\n")
+    result, written = materialize(tmp_path, {"source": "file", "file_url": str(tmp_path / "data" / "train.txt")}, raise_on_error=False)
     assert "1 prompt(s) are MT-Bench questions" in failure(result) and not written.exists()
     result, _ = materialize(tmp_path / "bad", {"source": "mix", "mix": {"sharegpt": 1, "wikipedia": 1}}, raise_on_error=False)
     assert "prompts.mix names ['wikipedia']: give shares of magpie, file, sharegpt" in failure(result)
