@@ -118,7 +118,7 @@ def serve(
     from eagle_assets.engines.k_schedule import KSchedule
     from eagle_assets.engines.preflight import PreflightError
     from eagle_assets.engines.process import PortBusy, ServerFailed, stop_recorded
-    from eagle_assets.engines.serving import COLD_TEMPERATURE, SMOKE_PROMPTS, chat_once, cold_sampling_check, launch_vllm
+    from eagle_assets.engines.serving import launch_vllm
     from eagle_assets.paths import runs_dir
 
     if stop:
@@ -138,20 +138,33 @@ def serve(
         with launch_vllm(target, drafter=drafter, k=num_speculative_tokens, k_schedule=schedule, port=port,
                          startup_timeout_s=startup_timeout) as server:  # fmt: skip
             if check:
-                greedy = [chat_once(server, p) for p in SMOKE_PROMPTS]
-                typer.echo(f"chat completion from {server.model}: {greedy[0]!r}")
-                if drafter is not None:
-                    ok, sampling = cold_sampling_check(server, SMOKE_PROMPTS, greedy)
-                    if not ok:
-                        wrong, right = next((s, g) for s, g in zip(sampling["sampled"], greedy) if s != g)
-                        _fail(f"sampling under speculation is wrong: at temperature {COLD_TEMPERATURE:g} the server wrote "
-                              f"{wrong!r}, not its greedy answer {right!r}. {sampling['cause']}")
-                    typer.echo(f"sampling under speculation: ok (temperature {COLD_TEMPERATURE:g} wrote the greedy answers)")
+                try:
+                    _serve_check(server, drafter is not None)
+                except OSError as exc:  # a refused or dropped request: say why, if the server died
+                    problem = server.problem()
+                    raise server.failure(problem) if problem else exc
                 return
             typer.echo(f"serving {server.model} at {server.base_url} (OpenAI-compatible); Ctrl-C stops it")
-            signal.pause()
+            # Returns only when the engine dies or stops answering: exit 1 at once, saying why.
+            failure = server.process.watch(f"{server.base_url}/health")
+            _fail(f"the server stopped serving: {failure}")
     except (ServerFailed, PreflightError, PortBusy, OSError, ValueError, KeyError) as exc:
         _fail(_message(exc))
+
+
+def _serve_check(server, speculative: bool) -> None:
+    """`serve --check`: smoke chat completions, and with a drafter the cold sampling check."""
+    from eagle_assets.engines.serving import COLD_TEMPERATURE, SMOKE_PROMPTS, chat_once, cold_sampling_check
+
+    greedy = [chat_once(server, p) for p in SMOKE_PROMPTS]
+    typer.echo(f"chat completion from {server.model}: {greedy[0]!r}")
+    if speculative:
+        ok, sampling = cold_sampling_check(server, SMOKE_PROMPTS, greedy)
+        if not ok:
+            wrong, right = next((s, g) for s, g in zip(sampling["sampled"], greedy) if s != g)
+            _fail(f"sampling under speculation is wrong: at temperature {COLD_TEMPERATURE:g} the server wrote "
+                  f"{wrong!r}, not its greedy answer {right!r}. {sampling['cause']}")
+        typer.echo(f"sampling under speculation: ok (temperature {COLD_TEMPERATURE:g} wrote the greedy answers)")
 
 
 @app.command()

@@ -22,6 +22,7 @@ from pydantic import PrivateAttr
 from eagle_assets.embedded_target import resolve_target
 from eagle_assets.engines.envs import host_device
 from eagle_assets.engines.host_memory import HEADROOM_BYTES, available_memory_bytes, config_footprint_bytes, why_not_at_once
+from eagle_assets.engines.process import ServerFailed
 from eagle_assets.engines.serving import InferenceServer, api_key_from_env, connect, launch_vllm, replica_numbers
 from eagle_assets.engines.vllm_launch import (
     DEFAULT_KV_CACHE_GIB,
@@ -82,6 +83,8 @@ class InferenceServerResource(dg.ConfigurableResource):
 
     _warm: "OrderedDict[str, WarmServer]" = PrivateAttr(default_factory=OrderedDict)
     _in_use: "dict[str, int]" = PrivateAttr(default_factory=dict)
+    _deaths: "dict[str, str]" = PrivateAttr(default_factory=dict)
+    """Configurations whose launched server died in this run: how, and its log."""
 
     def teardown_after_execution(self, context) -> None:
         self.stop_warm()
@@ -193,16 +196,12 @@ class InferenceServerResource(dg.ConfigurableResource):
             return
         served = served_config(drafter, k, speculative)
         key = server_key(None, k, served, replica)
-        if self.keep_warm and key in self._warm:
+        if self.keep_warm and key in self._warm and self._usable(key, log):
             self._warm.move_to_end(key)
             server = self._warm[key].server
             log(f"reusing the running server at {server.base_url}")
-            try:
-                with self._using(key):
-                    yield server
-            except BaseException:
-                self._stop(key)  # a failure inside may have left the server in any state
-                raise
+            with self._serving(key, server, lambda: self._stop(key)):
+                yield server
             self._trim()
             return
         if self._in_use and (self.device or host_device()) != "cpu":
@@ -236,21 +235,59 @@ class InferenceServerResource(dg.ConfigurableResource):
                     log=log,
                 )
             )
-        except BaseException:
+        except BaseException as exc:
             stack.close()
+            if key in self._deaths and isinstance(exc, ServerFailed):  # the one restart failed
+                raise ServerFailed(f"the server died ({self._deaths[key]}), and starting it again failed too: {exc}",
+                                   exc.log_path, exc.tail) from exc  # fmt: skip
             raise
         if not self.keep_warm:
-            with stack:
+            with self._serving(key, server, stack.close):
                 yield server
+            stack.close()
             return
         self._warm[key] = WarmServer(server, stack, served)
+        with self._serving(key, server, lambda: self._stop(key)):
+            yield server
+        self._trim()
+
+    def _usable(self, key: str, log: Callable[[str], None]) -> bool:
+        """Whether the warm server of `key` still lives and answers /health: a dead one is never
+        handed out. It is stopped (its record and shared memory removed) and left to be started
+        again, once: a server of a configuration that died before already is a failure that
+        names its log."""
+        server = self._warm[key].server
+        problem = server.problem()
+        if problem is None:
+            return True
+        failure = server.failure(problem)
+        self._stop(key)
+        if key in self._deaths:
+            raise ServerFailed(f"{failure}\n(it had been started again once already after it died: {self._deaths[key]})",
+                               failure.log_path, failure.tail) from None  # fmt: skip
+        self._deaths[key] = f"{problem}; log {server.log_path}"
+        log(f"not reusing the warm server at {server.base_url}: {problem} (log {server.log_path}); starting it again")
+        return False
+
+    @contextmanager
+    def _serving(self, key: str, server: InferenceServer, stop: Callable[[], None]) -> Iterator[None]:
+        """A block using the launched server of `key`. A failure inside it may leave the server in
+        any state, so it is stopped (`stop`); where it died, the failure says so, with the last
+        lines of its log, instead of a refused connection."""
         try:
             with self._using(key):
-                yield server
-        except BaseException:
-            self._stop(key)
+                yield
+        except Exception as exc:
+            problem = server.problem(timeout_s=5)
+            failure = server.failure(f"{problem} while serving") if problem else None
+            stop()
+            if failure is not None:
+                self._deaths[key] = f"{problem}; log {server.log_path}"
+                raise failure from exc
             raise
-        self._trim()
+        except BaseException:
+            stop()
+            raise
 
     @contextmanager
     def extraction_server(self, layer_ids: Sequence[int], max_model_len: int, log: Callable[[str], None] = print) -> Iterator[InferenceServer]:
@@ -269,7 +306,7 @@ class InferenceServerResource(dg.ConfigurableResource):
             )
         spec = extraction_config(layer_ids)
         key = server_key(None, 0, spec)
-        if key in self._warm:
+        if key in self._warm and self._usable(key, log):
             with self.serve(speculative=spec, log=log) as server:
                 yield server
             return
