@@ -172,8 +172,9 @@ def bench(
     drafter: Path = typer.Option(..., help="The drafter's vLLM export (a `drafter-vllm/` folder)."),
     target: str = typer.Option(EMBEDDED_TARGET, help="Preset name or model folder."),
     out: Path = typer.Option(Path("bench-report"), help="Folder for report.md, report.json and the plots."),
-    overwrite: bool = typer.Option(False, "--overwrite", help="Replace a report already in --out (else the benchmark refuses "
-                                                             "to start, so an earlier report is never lost)."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace a report already in --out, and measure afresh (else the "
+                                                             "benchmark refuses to start, so an earlier report is never lost; "
+                                                             "an interrupted run's measurements in --out are resumed)."),
     num_prompts: int = typer.Option(8, help="MT-Bench first turns, spread over the categories (80 = all)."),
     output_len: int = typer.Option(64, help="Tokens per answer, exact (EOS ignored)."),
     concurrency: list[int] = typer.Option([1, 4, 8], help="Concurrency levels of the sweep (repeat the option)."),
@@ -199,7 +200,9 @@ def bench(
     compiled: bool = typer.Option(False, "--compiled/--eager", help="CPU: serve compiled, as a deployment does (starts take ~2 min), or eagerly."),
 ) -> None:
     """Benchmark any EAGLE-3 drafter folder in the real engine, as the benchmark_report asset does:
-    offline reference vs served acceptance, tokens/s with and without speculation, a verdict."""
+    offline reference vs served acceptance, tokens/s with and without speculation, a verdict.
+    Every finished measurement is kept in --out/measurements/: rerun the same command after an
+    interruption to resume (other settings are refused there; --overwrite starts afresh)."""
     from eagle_assets.bench.benchmark import BenchmarkSettings, benchmark_k, run_benchmark
     from eagle_assets.embedded_target import resolve_target
     from eagle_assets.engines import host_memory
@@ -234,7 +237,7 @@ def bench(
         report, paths = run_benchmark(
             settings, preset.name, path, drafter, lambda spec, replica=0: launch_vllm(target, speculative=spec, compiled=compiled), out,
             target_num_layers=preset.num_layers, parent_al=parent_al, notes=[serving_mode_note(host_device(), compiled)],
-            training_summary=summary, why_not_at_once=why_not_at_once,
+            training_summary=summary, why_not_at_once=why_not_at_once, fresh=overwrite, on_other="refuse",
         )  # fmt: skip
     except (OSError, ValueError, KeyError, ServerFailed, PortBusy, PreflightError) as exc:
         _fail(_message(exc))

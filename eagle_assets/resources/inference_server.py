@@ -281,10 +281,12 @@ class InferenceServerResource(dg.ConfigurableResource):
             problem = server.problem(timeout_s=5)
             failure = server.failure(f"{problem} while serving") if problem else None
             stop()
-            if failure is not None:
-                self._deaths[key] = f"{problem}; log {server.log_path}"
-                raise failure from exc
-            raise
+            if failure is None:
+                raise
+            self._deaths[key] = f"{problem}; log {server.log_path}"
+            if isinstance(exc, ServerFailed):  # said already, by whoever used the server
+                raise
+            raise failure from exc
         except BaseException:
             stop()
             raise
