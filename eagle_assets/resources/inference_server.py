@@ -286,7 +286,7 @@ class InferenceServerResource(dg.ConfigurableResource):
             self._deaths[key] = f"{problem}; log {server.log_path}"
             if isinstance(exc, ServerFailed):  # said already, by whoever used the server
                 raise
-            raise failure from exc
+            raise ServerFailed(f"{failure}\nwhat failed with it: {exc}", failure.log_path, failure.tail) from exc
         except BaseException:
             stop()
             raise
