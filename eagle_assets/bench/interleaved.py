@@ -106,7 +106,7 @@ def run_interleaved(
     for t in to_serve:
         warm_up(t.base_url, t.model, msgs, settings, t.api_key)
     levels: dict[str, list] = {t.label: [] for t in targets}
-    described: dict[str, Mapping] = {}  # the kept description of each target's run
+    described: dict[str, Mapping] = {}  # each target's run as its kept rounds describe it
     for c, plan in plans.items():
         served: list[list[RequestResult]] = [[] for _ in targets]
         walls = [[0.0] * len(plan) for _ in targets]
@@ -118,7 +118,8 @@ def run_interleaved(
                 earlier = kept.round(phase, t.label, c, r, chosen) if kept is not None else None
                 if earlier is not None:
                     results, wall, spec = earlier["requests"], earlier["wall_s"], earlier["spec"]
-                    described.setdefault(t.label, earlier["run"])
+                    began = min(earlier["run"]["started_at"], described.get(t.label, earlier["run"])["started_at"])
+                    described[t.label] = {**earlier["run"], "started_at": began}  # the latest server, the first start
                 else:
                     if i not in before:
                         before[i] = settled_counters(t.base_url, t.api_key, t.model, settings)
