@@ -142,3 +142,23 @@ def test_a_server_killed_during_the_drafter_check_is_named_with_its_log(smollm2_
     assert "what failed with it: " in message  # the request's own error, after the cause
     assert not resource._warm  # never handed out again
     assert still_there(killed["files"]) == []
+
+
+def test_a_dead_warm_extraction_server_is_started_again_with_a_spool_of_its_own(smollm2_path, engine_python, runs, resource):
+    import numpy as np
+    import torch
+
+    from eagle_assets.hidden_states.engine_extract import EngineStateClient
+
+    layers, ids = (2, 15, 27, 30), np.array([1, 504, 3458, 314, 4649, 2])
+    logs = []
+    with resource.extraction_server(layers, 64, log=logs.append) as first:
+        before = EngineStateClient(first.base_url, first.model, layers).one(ids)
+    (first_spool,) = (runs / "hidden-states").iterdir()  # kept with the warm server
+    kill(first)
+    with resource.extraction_server(layers, 64, log=logs.append) as second:
+        after = EngineStateClient(second.base_url, second.model, layers).one(ids)
+    assert any(line.startswith(f"not reusing the warm server at {first.base_url}: ") for line in logs)
+    assert before.shape == (6, 4, 576) and torch.equal(before, after)  # the same states from the server started again
+    (second_spool,) = (runs / "hidden-states").iterdir()  # the dead server's spool went with it
+    assert second_spool != first_spool
