@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import shutil
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -70,6 +69,14 @@ def _differences(old: Mapping, new: Mapping, prefix: str = "") -> list[str]:
     return out
 
 
+def _ours(folder: Path) -> list[Path]:
+    """The files of a measurements folder this module writes (a file of anyone else's stays)."""
+    if not folder.is_dir():
+        return []
+    names = (STATE, OFFLINE, "sweep--*.json", "confirm--*.json", ".*.json.tmp-*")
+    return sorted({p for pattern in names for p in folder.glob(pattern) if p.is_file()})
+
+
 def _read_json(path: Path) -> object | None:
     try:
         return json.loads(path.read_text(encoding="utf-8"))
@@ -110,12 +117,13 @@ class Measurements:
                 f"{folder} holds the measurements of an unfinished benchmark with other settings ({'; '.join(differ[:4])}): "
                 "rerun with its settings to resume it, give another --out, or --overwrite to discard them"
             )
-        if folder.exists():
+        if _ours(folder):
             why = ("as asked" if fresh else "of a finished benchmark" if isinstance(state, dict) and state.get("complete")
                    else "of other settings" if isinstance(state, dict) else "unreadable")  # fmt: skip
             log(f"discarding the measurements in {folder} ({why}): measuring afresh")
-            shutil.rmtree(folder)
-        folder.mkdir(parents=True)
+            for path in _ours(folder):
+                path.unlink()
+        folder.mkdir(parents=True, exist_ok=True)
         store = cls(folder, {"fingerprint": fingerprint, "started": time.strftime("%Y-%m-%d %H:%M:%S"), "complete": False, "choices": {}}, log)
         store._write_state()
         return store
@@ -125,7 +133,7 @@ class Measurements:
 
     def files(self) -> list[Path]:
         """The measurement files, state excluded."""
-        return sorted(p for p in self.folder.glob("*.json") if p.name != STATE)
+        return [p for p in _ours(self.folder) if p.name != STATE and not p.name.startswith(".")]
 
     def choice(self, name: str) -> object | None:
         """A decision kept from the run that began these measurements (how they were served)."""

@@ -370,8 +370,8 @@ class ServerProcess:
     proc: subprocess.Popen | None = field(default=None, init=False)
     watcher: LogWatcher | None = field(default=None, init=False)
     _holds_sigterm: bool = field(default=False, init=False, repr=False)
-    _pids: set[int] = field(default_factory=set, init=False, repr=False)
-    """Every process seen in the tree so far."""
+    _procs: dict[int, psutil.Process] = field(default_factory=dict, init=False, repr=False)
+    """Every process seen in the tree so far (psutil's objects know a reused pid from them)."""
     _shm: dict[str, ShmFile] = field(default_factory=dict, init=False, repr=False)
     """Every /dev/shm file the tree was seen to hold, map or register."""
     _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
@@ -407,6 +407,7 @@ class ServerProcess:
 
     def start(self) -> None:
         self.check_port()
+        self._clean_after_stale_record()
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         log = open(self.log_path, "w")
         self.proc = subprocess.Popen(
@@ -433,13 +434,26 @@ class ServerProcess:
         self._watcher_thread = threading.Thread(target=self._watch_tree, name=f"watch {self.name}", daemon=True)
         self._watcher_thread.start()
 
+    def _clean_after_stale_record(self) -> None:
+        """Remove the /dev/shm files a dead server recorded on this port left: its record is
+        about to be replaced by this server's, and with it the list of them."""
+        record = self._record_path()
+        if record is None or not record.is_file():
+            return
+        try:
+            info = _read_record(record)
+        except UnreadableRecord:
+            return
+        if not _runs_recorded_command(info):
+            remove_shm(_shm_from_json(info.get("shm")))
+
     def _write_record(self) -> None:
         record = self._record_path()
         if record is None:
             return
         record.parent.mkdir(parents=True, exist_ok=True)
         with self._lock:
-            body = {**self._record_info, "pids": sorted(self._pids), "shm": _shm_to_json(self._shm)}
+            body = {**self._record_info, "pids": sorted(self._procs), "shm": _shm_to_json(self._shm)}
         _write_json_atomic(record, body)
 
     def note_tree(self) -> None:
@@ -447,11 +461,11 @@ class ServerProcess:
         second); the record is rewritten when either changed."""
         if self.proc is None:
             return
-        pids = [p.pid for p in _tree(self.proc.pid)]
-        files = shm_of(pids)
+        tree = _tree(self.proc.pid)
+        files = shm_of(p.pid for p in tree)
         with self._lock:
-            changed = not (set(pids) <= self._pids and files.items() <= self._shm.items())
-            self._pids.update(pids)
+            changed = not ({p.pid for p in tree} <= self._procs.keys() and files.items() <= self._shm.items())
+            self._procs.update({p.pid: p for p in tree if p.pid not in self._procs})
             self._shm.update(files)
         if changed:
             try:
@@ -580,12 +594,15 @@ class ServerProcess:
         if self._watcher_thread is not None:
             self._watcher_thread.join(timeout=10)  # it must not write the record again once it is gone
         pid = self.proc.pid
-        tree = _tree(pid)
         # Read while they live: after they die, exactly these files (if no one else holds
         # them) are ours to remove. Other servers' are never touched.
-        if tree:
-            self.note_tree()
-        _terminate(tree, pid, grace_s, reap=self.proc)
+        self.note_tree()
+        with self._lock:
+            # Those seen before count too: the children of a leader that died were handed to init.
+            procs = [p for p in self._procs.values() if _running(p)]
+        # Its group, unless every process of it is gone: then the number may be another's.
+        group = pid if procs or self.proc.poll() is None else None
+        _terminate(procs, group, grace_s, reap=self.proc)
         try:
             self.proc.wait(timeout=1)
         except subprocess.TimeoutExpired:
