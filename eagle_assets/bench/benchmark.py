@@ -383,7 +383,7 @@ def _failures_named(label: str, servers: Sequence, kept: Measurements) -> Iterat
     measurements are, instead of an HTTP client's traceback."""
     try:
         yield
-    except (ServedRequestError, httpx.HTTPError, OSError) as exc:
+    except (ServedRequestError, httpx.HTTPError, ConnectionError) as exc:
         url = getattr(exc, "base_url", None)
         suspects = [s for s in servers if s.base_url == url] or list(servers)
         resume = (f"{len(kept.files())} finished measurement file(s) are kept in {kept.folder}: "

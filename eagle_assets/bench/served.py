@@ -312,6 +312,7 @@ async def _one_request(
     body: dict,
     prompt_index: int,
 ) -> RequestResult:
+    base = url.rsplit("/v1/", 1)[0]
     t0 = time.perf_counter()
     first = last = None
     tokens = chunks = 0
@@ -323,9 +324,10 @@ async def _one_request(
             raise _RetryableStatus(f"HTTP {resp.status_code}: {text[:300]}")
         if resp.status_code != 200:
             text = (await resp.aread()).decode(errors="replace")
-            raise RuntimeError(
+            raise ServedRequestError(
                 f"prompt {prompt_index}: {url} answered HTTP {resp.status_code}: {text[:500]}. "
-                "Check the model name and that the server accepts min_tokens/ignore_eos."
+                "Check the model name and that the server accepts min_tokens/ignore_eos.",
+                base,
             )
         async for line in resp.aiter_lines():
             if not line.startswith("data:"):
@@ -335,7 +337,7 @@ async def _one_request(
                 break
             chunk = json.loads(data)
             if "error" in chunk:
-                raise RuntimeError(f"prompt {prompt_index}: the server streamed an error: {chunk['error']}")
+                raise ServedRequestError(f"prompt {prompt_index}: the server streamed an error: {chunk['error']}", base)
             now = time.perf_counter()
             sglext = chunk.get("sglext") or {}
             if sglext.get("spec_tokens_details"):
@@ -366,7 +368,7 @@ async def _one_request(
             last = now
     e2e = time.perf_counter() - t0
     if first is None:
-        raise RuntimeError(f"prompt {prompt_index}: the stream ended without any output token")
+        raise ServedRequestError(f"prompt {prompt_index}: the stream ended without any output token", base)
     return RequestResult(
         prompt_index=prompt_index,
         output_tokens=tokens,
@@ -521,10 +523,11 @@ def send_prompts(
     results, wall = asyncio.run(_run_requests(base_url, model, prompts, settings, concurrency, api_key, f"c={concurrency}"))
     for r in results:
         if r.output_tokens != settings.output_len:
-            raise RuntimeError(
+            raise ServedRequestError(
                 f"prompt {indices[r.prompt_index]} at concurrency {concurrency} got {r.output_tokens} output "
                 f"tokens, expected exactly {settings.output_len}: the server did not honour "
-                "min_tokens/ignore_eos, or output_len exceeds max-model-len minus the prompt"
+                "min_tokens/ignore_eos, or output_len exceeds max-model-len minus the prompt",
+                base_url,
             )
     return [replace(r, prompt_index=indices[r.prompt_index]) for r in results], wall
 
