@@ -114,7 +114,9 @@ def serve(
     stop: bool = typer.Option(False, help="Stop a server of ours recorded on --port and exit."),
     startup_timeout: float = typer.Option(600, min=1, help="Seconds to wait for the server to answer."),
 ) -> None:
-    """Launch vLLM for a target (optionally with a drafter), watch it, and tear it down on exit."""
+    """Launch vLLM for a target (optionally with a drafter), watch it, and tear it down on exit;
+    exits 1 within a second when the engine dies (or after 3 unanswered /health checks), with
+    its log's last lines."""
     from eagle_assets.engines.k_schedule import KSchedule
     from eagle_assets.engines.preflight import PreflightError
     from eagle_assets.engines.process import PortBusy, ServerFailed, stop_recorded

@@ -4,6 +4,12 @@ Two real implementations behind one resource, chosen by configuration: with `url
 stages talk to an existing OpenAI-compatible server (the API key comes from the environment
 variable named by `api_key_env`, never from config, never logged); without it, vLLM is launched
 from the target preset in its own environment and torn down when the stage ends.
+
+A launched server is never handed out dead: before a warm one is reused its process must live
+and its /health answer, else it is stopped (its shared memory removed) and started again, once;
+a server of a configuration that dies again is a `ServerFailed` naming its log. A server that
+dies while a stage uses it is reported as such, with the last lines of its log, not as the
+refused connection the stage saw.
 """
 
 from __future__ import annotations
