@@ -263,6 +263,8 @@ class InferenceServerResource(dg.ConfigurableResource):
         again, once: a server of a configuration that died before already is a failure that
         names its log."""
         server = self._warm[key].server
+        if self._in_use.get(key):
+            return True  # a block uses it now: that block's failure, if any, is the one to report
         problem = server.problem()
         if problem is None:
             return True
