@@ -162,16 +162,22 @@ class GenerationFailed(RuntimeError):
 DEFAULT_MAX_FAILED_SHARE = 0.05
 
 
-def commonest_errors(errors: Iterable[str], n: int = 3) -> str:
-    """"RetriesExhausted: ... (x8); RequestRejected: ... (x1)": the `n` commonest of `errors`,
-    most frequent first."""
-    counts = Counter(e[:300] for e in errors)
-    return "; ".join(f"{e} (x{k})" for e, k in counts.most_common(n)) or "none recorded"
+def commonest_errors(errors: Iterable[tuple[str, str]], n: int = 3) -> str:
+    """"RetriesExhausted x8 (e.g. ...); RequestRejected x1 (e.g. ...)": the `n` commonest kinds of
+    (kind, message) errors, most frequent first, each with its first message."""
+    counts: Counter[str] = Counter()
+    first: dict[str, str] = {}
+    for kind, message in errors:
+        counts[kind] += 1
+        first.setdefault(kind, message)
+    return "; ".join(f"{kind} x{k}" + (f" (e.g. {first[kind][:300]})" if first[kind] != kind else "")
+                     for kind, k in counts.most_common(n)) or "none recorded"  # fmt: skip
 
 
-def failed_share_problem(failed: int, attempted: int, max_share: float | None, what: str, errors: Iterable[str]) -> str | None:
+def failed_share_problem(failed: int, attempted: int, max_share: float | None, what: str,
+                         errors: Iterable[tuple[str, str]]) -> str | None:  # fmt: skip
     """None when `failed` of `attempted` is within `max_share` (None: no limit); else a message
-    that says how many failed, against which limit, and the commonest errors."""
+    that says how many failed, against which limit, and the commonest (kind, message) errors."""
     if max_share is None or attempted == 0 or failed <= max_share * attempted:
         return None
     return (f"{failed} of {attempted} {what} failed ({failed / attempted:.0%}, above the {max_share:.0%} allowed); "
@@ -271,7 +277,7 @@ async def generate_corpus_async(
     streak = 0
     last_error = ""
     gone: list[str] = []  # why the server was found gone, once it was
-    failures: list[str] = []  # every failure's type and message, for the commonest
+    failures: list[tuple[str, str]] = []  # every failure's type and message, for the commonest
     bar = tqdm(total=len(todo), desc="corpus", unit="sample", disable=not show_progress_bar, file=sys.stderr)
     pending = iter(todo)
 
@@ -293,7 +299,7 @@ async def generate_corpus_async(
                 last_error = f"{prompt.origin or prompt.prompt_id}: {exc}"
                 if len(stats.errors) < 20:
                     stats.errors.append(last_error)
-                failures.append(f"{type(exc).__name__}: {exc}")
+                failures.append((type(exc).__name__, str(exc)))
                 store.record_failure(
                     {
                         "sample_id": sid,

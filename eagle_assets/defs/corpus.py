@@ -75,7 +75,7 @@ def prompts(
         with inference_server.serve(log=context.log.info) as server:
             client = ClientSettings(base_url=server.base_url, model=server.model, api_key=server.api_key)
             items, magpie = synthesize_prompts(client, tokenizer, settings, progress=context.log.info)
-            errors = [e.split(": ", 1)[-1] for e in magpie.errors]  # without "candidate N: "
+            errors = [(e.split(": ", 1)[-1],) * 2 for e in magpie.errors]  # without "candidate N: "; the message is the kind
             problem = failed_share_problem(magpie.failed, magpie.requested, config.max_error_rate, "Magpie requests", errors)
             if problem:  # raised inside the block: a server that died is named, with its log
                 raise RuntimeError(f"{problem}. No prompts were written; fix the cause and rerun (prompts.max_error_rate "
