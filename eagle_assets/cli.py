@@ -123,11 +123,13 @@ def serve(
     spool: Optional[Path] = typer.Option(None, help="With --extract: the folder the engine writes states into; the pipeline must "
                                                     "see it at the same path (default: one under the runs folder)."),
 ) -> None:
-    """Launch vLLM for a target (optionally with a drafter), watch it, and tear it down on exit."""
+    """Launch vLLM for a target (optionally with a drafter), watch it, and tear it down on exit;
+    exits 1 within a second when the engine dies (or after 3 unanswered /health checks), with
+    its log's last lines."""
     from eagle_assets.engines.k_schedule import KSchedule
     from eagle_assets.engines.preflight import PreflightError
     from eagle_assets.engines.process import PortBusy, ServerFailed, stop_recorded
-    from eagle_assets.engines.serving import COLD_TEMPERATURE, SMOKE_PROMPTS, chat_once, cold_sampling_check, launch_vllm
+    from eagle_assets.engines.serving import launch_vllm
     from eagle_assets.paths import runs_dir
 
     if stop:
@@ -150,18 +152,16 @@ def serve(
         with launch_vllm(target, drafter=drafter, k=num_speculative_tokens, k_schedule=schedule, port=port,
                          startup_timeout_s=startup_timeout) as server:  # fmt: skip
             if check:
-                greedy = [chat_once(server, p) for p in SMOKE_PROMPTS]
-                typer.echo(f"chat completion from {server.model}: {greedy[0]!r}")
-                if drafter is not None:
-                    ok, sampling = cold_sampling_check(server, SMOKE_PROMPTS, greedy)
-                    if not ok:
-                        wrong, right = next((s, g) for s, g in zip(sampling["sampled"], greedy) if s != g)
-                        _fail(f"sampling under speculation is wrong: at temperature {COLD_TEMPERATURE:g} the server wrote "
-                              f"{wrong!r}, not its greedy answer {right!r}. {sampling['cause']}")
-                    typer.echo(f"sampling under speculation: ok (temperature {COLD_TEMPERATURE:g} wrote the greedy answers)")
+                try:
+                    _serve_check(server, drafter is not None)
+                except OSError as exc:  # a refused or dropped request: say why, if the server died
+                    problem = server.problem()
+                    raise server.failure(problem) if problem else exc
                 return
             typer.echo(f"serving {server.model} at {server.base_url} (OpenAI-compatible); Ctrl-C stops it")
-            signal.pause()
+            # Returns only when the engine dies or stops answering: exit 1 at once, saying why.
+            failure = server.process.watch(f"{server.base_url}/health")
+            _fail(f"the server stopped serving: {failure}")
     except (ServerFailed, PreflightError, PortBusy, OSError, ValueError, KeyError) as exc:
         _fail(_message(exc))
 
@@ -189,11 +189,27 @@ def _serve_extraction(target: str, extract: str, spool: Optional[Path], port: in
                                       startup_timeout_s=startup_timeout) as server:  # fmt: skip
             typer.echo(f"extracting layers {ids} of {server.model} at {server.base_url}: set EAGLE_ASSETS_EXTRACTION_URL={server.base_url} "
                        "for the pipeline (it reads the states where the engine writes them); Ctrl-C stops it")  # fmt: skip
-            signal.pause()
+            failure = server.process.watch(f"{server.base_url}/health")  # returns only when the engine dies
+            _fail(f"the extraction server stopped serving: {failure}")
     except ValueError as exc:
         _fail(f"--extract {extract}: {exc}")
     except (ServerFailed, PortBusy, OSError, KeyError) as exc:
         _fail(_message(exc))
+
+
+def _serve_check(server, speculative: bool) -> None:
+    """`serve --check`: smoke chat completions, and with a drafter the cold sampling check."""
+    from eagle_assets.engines.serving import COLD_TEMPERATURE, SMOKE_PROMPTS, chat_once, cold_sampling_check
+
+    greedy = [chat_once(server, p) for p in SMOKE_PROMPTS]
+    typer.echo(f"chat completion from {server.model}: {greedy[0]!r}")
+    if speculative:
+        ok, sampling = cold_sampling_check(server, SMOKE_PROMPTS, greedy)
+        if not ok:
+            wrong, right = next((s, g) for s, g in zip(sampling["sampled"], greedy) if s != g)
+            _fail(f"sampling under speculation is wrong: at temperature {COLD_TEMPERATURE:g} the server wrote "
+                  f"{wrong!r}, not its greedy answer {right!r}. {sampling['cause']}")
+        typer.echo(f"sampling under speculation: ok (temperature {COLD_TEMPERATURE:g} wrote the greedy answers)")
 
 
 @app.command()
@@ -201,8 +217,9 @@ def bench(
     drafter: Path = typer.Option(..., help="The drafter's vLLM export (a `drafter-vllm/` folder)."),
     target: str = typer.Option(EMBEDDED_TARGET, help="Preset name or model folder."),
     out: Path = typer.Option(Path("bench-report"), help="Folder for report.md, report.json and the plots."),
-    overwrite: bool = typer.Option(False, "--overwrite", help="Replace a report already in --out (else the benchmark refuses "
-                                                             "to start, so an earlier report is never lost)."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace a report already in --out, and measure afresh (else the "
+                                                             "benchmark refuses to start, so an earlier report is never lost; "
+                                                             "an interrupted run's measurements in --out are resumed)."),
     num_prompts: int = typer.Option(8, help="MT-Bench first turns, spread over the categories (80 = all), or the first of --prompts."),
     prompts: Optional[str] = typer.Option(None, "--prompts", metavar="FILE",
                                           help="Benchmark on your own prompts instead of MT-Bench: a file (path, fsspec URL or "
@@ -237,7 +254,9 @@ def bench(
                                                        "auto: hf where the target fits this host."),
 ) -> None:
     """Benchmark any EAGLE-3 drafter folder in the real engine, as the benchmark_report asset does:
-    offline reference vs served acceptance, tokens/s with and without speculation, a verdict."""
+    offline reference vs served acceptance, tokens/s with and without speculation, a verdict.
+    Every finished measurement is kept in --out/measurements/: rerun the same command after an
+    interruption to resume (other settings are refused there; --overwrite starts afresh)."""
     from eagle_assets.bench.benchmark import BenchmarkSettings, benchmark_k, run_benchmark
     from eagle_assets.embedded_target import resolve_target
     from eagle_assets.engines import host_memory
@@ -278,6 +297,7 @@ def bench(
             target_num_layers=preset.num_layers, parent_al=parent_al, notes=[serving_mode_note(host_device(), compiled)],
             training_summary=summary, why_not_at_once=why_not_at_once, trust_remote_code=preset.trust_remote_code,
             extraction_server=lambda ids: launch_extraction_server(path, ids, preset.max_model_len + settings.k + 1),
+            fresh=overwrite, on_other="refuse",
         )  # fmt: skip
     except (OSError, ValueError, KeyError, ServerFailed, PortBusy, PreflightError) as exc:
         _fail(_message(exc))

@@ -18,28 +18,41 @@ fixed K recommend is served after the sweep, to confirm it (`bench/k_choice.py`)
 from __future__ import annotations
 
 import json
-from contextlib import ExitStack, closing
+import time
+from contextlib import ExitStack, closing, contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Callable, ContextManager, Mapping, Sequence
+from typing import Callable, ContextManager, Iterator, Mapping, Sequence
 
+import httpx
 import numpy as np
 import torch
 
 from eagle_assets.bench.breakdown import answers_ending_early, offline_slices
 from eagle_assets.bench.checks import BASELINE, BASELINE_END, CONTROL, NGRAM
 from eagle_assets.bench.greedy_check import GreedyCheck, check_against, greedy_tokens
-from eagle_assets.bench.interleaved import ServedTarget, run_interleaved
+from eagle_assets.bench.interleaved import ServedTarget, round_prompts, run_interleaved
 from eagle_assets.bench.k_choice import confirmation_configs, fixed_k_label, recommended_schedule, run_schedule, schedule_label
 from eagle_assets.bench.parity import AcceptanceNumbers, ParityTolerance, TrainingFacts
 from eagle_assets.bench.reference_decoder import Result, speculative_generate
 from eagle_assets.bench.replay_reference import replay_reference
 from eagle_assets.bench.report import BenchmarkReport, build_report, write_report
-from eagle_assets.bench.served import PromptSet, SweepSettings, mt_bench_set, mt_bench_size, refuse_too_few_prompts, run_served
+from eagle_assets.bench.progress import Measurements, files_digest
+from eagle_assets.bench.served import (
+    PromptSet,
+    ServedRequestError,
+    ServedRun,
+    SweepSettings,
+    mt_bench_set,
+    mt_bench_size,
+    refuse_too_few_prompts,
+    run_served,
+)
 from eagle_assets.drafter.export import load_drafter
 from eagle_assets.drafter.target_head import read_target_embedding
 from eagle_assets.engines.host_memory import available_memory_bytes
 from eagle_assets.engines.k_schedule import KSchedule
+from eagle_assets.engines.process import ServerFailed
 from eagle_assets.engines.serving import replica_numbers
 from eagle_assets.engines.vllm_launch import ngram_config, speculative_config
 from eagle_assets.hidden_states.engine_extract import EngineStateClient
@@ -173,10 +186,20 @@ def interleaving(settings: BenchmarkSettings, drafter_dir: Path,
 
 
 def offline_results(target_path: Path, drafter_dir: Path, prompts: Sequence[Sequence[dict]], settings: BenchmarkSettings,
-                    log: Callable[[str], None] = print, device: str = "cpu", trust_remote_code: bool = False) -> list[Result]:  # fmt: skip
+                    log: Callable[[str], None] = print, device: str = "cpu", kept: Measurements | None = None,
+                    trust_remote_code: bool = False) -> list[Result]:  # fmt: skip
     """The reference decoder's result on each prompt (its tokens and accepted drafts per step).
 
-    fp32 on any device, as the CPU engine serves; on CUDA without TF32, for the same reason."""
+    fp32 on any device, as the CPU engine serves; on CUDA without TF32, for the same reason.
+    With `kept`, each prompt's result is kept on disk as it is decoded, and those an earlier
+    run kept are read back instead (the models are not even loaded when all are)."""
+    chosen = list(prompts)[: settings.offline_prompts or len(prompts)]
+    rows = kept.offline()[: len(chosen)] if kept is not None else []
+    results = [_result_from_row(row) for row in rows]
+    if results:
+        log(f"offline reference: {len(results)} of {len(chosen)} prompts kept from an earlier run")
+    if len(results) == len(chosen):
+        return results
     from transformers import AutoTokenizer
 
     from eagle_assets.hidden_states.extract import causal_lm_class
@@ -189,9 +212,7 @@ def offline_results(target_path: Path, drafter_dir: Path, prompts: Sequence[Sequ
     drafter.to(device).eval()
     with torch.no_grad():
         drafter.embed_tokens.weight.copy_(target.get_input_embeddings().weight)
-    results = []
-    chosen = list(prompts)[: settings.offline_prompts or len(prompts)]
-    for i, messages in enumerate(chosen, 1):
+    for i, messages in enumerate(chosen[len(results) :], len(results) + 1):
         ids = tokenizer.apply_chat_template(list(messages), add_generation_prompt=True, return_tensors="pt", return_dict=True)["input_ids"]
         with torch.inference_mode():
             # No EOS: the served sweep ignores EOS too, so both see the same token stream.
@@ -199,8 +220,45 @@ def offline_results(target_path: Path, drafter_dir: Path, prompts: Sequence[Sequ
         ends = [i for i, t in enumerate(result.tokens) if t == tokenizer.eos_token_id]
         result.answer_end = ends[0] if ends else None
         results.append(result)
+        if kept is not None:
+            kept.save_offline([_row_of_result(r) for r in results])
         log(f"offline reference: prompt {i}/{len(chosen)}: AL {result.al:.2f}")
     return results
+
+
+def _row_of_result(result: Result) -> dict:
+    return {"tokens": result.tokens, "accepted_per_step": result.accepted_per_step, "k": result.k,
+            "drafts": result.drafts, "answer_end": result.answer_end}  # fmt: skip
+
+
+def _result_from_row(row: Mapping) -> Result:
+    return Result(tokens=list(row["tokens"]), accepted_per_step=list(row["accepted_per_step"]), k=int(row["k"]),
+                  drafts=[list(d) for d in row["drafts"]], answer_end=row["answer_end"])  # fmt: skip
+
+
+def benchmark_fingerprint(settings: BenchmarkSettings, target_name: str, target_path: Path, drafter_dir: Path,
+                          served_drafter_dir: Path, notes: Sequence[str | None]) -> dict:  # fmt: skip
+    """What a benchmark's measurements are of, for `Measurements.open`: the settings that shape
+    them (as asked: the choice of interleaving is kept with the measurements), the target, the
+    drafters' files and the caller's notes on how its servers run (eager or compiled, say)."""
+    shaping = {
+        "num_prompts": settings.num_prompts, "output_len": settings.output_len, "concurrencies": list(settings.concurrencies),
+        "k": settings.k, "also_k": list(settings.also_k), "k_schedule": settings.k_schedule.text() if settings.k_schedule else None,
+        "ngram": settings.ngram, "baseline_again": settings.baseline_again, "interleave_rounds": settings.interleave_rounds,
+        "control": settings.control, "confirm_schedule": settings.confirm_schedule, "offline_prompts": settings.offline_prompts,
+        "offline_reference": settings.offline_reference, "greedy_check": settings.greedy_check,
+        "prompt_set": settings.prompt_set.name if settings.prompt_set else None,
+    }  # fmt: skip
+    return {
+        "settings": shaping,
+        "target": target_name,
+        "target_path": str(target_path),
+        "drafter": str(drafter_dir),
+        "drafter_files": files_digest(drafter_dir),
+        "served_drafter": str(served_drafter_dir),
+        "served_drafter_files": files_digest(served_drafter_dir) if served_drafter_dir != drafter_dir else "the same",
+        "servers": [n for n in notes if n],
+    }
 
 
 def benchmark_k(asked: int | None, training_summary: Mapping, default: int) -> int:
@@ -227,6 +285,8 @@ def run_benchmark(
     why_not_at_once: Callable[[list[dict | None]], str | None] | None = None,
     extraction_server: Callable[[Sequence[int]], ContextManager] | None = None,
     trust_remote_code: bool = False,
+    fresh: bool = False,
+    on_other: str = "replace",
     log: Callable[[str], None] = print,
 ) -> tuple[BenchmarkReport, object]:
     """Offline reference on `drafter_dir` (the drafter as trained), served sweeps with the
@@ -240,11 +300,19 @@ def run_benchmark(
     give a second server without speculation, not the first one again.
     `extraction_server(layer_ids)` gives a server capturing the target's states at those ids
     (the resource's, or a launched one): the offline reference replays over it
-    (`settings.offline_reference`), and the target is never loaded here."""
+    (`settings.offline_reference`), and the target is never loaded here.
+
+    Every finished measurement is kept in `out_dir/measurements/` (`bench/progress.py`), and a
+    rerun with the same settings resumes from them; `fresh` discards them first, and `on_other`
+    says what becomes of unfinished ones of other settings: "replace" them, or "refuse" to start.
+    A server that dies, or requests that fail after their retries, end the benchmark with a
+    `ServerFailed` naming the configuration, the server and its log."""
     training_summary = training_summary or {}
     if trained_aux_layer_ids is None:
         trained_aux_layer_ids = training_summary.get("aux_layer_ids")
     served_drafter_dir = served_drafter_dir or drafter_dir
+    fingerprint = benchmark_fingerprint(settings, target_name, target_path, drafter_dir, served_drafter_dir, notes)
+    kept = Measurements.open(out_dir, fingerprint, fresh=fresh, on_other=on_other, log=log)
     prompt_set = settings.prompt_set or mt_bench_set(settings.num_prompts)
     prompts = list(prompt_set.messages[: settings.num_prompts])
     sweep = SweepSettings(output_len=settings.output_len, concurrencies=tuple(settings.concurrencies), progress=False)
@@ -252,13 +320,21 @@ def run_benchmark(
     streams = GreedyStreams(settings, prompts, log) if (reference == "engine" or settings.greedy_check) else None
     notes = [n for n in notes if n] + list(prompt_set.notes)
     if reference == "hf":
-        results = offline_results(target_path, drafter_dir, prompts, settings, log, trust_remote_code=trust_remote_code)
-    settings, how_served = interleaving(settings, served_drafter_dir, why_not_at_once)
+        results = offline_results(target_path, drafter_dir, prompts, settings, log, kept=kept, trust_remote_code=trust_remote_code)
+    decided = kept.choice("served")
+    if decided is None:  # chosen once: a resumed benchmark is served as it began, whatever memory is free now
+        settings, how_served = interleaving(settings, served_drafter_dir, why_not_at_once)
+        kept.set_choice("served", {"interleave_rounds": settings.interleave_rounds, "control": settings.control, "note": how_served})
+    else:
+        settings = replace(settings, interleave_rounds=decided["interleave_rounds"], control=decided["control"])
+        how_served = decided["note"]
     if how_served:
         notes.append(how_served)
         log(how_served)
-    runs = _serve_all(served_configs(settings, served_drafter_dir), serve, prompts, sweep, settings.interleave_rounds, log,
+    runs = _serve_all(served_configs(settings, served_drafter_dir), serve, prompts, sweep, settings.interleave_rounds, log, kept, "sweep",
                       on_served=streams.on_served if streams else None)  # fmt: skip
+    if streams is not None:
+        streams.fill_missing(serve, speculative_config(served_drafter_dir, settings.k))
     if reference == "engine":
         results = engine_offline_results(drafter_dir, target_path, streams.plain, extraction_server, settings, log)
         notes.append("offline reference replayed over the states the serving engine captured along the target's greedy answers "
@@ -273,9 +349,10 @@ def run_benchmark(
                      "tokens and ran on past the target's end-of-answer token (EOS is ignored, served and offline alike)")  # fmt: skip
     confirmation = []
     if settings.confirm_schedule:
-        confirmation, note = _confirm_schedule(runs, settings, served_drafter_dir, serve, prompts, sweep, log)
+        confirmation, note = _confirm_schedule(runs, settings, served_drafter_dir, serve, prompts, sweep, log, kept)
         if note:
             notes.append(note)
+    notes += _measurement_notes([*runs, *confirmation], kept)
     report = build_report(
         target=target_name,
         drafter=str(served_drafter_dir),
@@ -295,6 +372,7 @@ def run_benchmark(
         prompt_set=prompt_set.name,
     )
     paths = write_report(report, out_dir)
+    kept.finish()
     return report, paths
 
 
@@ -337,6 +415,15 @@ class GreedyStreams:
             self.check = check_against(self.plain, server.base_url, server.model, self.prompts, s.output_len, s.served_dtype, server.api_key)
             self.log(self.check.sentence())
 
+    def fill_missing(self, serve: Callable[..., ContextManager], eagle3_spec: dict) -> None:
+        """Serve what a resumed sweep did not (its levels were kept from an earlier run), for the streams alone."""
+        if self.plain is None:
+            with serve(None) as server:
+                self.on_served(BASELINE, None, server)
+        if self.settings.greedy_check and self.check is None:
+            with serve(eagle3_spec) as server:
+                self.on_served(fixed_k_label(self.settings.k, self.settings.k), eagle3_spec, server)
+
 
 def engine_offline_results(drafter_dir: Path, target_path: Path, plain: Sequence[tuple[list[int], list[int]]] | None,
                            extraction_server: Callable[[Sequence[int]], ContextManager], settings: BenchmarkSettings,
@@ -361,25 +448,81 @@ def engine_offline_results(drafter_dir: Path, target_path: Path, plain: Sequence
                                     settings.k, log)  # fmt: skip
 
 
-def _serve_all(configs: Sequence[tuple[str, dict | None]], serve: Callable[..., ContextManager],
-               prompts: Sequence, sweep: SweepSettings, rounds: int, log: Callable[[str], None],
+def _measurement_notes(runs: Sequence, kept: Measurements) -> list[str]:
+    """What the report says of measurements kept from an interrupted run, and of retried requests."""
+    notes = []
+    if kept.kept:
+        notes.append(f"resumed: {kept.kept} measurement(s) (levels, rounds or the offline reference) were kept from an "
+                     f"interrupted run of the same benchmark begun {kept.state.get('started')}; the rest were measured "
+                     "on servers started again")  # fmt: skip
+    retried = {f"{r.label} c={lv.concurrency}": lv.retried_requests for r in runs for lv in r.levels if lv.retried_requests}
+    if retried:
+        notes.append("requests that succeeded only when retried (their wait is in the level's time, which reads slower): "
+                     + ", ".join(f"{where}: {n}" for where, n in retried.items()))  # fmt: skip
+    return notes
+
+
+def _serve_all(configs: Sequence[tuple[str, dict | None]], serve: Callable[..., ContextManager], prompts: Sequence,
+               sweep: SweepSettings, rounds: int, log: Callable[[str], None], kept: Measurements, phase: str,
                on_served: Callable[[str, dict | None, object], None] | None = None) -> list:  # fmt: skip
-    """Serve every configuration's sweep: interleaved in `rounds`, or (0) one after another.
-    `on_served(label, spec, server)` runs after a configuration's sweep while its server is up."""
+    """Serve every configuration's sweep: interleaved in `rounds`, or (0) one after another;
+    each level (or round) kept under `phase` as it finishes, those kept before read back.
+    `on_served(label, spec, server)` runs after a configuration's sweep while its server is up
+    (not for a configuration whose every measurement was kept)."""
     if rounds:
-        return _serve_interleaved(configs, serve, prompts, sweep, rounds, log, on_served)
+        return _serve_interleaved(configs, serve, prompts, sweep, rounds, log, kept, phase, on_served)
     runs = []
     for label, spec in configs:
-        with serve(spec) as server:
-            log(f"served sweep: {label} at concurrency {list(sweep.concurrencies)}")
-            runs.append(run_served(label, server.base_url, server.model, prompts, sweep, api_key=server.api_key, config={"speculative": spec}))
-            if on_served is not None:
-                on_served(label, spec, server)
+        earlier = {c: kept.level(phase, label, c) for c in sweep.concurrencies if kept.has(phase, label, c)}
+        earlier = {c: found for c, found in earlier.items() if found is not None}
+        missing = tuple(c for c in sweep.concurrencies if c not in earlier)
+        levels = {c: level for c, (level, _) in earlier.items()}
+        descriptions = [d for _, d in earlier.values()]
+        if missing:
+            with serve(spec) as server:
+                log(f"served sweep: {label} at concurrency {list(missing)}"
+                    + (f" (c={', '.join(map(str, earlier))} kept from an earlier run)" if earlier else ""))  # fmt: skip
+                description = {"engine": sweep.engine, "model": server.model, "base_url": server.base_url, "output_len": sweep.output_len,
+                               "num_prompts": len(prompts), "started_at": time.time(), "config": {"speculative": spec}}  # fmt: skip
+                with _failures_named(label, [server], kept):
+                    run = run_served(label, server.base_url, server.model, prompts, replace(sweep, concurrencies=missing),
+                                     api_key=server.api_key, config=description["config"],
+                                     on_level=lambda level, d=description, label=label: kept.save_level(phase, label, level, d))  # fmt: skip
+                    if on_served is not None:
+                        on_served(label, spec, server)
+            levels.update({level.concurrency: level for level in run.levels})
+            descriptions.append(description)
+        else:
+            log(f"served sweep: {label}: every level kept from an earlier run")
+        # The run began with its first level; the latest server is the one it names.
+        run_fields = {**descriptions[-1], "started_at": min(d["started_at"] for d in descriptions)}
+        runs.append(ServedRun(label=label, levels=tuple(levels[c] for c in sweep.concurrencies), **run_fields))
     return runs
 
 
+@contextmanager
+def _failures_named(label: str, servers: Sequence, kept: Measurements) -> Iterator[None]:
+    """Requests that failed for good, or a server that died, as a `ServerFailed` that names the
+    configuration, the server (dead: its last log lines; alive: its log) and where the finished
+    measurements are, instead of an HTTP client's traceback."""
+    try:
+        yield
+    except (ServedRequestError, httpx.HTTPError, ConnectionError) as exc:
+        url = getattr(exc, "base_url", None)
+        suspects = [s for s in servers if s.base_url == url] or list(servers)
+        resume = (f"{len(kept.files())} finished measurement file(s) are kept in {kept.folder}: "
+                  "a rerun with the same settings resumes from them")  # fmt: skip
+        for server in suspects:
+            problem = server.problem(timeout_s=5) if hasattr(server, "problem") else None
+            if problem:
+                failure = server.failure(problem)
+                raise ServerFailed(f"the benchmark stopped while serving '{label}': {failure}\n{resume}", failure.log_path, failure.tail) from exc
+        where = ", ".join(f"{s.base_url} (log {s.log_path})" if getattr(s, "log_path", None) else s.base_url for s in suspects)
+        raise ServerFailed(f"the benchmark stopped while serving '{label}': {exc}\nthe server still answers /health: {where}\n{resume}") from exc
+
+
 def _confirm_schedule(runs: Sequence, settings: BenchmarkSettings, drafter_dir: Path, serve: Callable[..., ContextManager],
-                      prompts: Sequence, sweep: SweepSettings, log: Callable[[str], None]) -> tuple[list, str | None]:  # fmt: skip
+                      prompts: Sequence, sweep: SweepSettings, log: Callable[[str], None], kept: Measurements) -> tuple[list, str | None]:  # fmt: skip
     """The runs confirming the schedule the sweep recommends (none when it recommends no
     schedule, or one the sweep served already), and a note saying which."""
     schedule = recommended_schedule(runs)
@@ -390,25 +533,31 @@ def _confirm_schedule(runs: Sequence, settings: BenchmarkSettings, drafter_dir: 
         return [], f"confirm_schedule: the recommended schedule {schedule.text()} was served in the sweep itself"
     log(f"confirming the recommended K schedule {schedule.text()} ({schedule.describe()})")
     configs = confirmation_configs(schedule, settings.k, drafter_dir, settings.baseline_again and not settings.interleave_rounds)
-    return _serve_all(configs, serve, prompts, sweep, settings.interleave_rounds, log), None
+    return _serve_all(configs, serve, prompts, sweep, settings.interleave_rounds, log, kept, "confirm"), None
 
 
-def _serve_interleaved(configs: Sequence[tuple[str, dict | None]], serve: Callable[..., ContextManager],
-                       prompts: Sequence, sweep: SweepSettings, rounds: int, log: Callable[[str], None],
+def _serve_interleaved(configs: Sequence[tuple[str, dict | None]], serve: Callable[..., ContextManager], prompts: Sequence,
+                       sweep: SweepSettings, rounds: int, log: Callable[[str], None], kept: Measurements, phase: str,
                        on_served: Callable[[str, dict | None, object], None] | None = None) -> list:  # fmt: skip
     """Start (or reuse) every configuration's server, then serve them interleaved. A config
-    given twice (the A/A control) gets a server of its own: `serve(spec, replica=1)`."""
+    given twice (the A/A control) gets a server of its own: `serve(spec, replica=1)`. A
+    configuration whose every round was kept by an earlier run is not served at all."""
+    plans = [round_prompts(len(prompts), c, rounds) for c in sweep.concurrencies]
     with ExitStack() as stack:
-        targets, servers = [], []
+        targets, servers, started = [], [], []
         for (label, spec), replica in zip(configs, replica_numbers([spec for _, spec in configs])):
+            if all(kept.has(phase, label, c, r) for c, plan in zip(sweep.concurrencies, plans) for r in range(len(plan))):
+                targets.append(ServedTarget(label, None, None, None, {"speculative": spec}))
+                continue
             server = stack.enter_context(serve(spec, replica=replica) if replica else serve(spec))
             servers.append(server)
+            started.append((label, spec, server))
             targets.append(ServedTarget(label, server.base_url, server.model, server.api_key, {"speculative": spec}))
         log(f"served sweeps: {', '.join(t.label for t in targets)} interleaved in up to {rounds} rounds "
             f"at concurrency {list(sweep.concurrencies)}")  # fmt: skip
-        runs = run_interleaved(targets, prompts, sweep, rounds, progress=log)
-        if on_served is not None:
-            for (label, spec), server in zip(configs, servers):
+        with _failures_named(" and ".join(t.label for t in targets), servers, kept):
+            runs = run_interleaved(targets, prompts, sweep, rounds, progress=log, kept=kept, phase=phase)
+            for label, spec, server in started if on_served is not None else ():
                 on_served(label, spec, server)
         return runs
 

@@ -19,6 +19,10 @@ rounds' requests and wall times, so its tokens/s is still output tokens / time s
 each round's tokens/s is kept as well, so the report can show how far the speedup moved from
 round to round (`bench/checks.py: round_speedups`).
 
+Each configuration's round is kept on disk as it finishes (`bench/progress.py`), with its own
+speculation counters' delta: a level interrupted by a dying server resumes at its next round
+on a server started again, and its rounds still add up.
+
 Only one server works at a time: the others sit idle, holding their memory.
 """
 
@@ -29,6 +33,8 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+from eagle_assets.bench.metrics import SpecStats
+from eagle_assets.bench.progress import Measurements
 from eagle_assets.bench.served import (
     RequestResult,
     ServedRun,
@@ -50,8 +56,9 @@ class ServedTarget:
     """One configuration's server, as the sweep addresses it."""
 
     label: str
-    base_url: str
-    model: str
+    base_url: str | None
+    """None for a configuration whose every round an earlier run kept (nothing is sent to it)."""
+    model: str | None
     api_key: str | None = field(default=None, repr=False)
     config: Mapping = field(default_factory=dict)
 
@@ -75,9 +82,15 @@ def run_interleaved(
     settings: SweepSettings,
     rounds: int,
     progress: Callable[[str], None] | None = None,
+    kept: Measurements | None = None,
+    phase: str = "sweep",
 ) -> list[ServedRun]:
     """One `ServedRun` per target, in the order given, each level served in `rounds` rounds
-    interleaved with the other targets'; `progress` gets a line per round (default: the log)."""
+    interleaved with the other targets'; `progress` gets a line per round (default: the log).
+
+    With `kept`, each target's round is kept on disk as soon as it is served, under `phase`, and
+    a round an earlier run kept is read back instead of served again. A target whose every
+    round is kept is asked nothing (its `base_url` and `model` may be None: the kept rounds say)."""
     progress = progress or log.info
     if rounds < 1:
         raise ValueError(f"rounds={rounds}: serve in at least one round")
@@ -88,29 +101,70 @@ def run_interleaved(
         raise ValueError("no prompts to send: give at least one")
     refuse_too_few_prompts(len(msgs), settings.concurrencies, f"{len(msgs)} prompts")  # before any warm-up request
     started = time.time()
-    for t in targets:
+    plans = {c: round_prompts(len(msgs), c, rounds) for c in settings.concurrencies}
+    to_serve = [t for t in targets if kept is None or not all(kept.has(phase, t.label, c, r) for c, plan in plans.items() for r in range(len(plan)))]
+    for t in to_serve:
         warm_up(t.base_url, t.model, msgs, settings, t.api_key)
     levels: dict[str, list] = {t.label: [] for t in targets}
-    for c in settings.concurrencies:
-        plan = round_prompts(len(msgs), c, rounds)
-        before = [settled_counters(t.base_url, t.api_key, t.model, settings) for t in targets]
+    described: dict[str, Mapping] = {}  # each target's run as its kept rounds describe it
+    for c, plan in plans.items():
         served: list[list[RequestResult]] = [[] for _ in targets]
-        walls: list[list[float]] = [[] for _ in targets]
+        walls = [[0.0] * len(plan) for _ in targets]
+        specs: list[list[SpecStats | None]] = [[None] * len(plan) for _ in targets]
+        before: dict[int, object] = {}  # each target's counters since its last round
         for r, chosen in enumerate(plan):
             for i in round_order(len(targets), r):
                 t = targets[i]
-                results, wall = send_prompts(t.base_url, t.model, [msgs[j] for j in chosen], c, settings, t.api_key, chosen)
+                earlier = kept.round(phase, t.label, c, r, chosen) if kept is not None else None
+                if earlier is not None:
+                    results, wall, spec = earlier["requests"], earlier["wall_s"], earlier["spec"]
+                    began = min(earlier["run"]["started_at"], described.get(t.label, earlier["run"])["started_at"])
+                    described[t.label] = {**earlier["run"], "started_at": began}  # the latest server, the first start
+                else:
+                    if i not in before:
+                        before[i] = settled_counters(t.base_url, t.api_key, t.model, settings)
+                    results, wall = send_prompts(t.base_url, t.model, [msgs[j] for j in chosen], c, settings, t.api_key, chosen)
+                    after = settled_counters(t.base_url, t.api_key, t.model, settings)
+                    # Per round, so that a round kept from a server since restarted adds up too.
+                    spec, before[i] = spec_between(before[i], after, results, settings), after
+                    if kept is not None:
+                        kept.save_round(phase, t.label, c, r, chosen, results, wall, spec, _description(t, settings, len(msgs), started))
                 served[i] += results
-                walls[i].append(wall)
-            rates = ", ".join(f"{t.label} {len(chosen) * settings.output_len / w[-1]:.1f}" for t, w in zip(targets, walls))
+                walls[i][r] = wall
+                specs[i][r] = spec
+            rates = ", ".join(f"{t.label} {len(chosen) * settings.output_len / w[r]:.1f}" for t, w in zip(targets, walls))
             progress(f"concurrency {c}, round {r + 1}/{len(plan)} ({len(chosen)} prompts): {rates} tok/s")
         for i, t in enumerate(targets):
-            after = settled_counters(t.base_url, t.api_key, t.model, settings)
             per_round = [len(chosen) * settings.output_len / w for chosen, w in zip(plan, walls[i])]
-            spec = spec_between(before[i], after, served[i], settings)
+            spec = _level_spec(specs[i], served[i], settings)
             levels[t.label].append(level_result(c, sorted(served[i], key=lambda x: x.prompt_index), sum(walls[i]), settings, spec, per_round))
-    return [
-        ServedRun(label=t.label, engine=settings.engine, model=t.model, base_url=t.base_url, output_len=settings.output_len,
-                  num_prompts=len(msgs), levels=tuple(levels[t.label]), started_at=started, config=dict(t.config))  # fmt: skip
-        for t in targets
-    ]
+    runs = []
+    for t in targets:
+        run, earlier = _description(t, settings, len(msgs), started), described.get(t.label)
+        if earlier:  # the run began then; a target not served again is where it was then
+            run.update(started_at=earlier["started_at"], **{k: earlier[k] for k in ("model", "base_url") if run[k] is None})
+        runs.append(ServedRun(label=t.label, levels=tuple(levels[t.label]), **run))
+    return runs
+
+
+def _description(target: ServedTarget, settings: SweepSettings, num_prompts: int, started: float) -> dict:
+    """What a `ServedRun` says of its run besides its label and levels."""
+    return {"engine": settings.engine, "model": target.model, "base_url": target.base_url, "output_len": settings.output_len,
+            "num_prompts": num_prompts, "started_at": started, "config": dict(target.config)}  # fmt: skip
+
+
+def _level_spec(rounds: Sequence[SpecStats | None], results: Sequence[RequestResult], settings: SweepSettings) -> SpecStats | None:
+    """A level's speculation statistics from its rounds': vLLM's counter deltas add up (None
+    without speculation); SGLang's come from the requests themselves."""
+    if settings.engine != "vllm":
+        return spec_between(None, None, results, settings)
+    present = [s for s in rounds if s is not None]
+    if not present:
+        return None
+    k = max(len(s.accepted_per_pos) for s in present)
+    return SpecStats(
+        drafts=sum(s.drafts for s in present),
+        draft_tokens=sum(s.draft_tokens for s in present),
+        accepted=sum(s.accepted for s in present),
+        accepted_per_pos=tuple(sum(s.accepted_per_pos[j] for s in present if j < len(s.accepted_per_pos)) for j in range(k)),
+    )

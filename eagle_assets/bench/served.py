@@ -16,6 +16,11 @@ greedy (temperature 0), exactly `output_len` output tokens (`max_tokens` = `min_
 Token counts come from the server's own usage numbers (`stream_options.continuous_usage_stats`,
 supported by vLLM and SGLang), never from counting text chunks.
 
+A request (or scrape) that fails in a way a retry may cure (a refused or dropped connection,
+HTTP 5xx, 408 or 429) is sent again, up to `request_attempts` times with backoff; the level
+counts its `retried_requests`. When the server's /health does not answer either, the server is
+down: `ServerGone` is raised at once, naming it, instead of retrying.
+
 One engine configuration ("baseline", "eagle3", "ngram") gives one `ServedRun`. Run it by hand
 against a server:
 
@@ -38,6 +43,7 @@ import json
 import logging
 import math
 import os
+import random
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -57,6 +63,7 @@ from eagle_assets.bench.metrics import (
     spec_stats_from_sglang,
 )
 from eagle_assets.corpus.prompts import MT_BENCH_PATH
+from eagle_assets.engines.process import health_problem
 
 log = logging.getLogger(__name__)
 
@@ -83,8 +90,16 @@ class SweepSettings:
     step's counters just after it streams the last token)."""
     progress: bool = True
     """Show a progress bar per level."""
+    request_attempts: int = 3
+    """Attempts per request (and per /metrics scrape) on a failure a retry can cure: a dropped or
+    refused connection, a timeout, HTTP 5xx, 408 or 429. A retried request's wait stays in its
+    level's wall time: the level's `retried_requests` says how many there were."""
+    retry_backoff_s: float = 1.0
+    """Wait before the first retry; doubled before each further one, with jitter."""
 
     def __post_init__(self) -> None:
+        if self.request_attempts < 1:
+            raise ValueError(f"request_attempts={self.request_attempts}: give at least 1")
         if self.output_len < 2:
             raise ValueError(f"output_len={self.output_len}: need at least 2 tokens to measure ITL")
         if not self.concurrencies or min(self.concurrencies) < 1:
@@ -108,6 +123,15 @@ class RequestResult:
     """Streamed chunks that carried tokens (fewer than tokens when speculation streams runs)."""
     spec_details: Mapping | None = None
     """SGLang's per-request `spec_tokens_details`, when the engine returns them."""
+    attempts: int = 1
+    """Attempts it took (more than 1 after a retried failure)."""
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: Mapping) -> "RequestResult":
+        return cls(**{**d, "itl_s": tuple(d["itl_s"])})
 
 
 def _dist(values: Sequence[float]) -> dict[str, float]:
@@ -142,6 +166,8 @@ class LevelResult:
     round_tokens_per_s: tuple[float, ...] = ()
     """Tokens/s of each round when the level was served in rounds interleaved with other
     configurations (`bench/interleaved.py`); empty when it was served in one go."""
+    retried_requests: int = 0
+    """Requests that succeeded only on a later attempt; their retries' wait is in `wall_s`."""
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -187,6 +213,40 @@ class ServedRun:
         d = dict(d)
         d["levels"] = tuple(LevelResult.from_dict(lv) for lv in d["levels"])
         return cls(**d)
+
+
+class ServedRequestError(RuntimeError):
+    """A request or scrape that failed for good; the message names the server and the prompt."""
+
+    def __init__(self, message: str, base_url: str):
+        super().__init__(message)
+        self.base_url = base_url
+
+
+class ServerGone(ServedRequestError):
+    """A request failed and the server's /health does not answer either: it is down, and
+    retrying cannot help."""
+
+
+class _RetryableStatus(Exception):
+    """An HTTP status a retry may cure (5xx, 408, 429)."""
+
+
+def _describe(exc: BaseException) -> str:
+    # httpx messages are often empty for dropped connections: name the type too.
+    return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+
+
+def _backoff(settings: "SweepSettings", attempt: int) -> float:
+    return settings.retry_backoff_s * 2 ** (attempt - 1) * random.uniform(0.5, 1.0)
+
+
+def _down(base_url: str, headers: Mapping[str, str], error: str, what: str) -> ServerGone | None:
+    """A `ServerGone` when the server's /health does not answer after `what` failed with `error`."""
+    health = health_problem(base_url.rstrip("/") + "/health", 5.0, dict(headers))
+    if health is None:
+        return None
+    return ServerGone(f"{what} to {base_url} failed ({error}) and {health}: the server is down", base_url)
 
 
 # -- Prompts ---------------------------------------------------------------------------------
@@ -327,17 +387,22 @@ async def _one_request(
     body: dict,
     prompt_index: int,
 ) -> RequestResult:
+    base = url.rsplit("/v1/", 1)[0]
     t0 = time.perf_counter()
     first = last = None
     tokens = chunks = 0
     itl: list[float] = []
     spec_details = None
     async with client.stream("POST", url, json=body, headers=headers) as resp:
+        if resp.status_code >= 500 or resp.status_code in (408, 429):
+            text = (await resp.aread()).decode(errors="replace")
+            raise _RetryableStatus(f"HTTP {resp.status_code}: {text[:300]}")
         if resp.status_code != 200:
             text = (await resp.aread()).decode(errors="replace")
-            raise RuntimeError(
+            raise ServedRequestError(
                 f"prompt {prompt_index}: {url} answered HTTP {resp.status_code}: {text[:500]}. "
-                "Check the model name and that the server accepts min_tokens/ignore_eos."
+                "Check the model name and that the server accepts min_tokens/ignore_eos.",
+                base,
             )
         async for line in resp.aiter_lines():
             if not line.startswith("data:"):
@@ -347,7 +412,7 @@ async def _one_request(
                 break
             chunk = json.loads(data)
             if "error" in chunk:
-                raise RuntimeError(f"prompt {prompt_index}: the server streamed an error: {chunk['error']}")
+                raise ServedRequestError(f"prompt {prompt_index}: the server streamed an error: {chunk['error']}", base)
             now = time.perf_counter()
             sglext = chunk.get("sglext") or {}
             if sglext.get("spec_tokens_details"):
@@ -378,7 +443,7 @@ async def _one_request(
             last = now
     e2e = time.perf_counter() - t0
     if first is None:
-        raise RuntimeError(f"prompt {prompt_index}: the stream ended without any output token")
+        raise ServedRequestError(f"prompt {prompt_index}: the stream ended without any output token", base)
     return RequestResult(
         prompt_index=prompt_index,
         output_tokens=tokens,
@@ -390,6 +455,38 @@ async def _one_request(
     )
 
 
+async def _request_with_retries(
+    client: httpx.AsyncClient,
+    base_url: str,
+    headers: dict[str, str],
+    body: dict,
+    prompt_index: int,
+    settings: SweepSettings,
+) -> RequestResult:
+    """`_one_request`, retried (up to `settings.request_attempts`, with backoff) on what a retry
+    may cure; at once `ServerGone` when the server's /health does not answer after a failure."""
+    url = base_url.rstrip("/") + "/v1/chat/completions"
+    for attempt in range(1, settings.request_attempts + 1):
+        try:
+            result = await _one_request(client, url, headers, body, prompt_index)
+            return replace(result, attempts=attempt)
+        except (httpx.ReadTimeout, httpx.WriteTimeout) as exc:  # a stall of request_timeout_s is no passing fault
+            raise ServedRequestError(f"prompt {prompt_index}: {url} stalled ({_describe(exc)}) for "
+                                     f"{settings.request_timeout_s:.0f} s (request_timeout_s)", base_url) from None  # fmt: skip
+        except (httpx.TransportError, _RetryableStatus) as exc:
+            error = _describe(exc)
+            gone = await asyncio.to_thread(_down, base_url, headers, error, f"prompt {prompt_index}")
+            if gone is not None:
+                raise gone from None
+            if attempt == settings.request_attempts:
+                raise ServedRequestError(
+                    f"prompt {prompt_index}: {url} failed {attempt} times; last: {error}", base_url
+                ) from None
+            log.warning("prompt %d: %s failed (%s); retrying", prompt_index, url, error)
+            await asyncio.sleep(_backoff(settings, attempt))
+    raise AssertionError("unreachable")
+
+
 async def _run_requests(
     base_url: str,
     model: str,
@@ -399,7 +496,6 @@ async def _run_requests(
     api_key: str | None,
     desc: str,
 ) -> tuple[list[RequestResult], float]:
-    url = base_url.rstrip("/") + "/v1/chat/completions"
     headers = auth_headers(api_key)
     queue: asyncio.Queue[int] = asyncio.Queue()
     for i in range(len(prompts)):
@@ -416,7 +512,7 @@ async def _run_requests(
             except asyncio.QueueEmpty:
                 return
             body = _payload(model, prompts[i], settings.output_len, settings.engine)
-            results.append(await _one_request(client, url, headers, body, i))
+            results.append(await _request_with_retries(client, base_url, headers, body, i, settings))
             bar.update(1)
 
     try:
@@ -429,13 +525,28 @@ async def _run_requests(
     return sorted(results, key=lambda r: r.prompt_index), wall
 
 
-def _settled_scrape(base_url: str, api_key: str | None, model: str, settle_s: float) -> SpecCounters:
+def _scrape(base_url: str, api_key: str | None, model: str, settings: SweepSettings) -> SpecCounters:
+    """`scrape`, retried as a request is (`_request_with_retries`)."""
+    for attempt in range(1, settings.request_attempts + 1):
+        try:
+            return scrape(base_url, api_key=api_key, model=model)
+        except RuntimeError as exc:  # scrape's words for a transport error or an HTTP status
+            gone = _down(base_url, auth_headers(api_key), str(exc), "a /metrics scrape")
+            if gone is not None:
+                raise gone from None
+            if attempt == settings.request_attempts:
+                raise ServedRequestError(f"{exc} ({attempt} attempts)", base_url) from None
+            time.sleep(_backoff(settings, attempt))
+    raise AssertionError("unreachable")
+
+
+def _settled_scrape(base_url: str, api_key: str | None, model: str, settings: SweepSettings) -> SpecCounters:
     """Scrape until two scrapes agree (or settle_s passes): the last step's counters land late."""
-    prev = scrape(base_url, api_key=api_key, model=model)
-    deadline = time.monotonic() + settle_s
+    prev = _scrape(base_url, api_key, model, settings)
+    deadline = time.monotonic() + settings.metrics_settle_s
     while time.monotonic() < deadline:
         time.sleep(0.2)
-        cur = scrape(base_url, api_key=api_key, model=model)
+        cur = _scrape(base_url, api_key, model, settings)
         if cur == prev:
             return cur
         prev = cur
@@ -487,17 +598,18 @@ def send_prompts(
     results, wall = asyncio.run(_run_requests(base_url, model, prompts, settings, concurrency, api_key, f"c={concurrency}"))
     for r in results:
         if r.output_tokens != settings.output_len:
-            raise RuntimeError(
+            raise ServedRequestError(
                 f"prompt {indices[r.prompt_index]} at concurrency {concurrency} got {r.output_tokens} output "
                 f"tokens, expected exactly {settings.output_len}: the server did not honour "
-                "min_tokens/ignore_eos, or output_len exceeds max-model-len minus the prompt"
+                "min_tokens/ignore_eos, or output_len exceeds max-model-len minus the prompt",
+                base_url,
             )
     return [replace(r, prompt_index=indices[r.prompt_index]) for r in results], wall
 
 
 def settled_counters(base_url: str, api_key: str | None, model: str, settings: SweepSettings) -> SpecCounters | None:
     """vLLM's spec-decode counters once they stop moving; None for SGLang (its requests carry them)."""
-    return _settled_scrape(base_url, api_key, model, settings.metrics_settle_s) if settings.engine == "vllm" else None
+    return _settled_scrape(base_url, api_key, model, settings) if settings.engine == "vllm" else None
 
 
 def spec_between(before: SpecCounters | None, after: SpecCounters | None, results: Sequence[RequestResult],
@@ -530,6 +642,7 @@ def level_result(
         tokens_per_chunk=out_tokens / sum(r.chunks for r in results),
         spec=spec,
         round_tokens_per_s=tuple(round_tokens_per_s),
+        retried_requests=sum(r.attempts > 1 for r in results),
     )
     al = f", AL {spec.al:.2f} over {spec.drafts} drafts" if spec and spec.drafts else ""
     log.info(
@@ -545,10 +658,7 @@ def warm_up(base_url: str, model: str, prompts: Sequence[Messages], settings: Sw
         return
     n = settings.warmup_requests
     warm = [prompts[i % len(prompts)] for i in range(n)]
-    quiet = SweepSettings(
-        output_len=min(settings.output_len, 8), concurrencies=(1,), engine=settings.engine,
-        warmup_requests=0, request_timeout_s=settings.request_timeout_s, progress=False,
-    )
+    quiet = replace(settings, output_len=min(settings.output_len, 8), concurrencies=(1,), warmup_requests=0, progress=False)
     asyncio.run(_run_requests(base_url, model, warm, quiet, 1, api_key, "warm-up"))
 
 
@@ -560,18 +670,25 @@ def run_sweep(
     concurrencies: Sequence[int] = (1, 4, 8),
     api_key: str | None = None,
     settings: SweepSettings | None = None,
+    on_level: Callable[[LevelResult], None] | None = None,
 ) -> list[LevelResult]:
     """Measure the server at each concurrency level, in the order given.
 
     `prompts` are chat message lists (or plain strings, sent as one user turn); every level
     sends each of them once. `settings` overrides `output_len` and `concurrencies` when given.
+    `on_level` gets each level as soon as it is measured (to keep it on disk, say).
     """
     settings = settings or SweepSettings(output_len=output_len, concurrencies=tuple(concurrencies))
     msgs = [as_messages(p) for p in prompts]
     if not msgs:
         raise ValueError("no prompts to send: give at least one")
     warm_up(base_url, model, msgs, settings, api_key)
-    return [run_level(base_url, model, msgs, c, settings, api_key) for c in settings.concurrencies]
+    levels = []
+    for c in settings.concurrencies:
+        levels.append(run_level(base_url, model, msgs, c, settings, api_key))
+        if on_level:
+            on_level(levels[-1])
+    return levels
 
 
 def run_served(
@@ -582,12 +699,13 @@ def run_served(
     settings: SweepSettings,
     api_key: str | None = None,
     config: Mapping | None = None,
+    on_level: Callable[[LevelResult], None] | None = None,
 ) -> ServedRun:
     """`run_sweep` for one engine configuration, packaged as a `ServedRun` named `label`."""
     started = time.time()
     log.info("served sweep %r on %s (%s): %d prompts x %d tokens at concurrency %s",
              label, base_url, model, len(prompts), settings.output_len, list(settings.concurrencies))
-    levels = run_sweep(base_url, model, prompts, settings=settings, api_key=api_key)
+    levels = run_sweep(base_url, model, prompts, settings=settings, api_key=api_key, on_level=on_level)
     return ServedRun(
         label=label,
         engine=settings.engine,

@@ -23,7 +23,11 @@ def check_error_rate(store: CorpusStore, max_error_rate: float = 0.02) -> CheckR
     total = store.num_rows + len(failures)
     rate = len(failures) / total if total else 0.0
     kinds = Counter(f.get("error_type", "?") for f in failures)
-    return rate <= max_error_rate and total > 0, {
+    passed = rate <= max_error_rate and total > 0
+    commonest = "; ".join(f"{kind} x{n}" for kind, n in kinds.most_common(3))
+    return passed, {
+        "summary": (f"{len(failures)} of {total} samples failed ({rate:.1%}, {'within' if passed else 'above'} the "
+                    f"{max_error_rate:.1%} allowed)" + (f": {commonest}" if commonest else "")),  # fmt: skip
         "error_rate": round(rate, 6),
         "max_error_rate": max_error_rate,
         "stored": store.num_rows,

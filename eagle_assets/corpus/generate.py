@@ -8,7 +8,10 @@ chat template (conversation.py), giving the token ids and loss mask the trainer 
 `sample_id = stable_id(prompt messages, sampling params, target fingerprint)`: a rerun
 skips every id already in the store, so a killed run resumes where its last shard ended.
 A sample that still fails after the client's retries is recorded in failures.jsonl and the
-run goes on; only a long streak of such failures (the server is gone) stops it early.
+run goes on. A server that stops answering stops the run at once (`GenerationAborted`), as does
+a long streak of failures; and a run whose failed share ends above `max_failed_share` (default
+5%) fails (`GenerationFailed`), saying how many failed and the commonest errors, instead of
+passing for a corpus. Either way every finished sample is stored, and a rerun retries the rest.
 
     python -m eagle_assets.corpus.generate --prompts prompts.jsonl --out data/corpus \\
         --server http://localhost:8000 --model smollm2-135m-instruct \\
@@ -22,6 +25,7 @@ import asyncio
 import json
 import sys
 import time
+from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -140,11 +144,44 @@ class CorpusStats:
 
 
 class GenerationAborted(RuntimeError):
-    """Too many samples in a row failed after retries: the server is most likely gone."""
+    """The server stopped answering, or too many samples in a row failed after retries."""
 
     def __init__(self, message: str, stats: CorpusStats):
         super().__init__(message)
         self.stats = stats
+
+
+class GenerationFailed(RuntimeError):
+    """The run ended with more of its samples failed than `max_failed_share` allows."""
+
+    def __init__(self, message: str, stats: CorpusStats):
+        super().__init__(message)
+        self.stats = stats
+
+
+DEFAULT_MAX_FAILED_SHARE = 0.05
+
+
+def commonest_errors(errors: Iterable[tuple[str, str]], n: int = 3) -> str:
+    """"RetriesExhausted x8 (e.g. ...); RequestRejected x1 (e.g. ...)": the `n` commonest kinds of
+    (kind, message) errors, most frequent first, each with its first message."""
+    counts: Counter[str] = Counter()
+    first: dict[str, str] = {}
+    for kind, message in errors:
+        counts[kind] += 1
+        first.setdefault(kind, message)
+    return "; ".join(f"{kind} x{k}" + (f" (e.g. {first[kind][:300]})" if first[kind] != kind else "")
+                     for kind, k in counts.most_common(n)) or "none recorded"  # fmt: skip
+
+
+def failed_share_problem(failed: int, attempted: int, max_share: float | None, what: str,
+                         errors: Iterable[tuple[str, str]]) -> str | None:  # fmt: skip
+    """None when `failed` of `attempted` is within `max_share` (None: no limit); else a message
+    that says how many failed, against which limit, and the commonest (kind, message) errors."""
+    if max_share is None or attempted == 0 or failed <= max_share * attempted:
+        return None
+    return (f"{failed} of {attempted} {what} failed ({failed / attempted:.0%}, above the {max_share:.0%} allowed); "
+            f"commonest errors: {commonest_errors(errors)}")  # fmt: skip
 
 
 async def _answer(
@@ -203,8 +240,10 @@ async def generate_corpus_async(
     progress_every: int = 50,
     show_progress_bar: bool = True,
     max_consecutive_failures: int | None = 64,
+    max_failed_share: float | None = DEFAULT_MAX_FAILED_SHARE,
 ) -> CorpusStats:
-    """Answer every prompt not yet in `store`; see the module docstring. Flushes before returning."""
+    """Answer every prompt not yet in `store`; see the module docstring. Flushes before returning
+    or raising."""
     prompts = list(prompts)
     ensure_training_prompts(prompts)
     previous = store.meta.get("target")
@@ -237,6 +276,8 @@ async def generate_corpus_async(
     start = time.perf_counter()
     streak = 0
     last_error = ""
+    gone: list[str] = []  # why the server was found gone, once it was
+    failures: list[tuple[str, str]] = []  # every failure's type and message, for the commonest
     bar = tqdm(total=len(todo), desc="corpus", unit="sample", disable=not show_progress_bar, file=sys.stderr)
     pending = iter(todo)
 
@@ -258,6 +299,7 @@ async def generate_corpus_async(
                 last_error = f"{prompt.origin or prompt.prompt_id}: {exc}"
                 if len(stats.errors) < 20:
                     stats.errors.append(last_error)
+                failures.append((type(exc).__name__, str(exc)))
                 store.record_failure(
                     {
                         "sample_id": sid,
@@ -271,6 +313,13 @@ async def generate_corpus_async(
                 streak = streak + 1 if isinstance(exc, RetriesExhausted) else streak
                 if max_consecutive_failures is not None and streak >= max_consecutive_failures:
                     stats.aborted = True
+                if isinstance(exc, RetriesExhausted) and not stats.aborted:
+                    # Retries spent: is the server still there? A dead one fails every sample left.
+                    try:
+                        await client.check_server()
+                    except InferenceError as unreachable:
+                        gone.append(str(unreachable))
+                        stats.aborted = True
             else:
                 streak = 0
                 store.append(row)
@@ -291,11 +340,16 @@ async def generate_corpus_async(
         bar.close()
         store.flush()
         report()
+    stored = f"{stats.succeeded + stats.already_done} samples are stored"
     if stats.aborted:
-        raise GenerationAborted(
-            f"stopped after {max_consecutive_failures} samples in a row failed after retries against "
-            f"{client.settings.base_url} (last: {last_error}). {stats.succeeded + stats.already_done} "
-            "samples are stored; restart the server and rerun to resume.",
+        why = (f"the server stopped answering after a sample failed ({last_error}): {gone[0]}" if gone else
+               f"{max_consecutive_failures} samples in a row failed after retries against {client.settings.base_url} (last: {last_error})")  # fmt: skip
+        raise GenerationAborted(f"stopped: {why}. {stored}; restart the server and rerun to resume.", stats)
+    problem = failed_share_problem(stats.failed, stats.attempted, max_failed_share, "samples", failures)
+    if problem:
+        raise GenerationFailed(
+            f"{problem}. {stored} and the failed ones are listed in {store.url}/failures.jsonl; fix the cause "
+            "and rerun to retry them (max_failed_share sets the share allowed).",
             stats,
         )
     return stats
@@ -314,11 +368,13 @@ def generate_corpus(
     progress_every: int = 50,
     show_progress_bar: bool = True,
     max_consecutive_failures: int | None = 64,
+    max_failed_share: float | None = DEFAULT_MAX_FAILED_SHARE,
 ) -> CorpusStats:
     """Synchronous entry point: checks the server answers with the model, then generates.
 
     Raises `ServerUnreachable` (naming the URL) before touching the store when the server is
-    down; `GenerationAborted` (after storing every finished sample) when it goes away.
+    down; `GenerationAborted` (after storing every finished sample) when it goes away;
+    `GenerationFailed` when more than `max_failed_share` of the samples failed.
     """
     template = ChatTemplate(tokenizer, thinking)
 
@@ -336,6 +392,7 @@ def generate_corpus(
                 progress_every=progress_every,
                 show_progress_bar=show_progress_bar,
                 max_consecutive_failures=max_consecutive_failures,
+                max_failed_share=max_failed_share,
             )
 
     return asyncio.run(run())
@@ -357,6 +414,8 @@ def _main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--backoff", type=float, default=1.0)
     parser.add_argument("--timeout", type=float, default=600.0)
     parser.add_argument("--limit", type=int, default=None, help="use only the first N prompts")
+    parser.add_argument("--max-failed-share", type=float, default=DEFAULT_MAX_FAILED_SHARE,
+                        help="fail (exit 1) when more than this share of the samples tried fail")  # fmt: skip
     args = parser.parse_args(argv)
     from eagle_assets.corpus.target import load_tokenizer, target_fingerprint
 
@@ -365,13 +424,21 @@ def _main(argv: Sequence[str] | None = None) -> int:
         backoff_s=args.backoff, timeout_s=args.timeout,
     )
     prompts = load_prompt_file(args.prompts, limit=args.limit)
-    with CorpusStore(args.out, shard_size=args.shard_size) as store:
-        stats = generate_corpus(
-            prompts, store, server, load_tokenizer(args.tokenizer),
-            target=target_fingerprint(args.tokenizer),
-            sampling=SamplingParams(temperature=args.temperature, max_tokens=args.max_tokens, seed=args.seed),
-            progress=lambda s: print(s.summary(), file=sys.stderr, flush=True),
-        )
+    try:
+        with CorpusStore(args.out, shard_size=args.shard_size) as store:
+            stats = generate_corpus(
+                prompts, store, server, load_tokenizer(args.tokenizer),
+                target=target_fingerprint(args.tokenizer),
+                sampling=SamplingParams(temperature=args.temperature, max_tokens=args.max_tokens, seed=args.seed),
+                progress=lambda s: print(s.summary(), file=sys.stderr, flush=True), max_failed_share=args.max_failed_share,
+            )  # fmt: skip
+    except (GenerationAborted, GenerationFailed) as exc:
+        print(json.dumps(exc.stats.as_metadata(), indent=1))
+        print(f"corpus generation failed: {exc}", file=sys.stderr)
+        return 1
+    except InferenceError as exc:  # the server was down before anything was asked
+        print(f"corpus generation failed: {exc}", file=sys.stderr)
+        return 1
     print(json.dumps(stats.as_metadata(), indent=1))
     return 0
 

@@ -11,7 +11,7 @@ import fsspec
 
 from eagle_assets.corpus import checks as corpus_checks
 from eagle_assets.corpus.client import ClientSettings
-from eagle_assets.corpus.generate import SamplingParams, generate_corpus
+from eagle_assets.corpus.generate import SamplingParams, failed_share_problem, generate_corpus
 from eagle_assets.corpus.prompt_formats import ContextFit, ReadStats, combine, mix_counts, sample_prompts, sharegpt_prompts
 from eagle_assets.corpus.prompts import MagpieSettings, ensure_training_prompts, load_prompt_file, synthesize_prompts, write_prompts
 from eagle_assets.corpus.store import CorpusStore
@@ -107,6 +107,9 @@ class PromptsConfig(dg.Config):
     user_topics: list[str] = []
     """Subjects put into the `{topic}` of an opening, one drawn per prompt (TOPIC_OPENINGS and
     eagle_assets.corpus.prompts.load_topics() are a ready pair); needed by such openings."""
+    max_error_rate: float = 0.05
+    """Magpie: the run fails when more than this share of its requests failed after their
+    retries (a dying server), saying how many and the commonest errors."""
 
 
 PROMPT_SOURCES = ("magpie", "file", "sharegpt")
@@ -167,6 +170,11 @@ def prompts(
             with inference_server.serve(log=context.log.info) as server:
                 client = ClientSettings(base_url=server.base_url, model=server.model, api_key=server.api_key)
                 parts[source], magpie = synthesize_prompts(client, tokenizer, settings, progress=context.log.info)
+                errors = [(e.split(": ", 1)[-1],) * 2 for e in magpie.errors]  # without "candidate N: "; the message is the kind
+                problem = failed_share_problem(magpie.failed, magpie.requested, config.max_error_rate, "Magpie requests", errors)
+                if problem:  # raised inside the block: a server that died is named, with its log
+                    raise RuntimeError(f"{problem}. No prompts were written; fix the cause and rerun (prompts.max_error_rate "
+                                       "sets the share allowed).")  # fmt: skip
             stats.update({f"magpie_{k}": v for k, v in magpie.as_dict().items()})
         if source != "file" and len(parts[source]) < n:
             context.log.warning(f"{source}: {len(parts[source])} prompts, short of the {n} asked for (it offers no more)")
@@ -203,7 +211,9 @@ class CorpusConfig(dg.Config):
     request_timeout_s: float = 600
     max_retries: int = 4
     max_error_rate: float = 0.02
-    """The corpus check fails above this share of failed samples."""
+    """The run fails when more than this share of the samples it tried failed (saying how many
+    and the commonest errors; the finished ones stay stored for a rerun), and the error_rate
+    check fails above this share of the corpus's failed samples."""
     shard_size: int = 64
     """Rows per Parquet shard; a crash loses at most the unflushed rows."""
 
@@ -243,11 +253,13 @@ def synthetic_corpus(
             timeout_s=config.request_timeout_s,
             max_retries=config.max_retries,
         )
-        stats = generate_corpus(
-            items, store, client, tokenizer, target=fingerprint, sampling=sampling,
-            progress=lambda s: context.log.info(s.summary()), show_progress_bar=True,
-        )  # fmt: skip
-    store.close()
+        try:
+            stats = generate_corpus(
+                items, store, client, tokenizer, target=fingerprint, sampling=sampling,
+                progress=lambda s: context.log.info(s.summary()), show_progress_bar=True, max_failed_share=config.max_error_rate,
+            )  # fmt: skip
+        finally:
+            store.close()
     reader = CorpusStore(str(storage.corpus(preset.name)), mode="r")
     yield dg.MaterializeResult(
         metadata=metadata({**stats.as_metadata(), "rows": reader.num_rows, "path": str(storage.corpus(preset.name))}),

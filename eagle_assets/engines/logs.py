@@ -5,6 +5,7 @@ exception and its message. The frames above it (uvloop, asyncio, contextlib) say
 the cause, and a log read 60 s later and cut to 30 lines shows only them. `LogWatcher` reads
 the log as it grows and `root_cause` keeps what a person needs: the exception, its message,
 the innermost frame of the engine's own code, and any ERROR lines the engine logged.
+`tail_lines` gives the last lines of a log of any length, for a server that died after it started.
 """
 
 from __future__ import annotations
@@ -191,3 +192,20 @@ class LogWatcher:
             if _LOG_LINE.match(clean := strip_prefix(line)):
                 return clean
         return (self.tail(1) or [""])[0]
+
+
+def tail_lines(path: Path, n: int = 20, max_bytes: int = 1 << 16) -> list[str]:
+    """The last `n` lines of a log, without their process prefixes, read from its last
+    `max_bytes` only (a server's log grows with every request it serves). [] when it is missing."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, 2)
+            size = f.tell()
+            f.seek(max(0, size - max_bytes))
+            chunk = f.read()
+    except OSError:
+        return []
+    lines = chunk.decode("utf-8", errors="replace").splitlines()
+    if size > max_bytes and lines:
+        lines = lines[1:]  # the first line read is most likely cut
+    return [strip_prefix(line) for line in lines if line.strip()][-n:]

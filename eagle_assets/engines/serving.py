@@ -23,7 +23,7 @@ from eagle_assets.embedded_target import resolve_target
 from eagle_assets.engines.envs import host_device
 from eagle_assets.engines.k_schedule import KSchedule
 from eagle_assets.engines.preflight import PreflightError, engine_args_for, preflight
-from eagle_assets.engines.process import ServerFailed, ServerProcess, free_port
+from eagle_assets.engines.process import ServerFailed, ServerProcess, free_port, health_problem
 from eagle_assets.engines.vllm_launch import (
     DEFAULT_KV_CACHE_GIB,
     ENGINE_SITE,
@@ -52,6 +52,8 @@ class InferenceServer:
     target_path: Path | None = None
     log_path: Path | None = None
     speculative: dict | None = None
+    process: ServerProcess | None = field(default=None, repr=False, compare=False)
+    """The process of a server we launched; None for one we connect to."""
 
     @property
     def headers(self) -> dict[str, str]:
@@ -60,6 +62,20 @@ class InferenceServer:
     @property
     def metrics_url(self) -> str:
         return f"{self.base_url}/metrics"
+
+    def problem(self, timeout_s: float = 10.0) -> str | None:
+        """None while the server lives and answers /health; else what is wrong. A server we
+        connect to is judged by /health alone."""
+        if self.process is not None:
+            return self.process.problem(f"{self.base_url}/health", timeout_s, self.headers)
+        found = health_problem(f"{self.base_url}/health", timeout_s, self.headers)
+        return f"the server at {self.base_url}: {found}" if found else None
+
+    def failure(self, problem: str) -> ServerFailed:
+        """`problem` as a `ServerFailed`: with the last lines of its log for a server we launched."""
+        if self.process is not None:
+            return self.process.failure(problem)
+        return ServerFailed(f"{problem} (a server this project did not launch: its log is where it was started)")
 
     def describe(self) -> dict:
         """Safe to log and to attach as metadata: no key."""
@@ -174,6 +190,7 @@ def launch_vllm(
             target_path=folder,
             log_path=log_path,
             speculative=speculative,
+            process=proc,
         )
     finally:
         proc.stop()

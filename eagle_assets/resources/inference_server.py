@@ -4,6 +4,12 @@ Two real implementations behind one resource, chosen by configuration: with `url
 stages talk to an existing OpenAI-compatible server (the API key comes from the environment
 variable named by `api_key_env`, never from config, never logged); without it, vLLM is launched
 from the target preset in its own environment and torn down when the stage ends.
+
+A launched server is never handed out dead: before a warm one is reused its process must live
+and its /health answer, else it is stopped (its shared memory removed) and started again, once;
+a server of a configuration that dies again is a `ServerFailed` naming its log. A server that
+dies while a stage uses it is reported as such, with the last lines of its log, not as the
+refused connection the stage saw.
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ from pydantic import PrivateAttr
 from eagle_assets.embedded_target import resolve_target
 from eagle_assets.engines.envs import host_device
 from eagle_assets.engines.host_memory import HEADROOM_BYTES, available_memory_bytes, config_footprint_bytes, why_not_at_once
+from eagle_assets.engines.process import ServerFailed
 from eagle_assets.engines.serving import InferenceServer, api_key_from_env, connect, launch_vllm, replica_numbers
 from eagle_assets.engines.vllm_launch import (
     DEFAULT_KV_CACHE_GIB,
@@ -88,6 +95,8 @@ class InferenceServerResource(dg.ConfigurableResource):
 
     _warm: "OrderedDict[str, WarmServer]" = PrivateAttr(default_factory=OrderedDict)
     _in_use: "dict[str, int]" = PrivateAttr(default_factory=dict)
+    _deaths: "dict[str, str]" = PrivateAttr(default_factory=dict)
+    """Configurations whose launched server died in this run: how, and its log."""
 
     def teardown_after_execution(self, context) -> None:
         self.stop_warm()
@@ -204,16 +213,12 @@ class InferenceServerResource(dg.ConfigurableResource):
             return
         served = served_config(drafter, k, speculative)
         key = server_key(None, k, served, replica)
-        if self.keep_warm and key in self._warm:
+        if self.keep_warm and key in self._warm and self._usable(key, log):
             self._warm.move_to_end(key)
             server = self._warm[key].server
             log(f"reusing the running server at {server.base_url}")
-            try:
-                with self._using(key):
-                    yield server
-            except BaseException:
-                self._stop(key)  # a failure inside may have left the server in any state
-                raise
+            with self._serving(key, server, lambda: self._stop(key)):
+                yield server
             self._trim()
             return
         if self._in_use and (self.device or host_device()) != "cpu":
@@ -247,21 +252,63 @@ class InferenceServerResource(dg.ConfigurableResource):
                     log=log,
                 )
             )
-        except BaseException:
+        except BaseException as exc:
             stack.close()
+            if key in self._deaths and isinstance(exc, ServerFailed):  # the one restart failed
+                raise ServerFailed(f"the server died ({self._deaths[key]}), and starting it again failed too: {exc}",
+                                   exc.log_path, exc.tail) from exc  # fmt: skip
             raise
         if not self.keep_warm:
-            with stack:
+            with self._serving(key, server, stack.close):
                 yield server
+            stack.close()
             return
         self._warm[key] = WarmServer(server, stack, served)
+        with self._serving(key, server, lambda: self._stop(key)):
+            yield server
+        self._trim()
+
+    def _usable(self, key: str, log: Callable[[str], None]) -> bool:
+        """Whether the warm server of `key` still lives and answers /health: a dead one is never
+        handed out. It is stopped (its record and shared memory removed) and left to be started
+        again, once: a server of a configuration that died before already is a failure that
+        names its log."""
+        server = self._warm[key].server
+        if self._in_use.get(key):
+            return True  # a block uses it now: that block's failure, if any, is the one to report
+        problem = server.problem()
+        if problem is None:
+            return True
+        failure = server.failure(problem)
+        self._stop(key)
+        if key in self._deaths:
+            raise ServerFailed(f"{failure}\n(it had been started again once already after it died: {self._deaths[key]})",
+                               failure.log_path, failure.tail) from None  # fmt: skip
+        self._deaths[key] = f"{problem}; log {server.log_path}"
+        log(f"not reusing the warm server at {server.base_url}: {problem} (log {server.log_path}); starting it again")
+        return False
+
+    @contextmanager
+    def _serving(self, key: str, server: InferenceServer, stop: Callable[[], None]) -> Iterator[None]:
+        """A block using the launched server of `key`. A failure inside it may leave the server in
+        any state, so it is stopped (`stop`); where it died, the failure says so, with the last
+        lines of its log, instead of a refused connection."""
         try:
             with self._using(key):
-                yield server
+                yield
+        except Exception as exc:
+            problem = server.problem(timeout_s=5)
+            failure = server.failure(f"{problem} while serving") if problem else None
+            stop()
+            if failure is None:
+                raise
+            self._deaths[key] = f"{problem}; log {server.log_path}"
+            if isinstance(exc, ServerFailed):  # said already, by whoever used the server
+                raise
+            raise ServerFailed(f"{failure}\nwhat failed with it: {exc}", failure.log_path, failure.tail) from exc
         except BaseException:
-            self._stop(key)
+            stop()
             raise
-        self._trim()
 
     @contextmanager
     def extraction_server(self, layer_ids: Sequence[int], max_model_len: int, log: Callable[[str], None] = print) -> Iterator[InferenceServer]:
@@ -280,7 +327,7 @@ class InferenceServerResource(dg.ConfigurableResource):
             )
         spec = extraction_config(layer_ids)
         key = server_key(None, 0, spec)
-        if key in self._warm:
+        if key in self._warm and self._usable(key, log):
             with self.serve(speculative=spec, log=log) as server:
                 yield server
             return

@@ -11,6 +11,7 @@ import pytest
 
 from eagle_assets.bench import benchmark
 from eagle_assets.bench.benchmark import DEFAULT_INTERLEAVE_ROUNDS, BenchmarkSettings, benchmark_k, interleaving, served_configs
+from eagle_assets.bench.progress import Measurements
 from eagle_assets.bench.served import SweepSettings
 from eagle_assets.engines.k_schedule import KSchedule
 from eagle_assets.engines.vllm_launch import speculative_config
@@ -96,7 +97,7 @@ def test_rounds_asked_for_are_kept_without_asking_the_host():
     assert interleaving(BenchmarkSettings(k=3), DRAFTER, None)[0].interleave_rounds == DEFAULT_INTERLEAVE_ROUNDS
 
 
-def test_an_aa_control_is_a_second_server_without_speculation_served_interleaved(monkeypatch):
+def test_an_aa_control_is_a_second_server_without_speculation_served_interleaved(monkeypatch, tmp_path):
     settings = BenchmarkSettings(k=3, control=True, interleave_rounds=5)
     configs = served_configs(settings, DRAFTER)
     assert [label for label, _ in configs] == ["baseline", "baseline (control)", "eagle3", "ngram"]
@@ -112,7 +113,8 @@ def test_an_aa_control_is_a_second_server_without_speculation_served_interleaved
         yield SimpleNamespace(base_url=f"http://{len(asked)}", model="m", api_key=None)
 
     monkeypatch.setattr(benchmark, "run_interleaved", lambda targets, *a, **k: [t.base_url for t in targets])
-    served = benchmark._serve_interleaved(configs, serve, ["p"] * 8, SweepSettings(output_len=8, concurrencies=(1,)), 5, lambda m: None)
+    kept = Measurements.open(tmp_path, {}, log=lambda m: None)
+    served = benchmark._serve_interleaved(configs, serve, ["p"] * 8, SweepSettings(output_len=8, concurrencies=(1,)), 5, lambda m: None, kept, "sweep")
     assert asked == [(None, 0), (None, 1), ("eagle3", 0), ("ngram", 0)] and served == [f"http://{i}" for i in range(1, 5)]
     # The memory asked about counts two servers without speculation.
     specs = []
@@ -126,7 +128,7 @@ def test_an_aa_control_is_a_second_server_without_speculation_served_interleaved
         BenchmarkSettings(control=True, interleave_rounds=0)
 
 
-def test_the_recommended_schedule_is_served_after_the_sweep_beside_no_speculation_and_its_fixed_k(monkeypatch):
+def test_the_recommended_schedule_is_served_after_the_sweep_beside_no_speculation_and_its_fixed_k(monkeypatch, tmp_path):
     # The sweep: K=3 above no speculation at 1 and 4, below it at 8; K=2 slower everywhere.
     k3, k2 = speculative_config(DRAFTER, 3), speculative_config(DRAFTER, 2)
     sweep = [_served_with(_run("baseline", {1: 50.0, 4: 160.0, 8: 240.0}), None),
@@ -143,26 +145,27 @@ def test_the_recommended_schedule_is_served_after_the_sweep_beside_no_speculatio
     # and the sweeps are left out: three compiled vLLM servers and their sweeps would take ~15
     # minutes of the suite to say the same (real sweeps: test_served.py, test_interleaved.py; a
     # real schedule served: engines/test_serving.py; the confirmation measured: benchmarks/results/k_schedule_*).
-    monkeypatch.setattr(benchmark, "run_interleaved", lambda targets, prompts, sweep, rounds, progress: [(t.label, rounds) for t in targets])
-    monkeypatch.setattr(benchmark, "run_served", lambda label, *a, **k: label)
+    monkeypatch.setattr(benchmark, "run_interleaved", lambda targets, prompts, sweep, rounds, progress, **kept: [(t.label, rounds) for t in targets])
+    monkeypatch.setattr(benchmark, "run_served", lambda label, *a, **k: _run(label, {1: 1.0, 4: 1.0, 8: 1.0}))
     prompts, levels = ["p"] * 8, SweepSettings(output_len=8, concurrencies=(1, 4, 8))
     settings = BenchmarkSettings(k=3, also_k=(2,), interleave_rounds=4, confirm_schedule=True)
-    runs, note = benchmark._confirm_schedule(sweep, settings, DRAFTER, serve, prompts, levels, lambda m: None)
+    kept = Measurements.open(tmp_path, {}, log=lambda m: None)
+    runs, note = benchmark._confirm_schedule(sweep, settings, DRAFTER, serve, prompts, levels, lambda m: None, kept)
     schedule = KSchedule.parse("1-4:3,5-:0")
     assert note is None and runs == [("baseline", 4), ("eagle3", 4), ("eagle3 k=1-4:3,5-:0", 4)]
     assert asked == [None, k3, speculative_config(DRAFTER, 3, schedule)]
     # Served one after another, as the sweep was: no speculation again at the end, for the drift.
-    runs, _ = benchmark._confirm_schedule(sweep, replace(settings, interleave_rounds=0), DRAFTER, serve, prompts, levels, lambda m: None)
-    assert runs == ["baseline", "eagle3", "eagle3 k=1-4:3,5-:0", "baseline (end)"]
+    runs, _ = benchmark._confirm_schedule(sweep, replace(settings, interleave_rounds=0), DRAFTER, serve, prompts, levels, lambda m: None, kept)
+    assert [r.label for r in runs] == ["baseline", "eagle3", "eagle3 k=1-4:3,5-:0", "baseline (end)"]
     # Nothing to confirm: one K fastest everywhere, or none above no speculation; or served already.
     steady = [sweep[0], _served_with(_run("eagle3", {1: 80.0, 4: 200.0, 8: 250.0}), k3)]
-    assert benchmark._confirm_schedule(steady, settings, DRAFTER, serve, prompts, levels, print) == (
+    assert benchmark._confirm_schedule(steady, settings, DRAFTER, serve, prompts, levels, print, kept) == (
         [], "confirm_schedule: no schedule to confirm (K=3 served fastest at every load)")
     slow = [sweep[0], _served_with(_run("eagle3", {1: 40.0, 4: 150.0, 8: 200.0}), k3)]
-    assert benchmark._confirm_schedule(slow, settings, DRAFTER, serve, prompts, levels, print) == (
+    assert benchmark._confirm_schedule(slow, settings, DRAFTER, serve, prompts, levels, print, kept) == (
         [], "confirm_schedule: no schedule to confirm (no K beat no speculation)")
     served = [*sweep, _served_with(_run("eagle3 k=1-4:3,5-:0", {1: 80.0, 4: 200.0, 8: 236.0}), speculative_config(DRAFTER, 3, schedule))]
-    assert benchmark._confirm_schedule(served, settings, DRAFTER, serve, prompts, levels, print) == (
+    assert benchmark._confirm_schedule(served, settings, DRAFTER, serve, prompts, levels, print, kept) == (
         [], "confirm_schedule: the recommended schedule 1-4:3,5-:0 was served in the sweep itself")
     assert len(asked) == 7  # none of these started a server
 

@@ -58,9 +58,10 @@ def test_a_server_gone_for_good_stops_the_run_and_keeps_what_was_done(tmp_path, 
             )
 
     store = CorpusStore(str(tmp_path), shard_size=2)
-    with pytest.raises(GenerationAborted, match=f"4 samples in a row failed after retries against {url}") as err:
+    with pytest.raises(GenerationAborted, match=f"the server stopped answering .* cannot reach the inference server at {url}") as err:
         asyncio.run(run(store))
-    assert err.value.stats.failed < len(prompts)  # it stopped early instead of trying all twenty
+    # It stopped at the first samples whose retries were spent (two in flight), not after a streak.
+    assert 1 <= err.value.stats.failed <= 2
     reread = CorpusStore(str(tmp_path), mode="r")
     assert reread.done_ids() == {"s000"}
     failures = reread.failures()

@@ -22,7 +22,7 @@ import pytest
 
 from eagle_assets.corpus import checks
 from eagle_assets.corpus.client import ClientSettings, ServerUnreachable
-from eagle_assets.corpus.generate import SamplingParams, generate_corpus, sample_id_for
+from eagle_assets.corpus.generate import GenerationAborted, GenerationFailed, SamplingParams, generate_corpus, sample_id_for
 from eagle_assets.corpus.prompts import MagpieSettings, Prompt, load_prompt_file, normalize_text, synthesize_prompts, write_prompts
 from eagle_assets.corpus.store import CorpusStore
 from eagle_assets.engines.process import port_holder, port_in_use
@@ -96,9 +96,12 @@ def killed_and_resumed(vllm_server, tokenizer, target, magpie, smollm2_path, tmp
         if name.endswith(".parquet") and not name.startswith(".tmp-"):
             pq.read_table(out / name)  # every shard in place is complete (a partial one would not parse)
 
-    with CorpusStore(str(out), shard_size=3) as store:
-        stats = generate_corpus(prompts, store, server_settings(vllm_server), tokenizer, target=target, sampling=SAMPLING, show_progress_bar=False)
-    return {"prompts": prompts, "out": out, "after_kill": after_kill, "rows_at_kill": rows_at_kill, "stats": stats}
+    # The over-long prompt fails, one of at most 12 tried (above the 5% allowed): the run fails,
+    # saying so, with everything else stored.
+    with CorpusStore(str(out), shard_size=3) as store, pytest.raises(GenerationFailed) as failed:
+        generate_corpus(prompts, store, server_settings(vllm_server), tokenizer, target=target, sampling=SAMPLING, show_progress_bar=False)
+    stats = failed.value.stats
+    return {"prompts": prompts, "out": out, "after_kill": after_kill, "rows_at_kill": rows_at_kill, "stats": stats, "failed": str(failed.value)}
 
 
 def test_a_killed_run_resumes_to_exactly_the_expected_ids(killed_and_resumed, target):
@@ -118,6 +121,11 @@ def test_a_killed_run_resumes_to_exactly_the_expected_ids(killed_and_resumed, ta
     (failure,) = store.failures()
     assert failure["sample_id"] == sample_id_for(too_long, SAMPLING, target)
     assert failure["error_type"] == "RequestRejected" and "HTTP 400" in failure["error"]
+    # One failure of the resumed run's tries is above the 5% allowed: the run failed, saying so.
+    attempted = stats.succeeded + stats.failed
+    assert stats.failed == 1 and attempted == len(expected) + 1 - stats.already_done
+    assert r["failed"].startswith(f"1 of {attempted} samples failed ({1 / attempted:.0%}, above the 5% allowed)")
+    assert "commonest errors: RequestRejected x1 (e.g. " in r["failed"] and "HTTP 400" in r["failed"]
 
 
 def test_the_corpus_rows_pass_the_checks(killed_and_resumed, tokenizer):
@@ -161,11 +169,12 @@ def free_port_of_ours() -> int:
     return next(p for p in OUR_PORTS if not port_in_use(p))
 
 
-def test_a_server_dying_mid_run_loses_nothing_and_a_rerun_completes(vllm_server, tokenizer, target, tmp_path):
+def test_a_server_dying_mid_run_stops_it_within_seconds_loses_nothing_and_a_rerun_completes(vllm_server, tokenizer, target, tmp_path):
     prompts = load_prompt_file(str(write_jsonl(tmp_path / "p.jsonl", prompt_rows(n_single=8, n_multi=0, offset=40))))
     expected = {sample_id_for(p, SAMPLING, target) for p in prompts}
     out = tmp_path / "corpus"
     port = free_port_of_ours()
+    killed = {}
     with launch_vllm(EMBEDDED_TARGET, port=port, log=lambda m: None) as doomed:
         pid, _ = port_holder(port)
         pgid = os.getpgid(pid)
@@ -174,31 +183,42 @@ def test_a_server_dying_mid_run_loses_nothing_and_a_rerun_completes(vllm_server,
             while True:
                 manifest = out / CORPUS_MANIFEST
                 if manifest.is_file() and json.loads(manifest.read_text())["num_rows"] >= 4:
+                    killed["at"] = time.monotonic()
                     os.killpg(pgid, signal.SIGKILL)  # the whole engine: API server, engine core, worker
                     return
                 time.sleep(0.05)
 
         killer = threading.Thread(target=kill_after_two_shards, daemon=True)
         killer.start()
-        with CorpusStore(str(out), shard_size=2) as store:
-            stats = generate_corpus(
+        with CorpusStore(str(out), shard_size=2) as store, pytest.raises(GenerationAborted) as aborted:
+            generate_corpus(
                 prompts, store, server_settings(doomed, concurrency=2), tokenizer, target=target, sampling=SAMPLING,
                 show_progress_bar=False, max_consecutive_failures=None,
             )  # fmt: skip
+        stopped_after = time.monotonic() - killed["at"]
         killer.join(timeout=5)
 
+    # Not a success with most samples failed: the run stopped at the first sample whose retries
+    # were spent, once the server no longer answered, and said so.
+    assert stopped_after < 10, f"the dead server was noticed {stopped_after:.1f} s after the kill"
+    message = str(aborted.value)
+    assert "the server stopped answering" in message and f"cannot reach the inference server at {doomed.base_url}" in message
+    assert "restart the server and rerun to resume" in message
+    stats = aborted.value.stats
     store = CorpusStore(str(out), mode="r")
     stored = set(store.done_ids())
     failed = {f["sample_id"] for f in store.failures()}
     assert stats.succeeded == len(stored) >= 4 and stats.failed == len(failed) >= 1
-    assert stored | failed == expected and not stored & failed  # every completed sample kept, every other one recorded
+    assert f"{len(stored)} samples are stored" in message
+    assert stored | failed <= expected and not stored & failed  # every completed sample kept, every failure recorded
+    assert len(failed) <= 2  # only the samples in flight (concurrency 2) when the server died
     assert all(f["error_type"] == "RetriesExhausted" and "gave up after 3 attempts" in f["error"] for f in store.failures())
     assert checks.check_token_round_trip(store, tokenizer)[0]
 
     # The server is back (the session's instance of the same target): the rerun does the rest.
     with CorpusStore(str(out), shard_size=2) as store:
         again = generate_corpus(prompts, store, server_settings(vllm_server), tokenizer, target=target, sampling=SAMPLING, show_progress_bar=False)
-    assert (again.already_done, again.succeeded, again.failed) == (len(stored), len(failed), 0)
+    assert (again.already_done, again.succeeded, again.failed) == (len(stored), len(expected) - len(stored), 0)
     final = CorpusStore(str(out), mode="r")
     assert final.done_ids() == expected and final.failures() == []
     assert checks.check_no_duplicate_ids(final)[0]

@@ -72,7 +72,7 @@ def _stand_in_launches(monkeypatch, folder: Path, name_of) -> tuple[list, list]:
         name = name_of(speculative, len(started))
         started.append(name)
         try:
-            yield SimpleNamespace(base_url=f"http://{name}")
+            yield SimpleNamespace(base_url=f"http://{name}", problem=lambda timeout_s=10: None)  # alive
         finally:
             stopped.append(name)
 
