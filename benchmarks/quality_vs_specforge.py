@@ -58,7 +58,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import dataclasses
 import hashlib
 import json
 import math
@@ -210,6 +209,7 @@ class StepClock:
         self.pending: list[tuple[int, object, object]] = []
         self.first_step: int | None = None
         self.loop_start: float | None = None
+        self.loop_end: float | None = None  # when the last step was issued
 
     @contextlib.contextmanager
     def step(self, step: int, tokens: int):
@@ -220,13 +220,15 @@ class StepClock:
             start.record()
             yield
             end.record()
+            self.loop_end = time.perf_counter()
             self.pending.append((tokens, start, end))
             if len(self.pending) > 256:  # the oldest ones finished long ago: resolving them does not wait
                 self._resolve(len(self.pending) - 128)
         else:
             t0 = time.perf_counter()
             yield
-            self.rows.append([tokens, (time.perf_counter() - t0) * 1e3])
+            self.loop_end = time.perf_counter()
+            self.rows.append([tokens, (self.loop_end - t0) * 1e3])
 
     def _resolve(self, n: int) -> None:
         for tokens, start, end in self.pending[:n]:
@@ -235,13 +237,12 @@ class StepClock:
         del self.pending[:n]
 
     def segment(self) -> dict | None:
-        """This process's steps, for `timing.json`; None when it ran none."""
+        """This process's steps, for `timing.json`; None when it ran none. `loop_wall_s`: from the
+        first step's start to the last step's issue, everything between the steps included."""
         self._resolve(len(self.pending))
         if not self.rows:
             return None
-        if self.cuda:
-            torch.cuda.synchronize()
-        return {"first_step": self.first_step, "steps": len(self.rows), "loop_wall_s": time.perf_counter() - self.loop_start,
+        return {"first_step": self.first_step, "steps": len(self.rows), "loop_wall_s": self.loop_end - self.loop_start,
                 "rows": self.rows}  # fmt: skip
 
 
@@ -648,12 +649,12 @@ def specforge_untrained(work: Path, why: str) -> dict:
 
 
 def stage_init(a, data: Path, work: Path) -> dict:
+    from safetensors.torch import save_file
+
     from eagle_assets.drafter.data import describe
     from eagle_assets.drafter.model import Eagle3Drafter
     from eagle_assets.drafter.train import resolve_drafter_config
     from eagle_assets.hidden_states.vocab import load_vocab_mapping
-
-    from safetensors.torch import save_file
 
     target, aux = target_of(a, data)
     cfg = train_config(a, data, work, target, aux)
@@ -756,7 +757,8 @@ def stage_export(work: Path) -> dict:
     result = {"mapped_tensors": len(mapped), "our_tensors": len(model.trainable_state_dict()), "mapping": "midlayer. -> layers.0."}
     for side in SIDES:
         weights = work / side / EXPORT / "model.safetensors"
-        result[side] = {"path": str(weights.parent), "bytes": weights.stat().st_size, "sha256": sha256(weights)}
+        if weights.is_file():  # ours exists once its training finished
+            result[side] = {"path": str(weights.parent), "bytes": weights.stat().st_size, "sha256": sha256(weights)}
     log(f"export: {result['mapped_tensors']} of our {result['our_tensors']} tensors filled from SpecForge's; exported to "
         f"{result['specforge']['path']}")  # fmt: skip
     return result
@@ -913,6 +915,9 @@ def stage_offline(a, work: Path, deadline: float, sides: list[str]) -> dict:
     workers = max(1, min(a.offline_workers, settings.num_prompts))
     procs: dict[str, list] = {}
     start = time.perf_counter()
+    # Every process would start one CPU thread per core: share the cores out instead (the work is
+    # the device's; the threads only feed it).
+    threads = os.environ.get("OMP_NUM_THREADS") or str(max(1, (os.cpu_count() or 1) // (workers * len(sides))))
     for side in sides:
         parts = [work / side / f"offline-part-{i}-of-{workers}.json" for i in range(workers)]
         for part in parts:
@@ -922,7 +927,8 @@ def stage_offline(a, work: Path, deadline: float, sides: list[str]) -> dict:
              "--side", side, "--offline-part", f"{i}/{workers}", "--offline-out", str(part)]
             + [x for flag, v in (("--offline-num-prompts", a.offline_num_prompts), ("--offline-output-len", a.offline_output_len)) if v
                for x in (flag, str(v))],
-            env={**os.environ, "PYTHONUNBUFFERED": "1"}, start_new_session=True)) for i, part in enumerate(parts)]  # fmt: skip
+            env={**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": threads}, start_new_session=True))
+            for i, part in enumerate(parts)]  # fmt: skip
     log(f"offline: {workers} reference-decoder process(es) for each of {', '.join(sides)}, {settings.num_prompts} MT-Bench turns x "
         f"{settings.output_len} tokens, K={settings.k}, fp32 target on {a.device}")  # fmt: skip
     results: dict = {}
@@ -1079,6 +1085,7 @@ def print_table(report: dict) -> None:
         print(f"  skipped: {line}")
     for note in report.get("out_notes", []):
         print(f"  note: {note}")
+    print(f"  timing: {report['timing_method']}")
     k = report["offline_settings"]
     print(f"\nour recipe vs SpecForge {SPECFORGE_VERSION}, same shards ({report['preset']}, {report['epochs']} epochs, "
           f"{report['total_steps']} steps, TTT {report['ttt_steps']}); offline: {k['num_prompts']} MT-Bench turns x "
@@ -1090,6 +1097,10 @@ def print_table(report: dict) -> None:
         ("held-out val AL", _f(o["val_al"]), _f(s["val_al"])),
         ("  p_1 .. p_K", pk(o["val_p_k"]), pk(s["val_p_k"])),
         ("train tokens/s", _f(o["tokens_per_s"], ",.0f"), _f(s["tokens_per_s"], ",.0f")),
+        ("  with outlier steps", _f(o["timing"].get("tokens_per_s_with_outliers"), ",.0f"),
+         _f(s["timing"].get("tokens_per_s_with_outliers"), ",.0f")),
+        ("  outlier / timed steps", f"{o['timing'].get('outlier_steps', 'n/a')} / {o['timing'].get('steps_timed', 'n/a')}",
+         f"{s['timing'].get('outlier_steps', 'n/a')} / {s['timing'].get('steps_timed', 'n/a')}"),
         ("steps / epochs", f"{o['steps']} / {o['epochs']}", f"{s['steps']} / {s['epochs']}" + ("" if s["trained"] else " (not trained)")),
     ]
     print(f"{'':24} {'ours':>22} {'SpecForge':>22}")
@@ -1153,6 +1164,10 @@ def main(argv=None) -> int:
         return worker_offline(a, work)
     if a.device == "cuda" and not torch.cuda.is_available():
         print("no CUDA device: this comparison trains on a GPU; on a CPU run --smoke (or pass --device cpu)", file=sys.stderr)
+        return 2
+    sf, why = import_specforge(training=False)
+    if sf is None:
+        print(f"SpecForge's draft model is needed on both the CPU and the GPU path: {why}", file=sys.stderr)
         return 2
     start = time.time()
     deadline = start + (a.deadline_s or 1e9)
