@@ -482,7 +482,12 @@ def worker_ours(a, work: Path, deadline: float) -> int:
 
         def train_step(self, micro_batches):
             if time.time() > deadline:
-                self.save()  # the step about to run is the first one a rerun takes
+                # The step about to run is the first one a rerun takes. Before the first step there
+                # is nothing to keep (a rerun starts from the initial weights), and a checkpoint would
+                # not resume exactly: saving an optimiser without state has torch's state_dict API
+                # run one zero-gradient step to create it (AdamW's step count then starts at 1).
+                if self.step > 0:
+                    self.save()
                 raise DeadlineReached(self.step)
             tokens = sum(int(b["lengths"].sum()) for b in micro_batches)
             with self.clock.step(self.step, tokens):
@@ -493,7 +498,7 @@ def worker_ours(a, work: Path, deadline: float) -> int:
         trainer.run()
     except DeadlineReached as stop:
         save_timing(Path(cfg.out_dir), trainer.clock.segment())
-        log(f"ours: deadline at step {stop.args[0]}; checkpoint written, run again to continue")
+        log(f"ours: deadline at step {stop.args[0]}; run again to continue from there")
         return DEADLINE_EXIT
     save_timing(Path(cfg.out_dir), trainer.clock.segment())
     return 0
@@ -570,9 +575,10 @@ def worker_specforge(a, work: Path, deadline: float) -> int:
             if step >= total:
                 break
             if time.time() > deadline:
-                save_checkpoint()
+                if step > 0:  # before the first step a rerun starts from the initial weights anyway
+                    save_checkpoint()
                 save_timing(out, clock.segment())
-                log(f"specforge: deadline at step {step}; checkpoint written, run again to continue")
+                log(f"specforge: deadline at step {step}; run again to continue from there")
                 return DEADLINE_EXIT
             tokens = sum(int(b["lengths"].sum()) for b in micro)
             lr = opt.get_learning_rate()
@@ -1159,7 +1165,7 @@ def main(argv=None) -> int:
     work = data / a.work
     if a.worker:
         fn = worker_ours if a.worker == "ours" else worker_specforge
-        return fn(a, work, a.worker_deadline or float("inf"))
+        return fn(a, work, float("inf") if a.worker_deadline is None else a.worker_deadline)
     if a.offline_part:
         return worker_offline(a, work)
     if a.device == "cuda" and not torch.cuda.is_available():

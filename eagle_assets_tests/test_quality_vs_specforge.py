@@ -56,11 +56,14 @@ def sf(script):
     return sf
 
 
-def run_smoke(data: Path, out: Path) -> subprocess.CompletedProcess:
+def run_script(*args: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"}
     env.pop("TRITON_INTERPRET", None)  # SpecForge's CPU training stays off: the smoke shows the skip
-    return subprocess.run([sys.executable, str(SCRIPT), "--smoke", "--data", str(data), "--out", str(out)],
-                          capture_output=True, text=True, env=env, timeout=600)  # fmt: skip
+    return subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, env=env, timeout=600)
+
+
+def run_smoke(data: Path, out: Path) -> subprocess.CompletedProcess:
+    return run_script("--smoke", "--data", str(data), "--out", str(out))
 
 
 @pytest.fixture(scope="module")
@@ -139,6 +142,22 @@ def test_rerun_reuses_every_stage(smoke):
 
 
 @pytest.mark.filterwarnings("ignore::UserWarning")  # torch's: a scheduler stepped without optimiser steps, on purpose
+def test_deadline_stops_what_cannot_finish_and_says_run_again(tmp_path, smollm2_path, specforge_wheel):
+    """Under --deadline-s a stage that needs more time than is left does not start, the report
+    says what is incomplete and the exit status is 3; a training that meets its deadline before
+    its first step writes no checkpoint (a rerun starts from the initial weights) and exits 3."""
+    data = tmp_path / "data"
+    short = run_script("--smoke", "--data", str(data), "--deadline-s", "50")
+    assert short.returncode == 3, short.stdout[-3000:] + short.stderr[-3000:]
+    assert "ours: not started, " in short.stdout and "left before the deadline" in short.stdout
+    assert short.stdout.rstrip().splitlines()[-1].startswith("incomplete: ours, specforge")
+    report = json.loads((data / "vs_specforge" / "quality_vs_specforge.json").read_text())
+    assert report["stages"] == {"init": True} and report["incomplete"][:2] == ["ours", "specforge"]
+    worker = run_script("--data", str(data), "--device", "cpu", "--worker", "ours", "--worker-deadline", "0")
+    assert worker.returncode == 3 and "ours: deadline at step 0" in worker.stdout, worker.stdout[-2000:] + worker.stderr[-2000:]
+    assert not list((data / "vs_specforge" / "ours" / "checkpoints").glob("step-*"))
+
+
 def test_specforge_schedule_matches_ours_through_warmup_and_cosine(script, sf):
     """BF16Optimizer's scheduler as the script sets it up gives our WarmupCosine's rate at every
     step, the cosine floor included (its own eta_min is 0; its betas are torch's).
