@@ -742,7 +742,7 @@ def stage_train(a, side: str, work: Path, deadline: float) -> dict:
             summary = read_json(out / SUMMARY)
     timing = timing_summary(out, a.timing_skip_steps)
     keys = ("trained", "steps", "tokens_seen", "epochs", "final_loss", "final_acc", "val_al", "val_accept", "seconds",
-            "precision", "why_not_trained", "built", "where")  # fmt: skip
+            "precision", "why_not_trained", "built", "attention", "where")  # fmt: skip
     return {"summary": {k: summary[k] for k in keys if k in summary}, "timing": timing}
 
 
