@@ -39,7 +39,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import zipfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -54,9 +53,7 @@ from eagle_assets.drafter.model import Eagle3Drafter  # noqa: E402
 from eagle_assets.drafter.parallelize import TrainObjective, parallelize  # noqa: E402
 from eagle_assets.drafter.train import build_optimizer, optimizer_step, setup_distributed  # noqa: E402
 from profiling import print_profile  # noqa: E402  (benchmarks/profiling.py, beside this script)
-
-SPECFORGE_VERSION = "0.2.0"
-STEP_DECAY = 0.8  # both sides weight TTT step i by 0.8**i
+from specforge_glue import SPECFORGE_VERSION, STEP_DECAY, import_specforge, specforge_config, specforge_state  # noqa: E402
 LR, CLIP, BETAS = 1e-4, 0.5, (0.9, 0.999)  # SpecForge's AdamW defaults, used on both sides
 
 
@@ -282,70 +279,9 @@ def run_ours(
 # ----------------------------------------------------------------------------- SpecForge
 
 
-def import_specforge() -> tuple[dict | None, str]:
-    """SpecForge's classes, from the environment or from `.whl/specforge-0.2.0-*.whl`; or (None, why)."""
-    try:
-        import specforge  # noqa: F401
-    except ImportError:
-        wheels = sorted((PROJECT_ROOT / ".whl").glob(f"specforge-{SPECFORGE_VERSION}-*.whl"))
-        if not wheels:
-            return None, (f"specforge is not installed and no .whl/specforge-{SPECFORGE_VERSION}-*.whl is present "
-                          f"(pip download --no-deps specforge=={SPECFORGE_VERSION} -d .whl)")
-        # A pure-Python wheel: extract it once (under a temp name, then rename) and import from there.
-        target = Path(tempfile.gettempdir()) / f"eagle_assets-specforge-{SPECFORGE_VERSION}"
-        if not (target / "specforge" / "__init__.py").is_file():
-            tmp = Path(tempfile.mkdtemp(dir=tempfile.gettempdir(), prefix=".specforge-"))
-            with zipfile.ZipFile(wheels[0]) as zf:
-                zf.extractall(tmp)
-            try:
-                os.replace(tmp, target)
-            except OSError:  # another process extracted it first
-                pass
-        sys.path.insert(0, str(target))
-    try:
-        from specforge.algorithms.eagle3.model import OnlineEagle3Model
-        from specforge.modeling.draft.llama3_eagle import LlamaForCausalLMEagle3
-        from specforge.optimizer import BF16Optimizer
-        from specforge.utils import padding
-    except Exception as err:  # e.g. no Triton on a CPU-only torch
-        return None, f"specforge {SPECFORGE_VERSION} does not import here: {type(err).__name__}: {err}"
-    import specforge
-
-    return {
-        "OnlineEagle3Model": OnlineEagle3Model,
-        "LlamaForCausalLMEagle3": LlamaForCausalLMEagle3,
-        "BF16Optimizer": BF16Optimizer,
-        "padding": padding,
-        "where": str(Path(specforge.__file__).parent),
-    }, ""
-
-
-def specforge_config(shape: Shape, config: DrafterConfig):
-    from transformers import LlamaConfig
-
-    cfg = LlamaConfig(
-        vocab_size=shape.vocab, hidden_size=shape.hidden, intermediate_size=shape.intermediate,
-        num_attention_heads=shape.heads, num_key_value_heads=shape.kv_heads, head_dim=shape.head_dim,
-        rms_norm_eps=config.rms_norm_eps, max_position_embeddings=config.max_position_embeddings,
-        hidden_act="silu", tie_word_embeddings=False, attention_bias=False,
-        rope_parameters={"rope_type": "default", "rope_theta": shape.rope_theta},
-    )
-    cfg.rope_theta = shape.rope_theta
-    cfg.draft_vocab_size = shape.draft_vocab
-    cfg.target_hidden_size = shape.hidden
-    cfg.pretraining_tp = 1
-    cfg.norm_output = True  # SpecForge's default: lm_head(norm(h)), our function
-    return cfg
-
-
-def specforge_state(weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """Our names -> SpecForge's (`layers.0.` is its `midlayer.`)."""
-    return {k.replace("layers.0.", "midlayer."): v for k, v in weights.items()}
-
-
 def build_specforge(sf: dict, shape: Shape, seq_len: int, device: torch.device, seed: int, p: Problem):
     config = drafter_config(shape, seq_len + shape.ttt_steps + 1)
-    draft = sf["LlamaForCausalLMEagle3"](specforge_config(shape, config), attention_backend="flex_attention")
+    draft = sf["LlamaForCausalLMEagle3"](specforge_config(config), attention_backend="flex_attention")
     state = specforge_state(initial_weights(config, seed, device))
     missing, unexpected = draft.load_state_dict(state, strict=False)
     if unexpected or set(missing) - {"embed_tokens.weight", "d2t", "t2d"}:
