@@ -374,7 +374,30 @@ class Row:
     ratio: float
 
 
-def measure(shape: Shape, device: torch.device, scratch: Path, disk_bytes_s: float, num_shards: int) -> Row:
+def profile_extraction(model, corpus: Path, out: Path, settings: ExtractSettings, device: torch.device, rows: int, name: str) -> None:
+    """One more extraction of shard 0 under torch.profiler: the share of its wall time the GPU
+    spent in kernels (below 1, the GPU waited on the host), and the operators that took the most
+    host and device time, so what holds the extraction below its limit can be read off."""
+    from torch.profiler import ProfilerActivity, profile
+
+    shutil.rmtree(out, ignore_errors=True)
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    sync(device)
+    start = time.perf_counter()
+    with profile(activities=activities) as prof:
+        extract_all(model, str(corpus), out, settings, target_fingerprint="synthetic", shards=[0])
+        sync(device)
+    wall = time.perf_counter() - start
+    events = prof.key_averages()
+    if device.type == "cuda":
+        kernel_s = sum(e.self_device_time_total for e in events) / 1e6
+        print(f"[{name}] profile of shard 0: {wall:.2f} s wall, GPU kernels {kernel_s:.2f} s ({kernel_s / wall:.0%} busy)", flush=True)
+        print(events.table(sort_by="self_cuda_time_total", row_limit=rows, max_name_column_width=60), flush=True)
+    print(events.table(sort_by="self_cpu_time_total", row_limit=rows, max_name_column_width=60), flush=True)
+    shutil.rmtree(out, ignore_errors=True)
+
+
+def measure(shape: Shape, device: torch.device, scratch: Path, disk_bytes_s: float, num_shards: int, profile_rows: int = 0) -> Row:
     t0 = time.perf_counter()
     model = build_model(shape, device)
     corpus, out = scratch / "corpus", scratch / "shards"
@@ -397,10 +420,12 @@ def measure(shape: Shape, device: torch.device, scratch: Path, disk_bytes_s: flo
     assert sum(r.manifest.extra["num_tokens"] for r in results) == tokens
     print(f"[{shape.name}] extraction {ours:,.0f} tok/s", flush=True)
 
+    if profile_rows:
+        profile_extraction(model, corpus, out, settings, device, profile_rows, shape.name)
     bpt = hidden_state_bytes_per_token(3, shape.hidden_size)
     disk_tok_s = disk_bytes_s / bpt
     limit = min(forward, disk_tok_s)
-    shutil.rmtree(out)
+    shutil.rmtree(out, ignore_errors=True)
     shutil.rmtree(corpus)
     del model
     if device.type == "cuda":
@@ -429,6 +454,8 @@ def main(argv: list[str] | None = None) -> list[Row]:
     ap.add_argument("--num-shards", type=int, default=4)
     ap.add_argument("--json", type=Path, default=None, help="also write the rows as JSON here")
     ap.add_argument("--kimi", action="store_true", help="the Kimi-K2.5-shaped case only (full width, a few layers, extrapolated)")
+    ap.add_argument("--shapes", nargs="+", default=None, help="only the shapes whose name starts with these (e.g. smollm2)")
+    ap.add_argument("--profile", type=int, default=0, metavar="N", help="also profile one shard per shape: its N costliest operators")
     args = ap.parse_args(argv)
 
     device = torch.device("cpu" if args.smoke or not torch.cuda.is_available() else "cuda")
@@ -455,7 +482,9 @@ def main(argv: list[str] | None = None) -> list[Row]:
     try:
         disk = disk_write_bandwidth(scratch_root, int(disk_gb * 1e9))
         print(f"disk: {disk / 1e9:.2f} GB/s sustained write (fsync) at {scratch_root}", flush=True)
-        rows = [measure(s, device, scratch_root, disk, args.num_shards) for s in shapes]
+        if args.shapes:
+            shapes = [s for s in shapes if any(s.name.startswith(prefix) for prefix in args.shapes)]
+        rows = [measure(s, device, scratch_root, disk, args.num_shards, args.profile) for s in shapes]
     finally:
         shutil.rmtree(scratch_root, ignore_errors=True)
     print_table(rows, name)

@@ -75,6 +75,11 @@ class Shape:
 
 
 LLAMA_8B = Shape("llama-3.1-8b", 4096, 14336, 32, 8, 128, 128256, 32000, 7, 500000.0, 32)
+# A drafter of Kimi-K2.5 as `DrafterConfig.from_target_config` builds it: the target's width and
+# MLP, its 64 heads (MLA has no key-value groups: 64 of them too) of 7168 / 64 dims, plain RoPE at
+# its theta, the preset's 32,000 draft ids and 7 TTT steps; its 163,840-id head as the teacher.
+KIMI_K25 = Shape("kimi-k2.5", 7168, 18432, 64, 64, 112, 163840, 32000, 7, 50000.0, 61)
+SHAPES = {"llama-3.1-8b": LLAMA_8B, "kimi-k2.5": KIMI_K25}
 SMOKE = Shape("smoke", 64, 128, 4, 2, 16, 512, 128, 3, 10000.0, 8)
 
 
@@ -342,7 +347,7 @@ def scaling_worker(args) -> None:
     import torch.distributed as dist
 
     env = setup_distributed()
-    shape = SMOKE if args.smoke else LLAMA_8B
+    shape = SMOKE if args.smoke else SHAPES[args.shape]
     T, batch = args.seq_lens[0], args.batch
     device = env.device
     use_bf16 = device.type == "cuda"
@@ -481,6 +486,7 @@ def print_scaling(results: list[dict]) -> None:
 def parse_args(argv=None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--smoke", action="store_true", help="tiny sizes, CPU-friendly: checks the script end to end")
+    ap.add_argument("--shape", choices=sorted(SHAPES), default="llama-3.1-8b", help="the drafter and target sizes (default llama-3.1-8b)")
     ap.add_argument("--seq-lens", type=int, nargs="+", default=None, help="sequence lengths (default 2048 4096; smoke 64 128)")
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--steps", type=int, default=None, help="timed steps (default 5; smoke 2)")
@@ -511,7 +517,7 @@ def main(argv=None) -> dict:
     elif not args.smoke:
         print("no CUDA device: the Llama-8B-shaped run needs a GPU; use --smoke on CPU", file=sys.stderr)
         sys.exit(2)
-    shape = SMOKE if args.smoke else LLAMA_8B
+    shape = SMOKE if args.smoke else SHAPES[args.shape]
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
     print(f"device: {name}; torch {torch.__version__}")
     sf, why = (None, "skipped (--no-specforge)") if args.no_specforge else import_specforge()
