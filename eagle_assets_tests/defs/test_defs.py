@@ -22,7 +22,7 @@ EXPECTED_CHECKS = {
     "vocab_mapping": {"consistent"},
     "hidden_state_shards": {"matches_corpus"},
     "drafter_checkpoint": {"serves_in_vllm", "samples_under_speculation", "sglang_names", "not_worse_than_parent"},
-    "benchmark_report": {"speedup", "parity", "parent_al"},
+    "benchmark_report": {"speedup", "parity", "parent_al", "greedy_output"},
 }
 EXPECTED_DEPS = {
     "prompts": set(),
