@@ -33,7 +33,8 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -140,8 +141,8 @@ class RunSession:
             raise ValueError("runs go to a persistent Dagster instance: set DAGSTER_HOME (eagle-assets does: ./.dagster_home)")
         self.instance, self.workspace_file, self.location, self.log, self.poll_s = instance, Path(workspace_file), location, log, poll_s
         self._workspace: WorkspaceProcessContext | None = None
-        self._daemon: subprocess.Popen | None = None
-        self._daemon_log: Path | None = None
+        self._daemon: DaemonProcess | None = None
+        self._daemon_stack = ExitStack()
         self._open: dict[str, str] = {}  # run id -> label, for runs not yet seen finished
         self._cursors: dict[str, str | None] = {}
 
@@ -154,7 +155,8 @@ class RunSession:
                 self._cancel(list(self._open))
         finally:
             try:
-                self._stop_daemon()
+                self._daemon = None
+                self._daemon_stack.close()
             finally:
                 if self._workspace is not None:
                     self._workspace.__exit__(None, None, None)
@@ -163,7 +165,7 @@ class RunSession:
     @property
     def daemon_pid(self) -> int | None:
         """The pid (and process group) of the daemon this session started, if it did."""
-        return self._daemon.pid if self._daemon is not None else None
+        return self._daemon.process.pid if self._daemon is not None else None
 
     # -- submitting ------------------------------------------------------------------------
 
@@ -302,38 +304,19 @@ class RunSession:
     # -- the daemon ------------------------------------------------------------------------
 
     def _ensure_daemon(self) -> None:
-        if self._daemon is not None or daemon_alive(self.instance):
-            return
-        exe = Path(sys.executable).with_name("dagster-daemon")
-        exe = str(exe) if exe.is_file() else shutil.which("dagster-daemon")
-        if exe is None:
-            raise RuntimeError(f"no dagster-daemon beside {sys.executable} nor on PATH: reinstall the project (pip install -e .)")
-        home = Path(self.instance.root_directory)
-        # Not $DAGSTER_HOME/logs: that folder is Dagster's telemetry queue, which a running daemon
-        # renames and uploads (dagster/_core/telemetry_upload.py), telemetry setting or not.
-        logs = home / DAEMON_LOG_DIR
-        logs.mkdir(parents=True, exist_ok=True)
-        self._daemon_log = logs / f"daemon-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}.log"
-        env = {**os.environ, "DAGSTER_HOME": str(home)}
-        with open(self._daemon_log, "ab") as out:
-            # Its own process group: one signal then stops the daemon, its code server and any run
-            # worker it launched, and a Ctrl-C in this terminal reaches this process alone.
-            self._daemon = subprocess.Popen([exe, "run", "-w", str(self.workspace_file)], cwd=PROJECT_ROOT, env=env,
-                                            stdout=out, stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
-        self.log(f"started a Dagster daemon for these runs (pid {self._daemon.pid}; log {self._daemon_log})")
+        if self._daemon is None and not daemon_alive(self.instance):
+            self._daemon = self._daemon_stack.enter_context(dagster_daemon(self.instance, self.workspace_file, self.log))
 
     def _check_daemon(self) -> None:
         if self._daemon is None:
             if not daemon_alive(self.instance) and any(self._queued()):
-                # The daemon this session relied on stopped: start one of its own.
-                self.log("no Dagster daemon dequeues runs any more")
+                self.log("no Dagster daemon dequeues runs any more")  # the one this session relied on stopped
                 self._ensure_daemon()
             return
-        code = self._daemon.poll()
+        code = self._daemon.process.poll()
         if code is not None:
-            tail = "\n".join(self._daemon_log.read_text(errors="replace").splitlines()[-20:]) if self._daemon_log else ""
-            self._daemon = None
-            raise RuntimeError(f"the Dagster daemon exited with code {code} while runs were waiting; its log ({self._daemon_log}) ends:\n{tail}")
+            raise RuntimeError(f"the Dagster daemon exited with code {code} while runs were waiting; its log "
+                               f"({self._daemon.log_file}) ends:\n{self._daemon.log_tail()}")  # fmt: skip
 
     def _queued(self):
         for run_id in self._open:
@@ -341,22 +324,60 @@ class RunSession:
             if run is not None and run.status == dg.DagsterRunStatus.QUEUED:
                 yield run_id
 
-    def _stop_daemon(self) -> None:
-        proc, self._daemon = self._daemon, None
-        if proc is None or proc.poll() is not None:
-            return
-        for sig, wait_s in ((signal.SIGTERM, 30), (signal.SIGKILL, 10)):
-            try:
-                os.killpg(proc.pid, sig)
-            except ProcessLookupError:
-                return
-            try:
-                proc.wait(timeout=wait_s)
-                break
-            except subprocess.TimeoutExpired:
-                continue
-        # The code server the daemon started is in its group: none may outlive the session.
+
+@dataclass
+class DaemonProcess:
+    """A `dagster-daemon run` started here: its process (the leader of its own group) and log."""
+
+    process: subprocess.Popen
+    log_file: Path
+
+    def log_tail(self, lines: int = 20) -> str:
+        return "\n".join(self.log_file.read_text(errors="replace").splitlines()[-lines:]) if self.log_file.is_file() else "(no log)"
+
+
+@contextmanager
+def dagster_daemon(instance: dg.DagsterInstance, workspace_file: Path = WORKSPACE_FILE,
+                   log: Callable[[str], None] = print) -> Iterator[DaemonProcess]:  # fmt: skip
+    """`dagster-daemon run` for `instance` and the code location of `workspace_file`, for the
+    duration of the block: schedules, sensors, the run queue and run monitoring, as in a
+    deployment. It runs in its own process group, so that one signal stops the daemon, its code
+    server and any run worker they started, and a Ctrl-C in this terminal reaches this process
+    alone; leaving the block stops the whole group (SIGTERM, then SIGKILL)."""
+    exe = Path(sys.executable).with_name("dagster-daemon")
+    exe = str(exe) if exe.is_file() else shutil.which("dagster-daemon")
+    if exe is None:
+        raise RuntimeError(f"no dagster-daemon beside {sys.executable} nor on PATH: reinstall the project (pip install -e .)")
+    home = Path(instance.root_directory)
+    # Not $DAGSTER_HOME/logs: that folder is Dagster's telemetry queue, which a running daemon
+    # renames and uploads (dagster/_core/telemetry_upload.py), telemetry setting or not.
+    folder = home / DAEMON_LOG_DIR
+    folder.mkdir(parents=True, exist_ok=True)
+    log_file = folder / f"daemon-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}.log"
+    env = {**os.environ, "DAGSTER_HOME": str(home)}
+    with open(log_file, "ab") as out:
+        proc = subprocess.Popen([exe, "run", "-w", str(workspace_file)], cwd=PROJECT_ROOT, env=env, stdout=out,
+                                stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
+    log(f"started a Dagster daemon (pid {proc.pid}; log {log_file})")
+    try:
+        yield DaemonProcess(proc, log_file)
+    finally:
+        _stop_group(proc)
+
+
+def _stop_group(proc: subprocess.Popen) -> None:
+    for sig, wait_s in ((signal.SIGTERM, 30), (signal.SIGKILL, 10)):
         try:
-            os.killpg(proc.pid, signal.SIGKILL)
+            os.killpg(proc.pid, sig)
         except ProcessLookupError:
-            pass
+            break
+        try:
+            proc.wait(timeout=wait_s)
+            break
+        except subprocess.TimeoutExpired:
+            continue
+    # The daemon's code server and run workers are in its group: none may outlive it.
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass

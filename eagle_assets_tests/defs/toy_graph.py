@@ -16,9 +16,12 @@ from pathlib import Path
 import dagster as dg
 
 from eagle_assets.defs.common import hash_files, stage_version
+from eagle_assets.resources.inference_server import InferenceServerResource
 
 PARTITIONS = dg.StaticPartitionsDefinition(["0", "1"])
 STAGES = {"first_job": ["a", "b"], "shards_job": ["c"], "last_job": ["d"]}
+BOUND_SERVER = InferenceServerResource(target="toy-target", port=8123, kv_cache_gib=3)
+"""The inference-server resource as toy_location.py binds it (values that are not the defaults)."""
 
 
 def _config_class(name: str, **defaults) -> type[dg.Config]:

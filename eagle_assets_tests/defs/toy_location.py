@@ -22,12 +22,9 @@ import dagster as dg
 
 from eagle_assets.defs.jobs import executor_from_env, stage_job
 from eagle_assets.defs.schedules import build_retrain_schedule
-from eagle_assets.resources.inference_server import InferenceServerResource
-from eagle_assets_tests.defs.toy_graph import STAGES, make_assets
+from eagle_assets_tests.defs.toy_graph import BOUND_SERVER, STAGES, make_assets
 
 PARTITIONED_STAGES = {"shards_job"}
-BOUND_SERVER = InferenceServerResource(target="toy-target", port=8123, kv_cache_gib=3)
-"""The inference-server resource as this location binds it (values that are not the defaults)."""
 
 
 def build_definitions() -> dg.Definitions:
