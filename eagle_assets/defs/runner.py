@@ -59,6 +59,21 @@ def ensure_dagster_home() -> Path:
     return home
 
 
+PATH_VARIABLES = ("EAGLE_ASSETS_DATA", "EAGLE_ASSETS_CACHE", "EAGLE_ASSETS_RUNS", "EAGLE_ASSETS_VLLM_VENV", "EAGLE_ASSETS_SGLANG_VENV")
+MAYBE_PATH_VARIABLES = ("EAGLE_ASSETS_TARGET", "EAGLE_ASSETS_PROMPTS_URL")
+"""A preset name or a URL, or a path where one exists here."""
+
+
+def absolute_path_variables() -> None:
+    """Make relative paths in the environment absolute: the daemon and the runs inherit it but
+    work in the project's folder, where a relative path would point elsewhere."""
+    for name in PATH_VARIABLES + MAYBE_PATH_VARIABLES:
+        value = os.environ.get(name)
+        if not value or "://" in value or os.path.isabs(value) or (name in MAYBE_PATH_VARIABLES and not os.path.exists(value)):
+            continue
+        os.environ[name] = os.path.abspath(value)
+
+
 def resource_run_config(name: str, resource: dg.ConfigurableResource, **changes) -> dict:
     """Run config that gives the resource `name` the values of `resource` with `changes`.
 
@@ -71,6 +86,7 @@ def materialize_graph(preset: str = DEFAULT_PRESET, log: Callable[[str], None] =
                       workspace_file: Path = WORKSPACE_FILE) -> list[dg.DagsterRun]:  # fmt: skip
     """Materialise every asset, stage by stage, as runs of `instance` (default: $DAGSTER_HOME's);
     raises RunFailed at the first failed run. Returns the finished runs in stage order."""
+    absolute_path_variables()
     if instance is None:
         ensure_dagster_home()
         instance = dg.DagsterInstance.get()
@@ -129,6 +145,7 @@ def materialize_stale(preset: str | None = None, log: Callable[[str], None] = pr
     too. Without it, each rebuilt asset keeps the settings it last ran with (a never-built one
     gets the default preset's).
     """
+    absolute_path_variables()
     if instance is None:
         ensure_dagster_home()
         instance = dg.DagsterInstance.get()

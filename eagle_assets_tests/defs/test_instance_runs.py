@@ -11,6 +11,8 @@ session, the queue, the launcher and the executors are the same for both.
 
 from __future__ import annotations
 
+import os
+
 import dagster as dg
 import pytest
 from dagster._core.definitions.selector import JobSubsetSelector
@@ -124,3 +126,19 @@ def test_private_dagster_names_the_session_uses_keep_their_shape(toy_location):
         assert job.get_remote_origin().location_name == "toy"
         assert job.get_python_origin().repository_origin.code_pointer.module == "eagle_assets_tests.defs.toy_location"
     assert {"asset_selection", "remote_job_origin", "job_code_origin", "asset_graph"} <= set(inspect.signature(dg.DagsterInstance.create_run).parameters)
+
+
+def test_relative_paths_in_the_environment_become_absolute_for_the_daemon_and_runs(tmp_path, monkeypatch):
+    from eagle_assets.defs.runner import absolute_path_variables
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "my-target").mkdir()
+    monkeypatch.setenv("EAGLE_ASSETS_DATA", "data")
+    monkeypatch.setenv("EAGLE_ASSETS_CACHE", "s3://bucket/cache")
+    monkeypatch.setenv("EAGLE_ASSETS_TARGET", "my-target")
+    monkeypatch.setenv("EAGLE_ASSETS_PROMPTS_URL", "incoming")  # no such folder here: left as it is
+    absolute_path_variables()
+    assert os.environ["EAGLE_ASSETS_DATA"] == str(tmp_path / "data")
+    assert os.environ["EAGLE_ASSETS_CACHE"] == "s3://bucket/cache"
+    assert os.environ["EAGLE_ASSETS_TARGET"] == str(tmp_path / "my-target")
+    assert os.environ["EAGLE_ASSETS_PROMPTS_URL"] == "incoming"
