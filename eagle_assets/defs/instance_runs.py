@@ -231,6 +231,8 @@ class RunSession:
         """Submit every spec (they run side by side, as the queue allows), wait for all of them,
         and return their finished runs. The first run that fails stops the others (cancelled,
         then waited for) and raises RunFailed with its error."""
+        if not specs:
+            return []
         runs = []
         for spec in specs:
             run = self.submit(spec)
@@ -254,7 +256,6 @@ class RunSession:
                 label = self._open.pop(run_id, run_id)
                 if run.status != dg.DagsterRunStatus.SUCCESS:
                     failure = RunFailed(label, run_id, run_error(self.instance, run))
-                    self.log(str(failure))
                     self._cancel([r for r in pending if r in self._open])
                     raise failure
                 self.log(f"done: {label} (run {run_id})")

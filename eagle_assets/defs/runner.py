@@ -153,19 +153,27 @@ def materialize_stale(preset: str | None = None, log: Callable[[str], None] = pr
     settings = run_config(preset)["ops"] if preset else None
     stages = {job.name: stage for job, stage in zip(JOBS, STAGES)}
     sources: dict[str, str] = {}  # hidden-state settings -> source, asked once
+
+    def extraction_tag(step: Step, config: dict) -> dict:
+        if list(stages[step.stage]) != HIDDEN_STAGE:
+            return {}
+        key = json.dumps(config, sort_keys=True)
+        if key not in sources:
+            sources[key] = extraction_source(resources, config, log)
+        return {EXTRACTION_TAG: sources[key]}
+
     with RunSession(instance, workspace_file, log=log) as session:
-
-        def execute(steps: list[Step], configs: list[dict]) -> list[dg.DagsterRun]:
-            specs = []
-            for step, config in zip(steps, configs):
-                tags = {STALE_ONLY_TAG: "true", STAGE_TAG: step.stage}
-                if list(stages[step.stage]) == HIDDEN_STAGE:
-                    key = json.dumps(config, sort_keys=True)
-                    if key not in sources:
-                        sources[key] = extraction_source(resources, config, log)
-                    tags[EXTRACTION_TAG] = sources[key]
-                specs.append(RunSpec(step.stage, step.assets, step.partition, config, tags))
-            return session.run(specs)
-
         return run_stale(ASSETS, stages, instance, resources, settings=settings, fallback=run_config(DEFAULT_PRESET)["ops"],
-                         log=log, execute=execute)  # fmt: skip
+                         log=log, execute=wave_submitter(session, extraction_tag))  # fmt: skip
+
+
+def wave_submitter(session: RunSession, tags_for: Callable[[Step, dict], dict] = lambda step, config: {}):
+    """`run_stale`'s execute: a wave's steps submitted together as runs of `session` (side by side,
+    as the queue allows), tagged as stale-only runs of their stage plus `tags_for(step, config)`."""
+
+    def execute(steps: list[Step], configs: list[dict]) -> list[dg.DagsterRun]:
+        return session.run([RunSpec(step.stage, step.assets, step.partition, config,
+                                    {STALE_ONLY_TAG: "true", STAGE_TAG: step.stage, **tags_for(step, config)})
+                            for step, config in zip(steps, configs)])  # fmt: skip
+
+    return execute

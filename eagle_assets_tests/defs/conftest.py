@@ -119,7 +119,7 @@ def toy_location(tmp_path, monkeypatch):
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(p for p in (str(PROJECT_ROOT), os.environ.get("PYTHONPATH")) if p))
     # dagster-celery starts `celery` by name: the interpreter's own scripts come first.
     monkeypatch.setenv("PATH", os.pathsep.join((str(Path(sys.executable).parent), os.environ.get("PATH", ""))))
-    for name in ("EAGLE_ASSETS_EXECUTOR", "EAGLE_TOY_CRON", "EAGLE_TOY_B_SCALE", "EAGLE_TOY_C_SECONDS"):
+    for name in ("EAGLE_ASSETS_EXECUTOR", "EAGLE_TOY_CRON", "EAGLE_TOY_B_SCALE", "EAGLE_TOY_B_NOTE", "EAGLE_TOY_C_SECONDS"):
         monkeypatch.delenv(name, raising=False)
     with dg.DagsterInstance.from_config(str(home)) as instance:
         yield ToyLocation(instance, home, data, workspace)

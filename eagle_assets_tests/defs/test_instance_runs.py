@@ -22,7 +22,7 @@ from dagster._core.workspace.load_target import WorkspaceFileTarget
 from eagle_assets.defs.instance_runs import RunFailed, RunSession, RunSpec
 from eagle_assets.defs.runner import resource_run_config
 from eagle_assets_tests.defs.conftest import live_group_members
-from eagle_assets_tests.defs.toy_graph import BOUND_SERVER, PARTITIONS, materialization_count
+from eagle_assets_tests.defs.toy_graph import BOUND_SERVER, PARTITIONS, STAGES, make_assets, materialization_count
 
 STEP_EVENTS = {dg.DagsterEventType.RUN_START, dg.DagsterEventType.STEP_START, dg.DagsterEventType.STEP_SUCCESS,
                dg.DagsterEventType.RUN_ENQUEUED, dg.DagsterEventType.RUN_STARTING}  # fmt: skip
@@ -88,8 +88,8 @@ def test_the_first_failed_run_stops_the_stage_with_its_error_and_leaves_nothing_
     instance = toy_location.instance
     lines: list[str] = []
     failing = {"ops": {"c": {"config": {"salt": -1}}}}
+    dg.materialize(make_assets(toy_location.data), selection=["a", "b"], instance=instance)  # the stage before, in process
     with RunSession(instance, toy_location.workspace, log=lines.append) as session:
-        session.run([RunSpec("first_job", ("a", "b"))])
         with pytest.raises(RunFailed, match=r"^c \[partition 1\] \(run [0-9a-f-]+\) failed: step c: ValueError: salt -1 < 0: a failing run for tests$") as failed:
             session.run([RunSpec("shards_job", ("c",), partition="0"), RunSpec("shards_job", ("c",), partition="1", run_config=failing)])
     assert instance.get_run_by_id(failed.value.run_id).status == dg.DagsterRunStatus.FAILURE
@@ -101,16 +101,29 @@ def test_the_first_failed_run_stops_the_stage_with_its_error_and_leaves_nothing_
     # The toy_location fixture then checks that no daemon, code server or run worker is left.
 
 
-def test_a_job_the_location_lacks_and_an_ephemeral_instance_are_refused_with_the_fix(toy_location):
-    with RunSession(toy_location.instance, toy_location.workspace, log=lambda m: None) as session:
-        with pytest.raises(Exception, match="no_such_job"):
-            session.submit(RunSpec("no_such_job"))
-    with dg.DagsterInstance.ephemeral() as ephemeral:
-        with pytest.raises(ValueError, match="persistent Dagster instance: set DAGSTER_HOME"):
-            RunSession(ephemeral)
+def test_a_stale_only_wave_goes_to_the_instance_and_rebuilds_exactly_the_stale_asset(toy_location, monkeypatch):
+    """What `eagle-assets run --stale-only` does (runner.materialize_stale): staleness.run_stale's
+    waves, each submitted through the session. b gets a new code version with the same content."""
+    from eagle_assets.defs.runner import wave_submitter
+    from eagle_assets.defs.staleness import STALE_ONLY_TAG, Step, run_stale
+
+    instance, data = toy_location.instance, toy_location.data
+    built = make_assets(data)
+    dg.materialize(built, selection=["a", "b"], instance=instance)
+    for partition in PARTITIONS.get_partition_keys():
+        dg.materialize(built, selection=["c"], partition_key=partition, instance=instance)
+    dg.materialize(built, selection=["d"], instance=instance)
+    monkeypatch.setenv("EAGLE_TOY_B_NOTE", "second")  # the code location's b, as the one asked about below
+    with RunSession(instance, toy_location.workspace, log=lambda m: None) as session:
+        done = run_stale(make_assets(data, b_note="second"), STAGES, instance, {}, log=lambda m: None, execute=wave_submitter(session))
+    assert done.steps == [Step("first_job", ("b",), None)]
+    [run] = done.results
+    assert run.status == dg.DagsterRunStatus.SUCCESS and run.asset_selection == {dg.AssetKey("b")}
+    assert run.tags[STALE_ONLY_TAG] == "true" and run.tags["eagle_assets/stage"] == "first_job"
+    assert [materialization_count(instance, k) for k in "abd"] == [1, 2, 1]  # identical content: nothing below is rebuilt
 
 
-def test_private_dagster_names_the_session_uses_keep_their_shape(toy_location):
+def test_private_dagster_names_the_session_uses_keep_their_shape_and_bad_requests_are_refused(toy_location):
     """instance_runs.py imports these from dagster._core (no public API submits a run of a code
     location's job): they and the calls made on them must still exist in the pinned Dagster."""
     import inspect
@@ -126,6 +139,13 @@ def test_private_dagster_names_the_session_uses_keep_their_shape(toy_location):
         assert job.get_remote_origin().location_name == "toy"
         assert job.get_python_origin().repository_origin.code_pointer.module == "eagle_assets_tests.defs.toy_location"
     assert {"asset_selection", "remote_job_origin", "job_code_origin", "asset_graph"} <= set(inspect.signature(dg.DagsterInstance.create_run).parameters)
+
+    with RunSession(toy_location.instance, toy_location.workspace, log=lambda m: None) as session:
+        with pytest.raises(Exception, match="no_such_job"):
+            session.submit(RunSpec("no_such_job"))
+    with dg.DagsterInstance.ephemeral() as ephemeral:
+        with pytest.raises(ValueError, match="persistent Dagster instance: set DAGSTER_HOME"):
+            RunSession(ephemeral)
 
 
 def test_relative_paths_in_the_environment_become_absolute_for_the_daemon_and_runs(tmp_path, monkeypatch):

@@ -5,6 +5,7 @@ as the project's own Definitions take theirs:
 
     EAGLE_TOY_DATA       the folder the assets write into (required)
     EAGLE_TOY_B_SCALE    b's setting: another value gives b a new code version (b turns stale)
+    EAGLE_TOY_B_NOTE     another value gives b a new code version, its content unchanged
     EAGLE_TOY_C_SECONDS  how long each partition of c takes (parallel runs then overlap)
     EAGLE_TOY_CRON       when set, the project's retraining schedule runs on this cron
     EAGLE_ASSETS_EXECUTOR and the Celery variables: the project's executor choice (defs/jobs.py)
@@ -32,6 +33,7 @@ def build_definitions() -> dg.Definitions:
     assets = make_assets(
         Path(os.environ["EAGLE_TOY_DATA"]),
         b_scale=int(os.environ.get("EAGLE_TOY_B_SCALE", "1")),
+        b_note=os.environ.get("EAGLE_TOY_B_NOTE", "first"),
         c_seconds=float(os.environ.get("EAGLE_TOY_C_SECONDS", "0")),
         c_resources=frozenset({"inference_server"}),
     )
