@@ -11,9 +11,9 @@ instance's limits (max_concurrent_runs, tag_concurrency_limits) and hands it to 
 run launcher; the run then executes its steps with its job's executor (defs/jobs.py). Where no
 daemon serves the instance (no queue heartbeat in the last 90 s), the session starts
 `dagster-daemon run` for its own duration, in its own process group and with its log in
-$DAGSTER_HOME/eagle_assets_logs/, and stops it when the session ends; a daemon that is already running
-(`eagle-assets ui`, a deployment's) is used as it is. Each run's own log messages are relayed
-to `log` as they arrive.
+$DAGSTER_HOME/eagle_assets_logs/, and stops it when the session ends; a daemon already running
+(`eagle-assets ui`, a deployment's) is used as it is. Each run's own log messages are relayed to
+`log` as they arrive.
 
 Why the queue and the daemon rather than `instance.launch_run` from this process: Dagster's run
 coordinator is the one place that applies the instance's limits ("When you submit a run from the
