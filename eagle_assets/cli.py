@@ -359,7 +359,11 @@ def run(
     stale_only: bool = typer.Option(False, "--stale-only", help="Materialise only stale or missing assets and partitions (what the UI calls unsynced). "
                                     "Without --preset each keeps the settings it last ran with; with it, changed settings count as stale."),
 ) -> None:
-    """Materialise the whole asset graph (or only its stale part) as Dagster runs, then print the benchmark summary."""
+    """Materialise the whole asset graph (or only its stale part) as Dagster runs, then print the benchmark summary.
+
+    The runs go to the instance's run queue ($DAGSTER_HOME/dagster.yaml); a Dagster daemon (the
+    UI's, or one started here for the duration) launches them with the instance's run launcher.
+    """
     from eagle_assets.bench.report import SUMMARY_TXT
     from eagle_assets.paths import data_dir
     from eagle_assets.run_presets import RUN_PRESET_NOTES, RUN_PRESETS
@@ -440,7 +444,11 @@ def plan(
 
 @app.command()
 def ui(port: int = typer.Option(3000), host: str = typer.Option("127.0.0.1")) -> None:
-    """Start the Dagster web UI and daemon for this project (Ctrl-C stops both)."""
+    """Start the Dagster web UI and daemon for this project (Ctrl-C stops both).
+
+    Runs launched from the UI wait in the instance's run queue ($DAGSTER_HOME/dagster.yaml),
+    which this daemon drains; `eagle-assets run` meanwhile uses the same daemon.
+    """
     import os
     import subprocess
 

@@ -62,7 +62,8 @@ def smollm2_extraction_server(smollm2_path, engine_python, tmp_path_factory):
 @pytest.fixture(scope="session")
 def materialized_graph(tmp_path_factory, smollm2_path, engine_python):
     """The whole asset graph materialised once, with the "smollm2-tiny" preset, as real Dagster
-    runs in a private DAGSTER_HOME and data folder. Yields (instance, data_dir, dagster_home)."""
+    runs in a private DAGSTER_HOME and data folder: queued in the instance and launched by the
+    daemon `materialize_graph` starts for them. Yields (instance, data_dir, dagster_home)."""
     import os
 
     import dagster as dg

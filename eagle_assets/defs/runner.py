@@ -1,15 +1,23 @@
-"""Runs the whole graph (or only its stale part) as real Dagster runs in the local instance.
+"""Runs the whole graph (or only its stale part) as Dagster runs of the local instance.
 
-The graph goes in three runs (docs/design.md: one job may not mix partitioned and unpartitioned
-assets): the corpus stage, one run per hidden-state partition, then the drafter stage. Each
-run is recorded in $DAGSTER_HOME, so the web UI shows it with its lineage and checks.
+The graph goes in three stages (docs/design.md: one job may not mix partitioned and unpartitioned
+assets): the corpus stage, the hidden-state partitions (one run each, side by side as the run
+queue allows), then the drafter stage. Every run is submitted to the instance in $DAGSTER_HOME,
+whose run queue and daemon launch it with dagster.yaml's run launcher (instance_runs.py), so the
+web UI shows it with its lineage and checks. Each stage waits for its runs; the first failed run
+stops the graph with its error.
+
+Runs execute in other processes, so everything a run needs from here travels as run config:
+the preset's settings as op config, and a server launched here for several runs (the shared
+extraction server) as the config of the resource that uses it.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
-from contextlib import ExitStack, contextmanager
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Callable, Iterator
 
@@ -24,16 +32,21 @@ from eagle_assets.defs.hidden_states import (
     hidden_states_source,
     shard_partitions,
 )
-from eagle_assets.defs.jobs import JOBS, STAGES
+from eagle_assets.defs.instance_runs import WORKSPACE_FILE, RunSession, RunSpec
+from eagle_assets.defs.jobs import HIDDEN_STAGE, JOBS, STAGES
 from eagle_assets.defs.resources import default_resources
-from eagle_assets.defs.staleness import StaleRun, run_stale
+from eagle_assets.defs.staleness import STALE_ONLY_TAG, StaleRun, Step, run_stale
 from eagle_assets.embedded_target import resolve_target
 from eagle_assets.engines.serving import launch_extraction_server
 from eagle_assets.paths import PROJECT_ROOT
-from eagle_assets.resources.inference_server import InferenceServerResource
 from eagle_assets.run_presets import run_config
 
 DEFAULT_PRESET = "smollm2-default"
+EXTRACTION_TAG = "eagle_assets/extraction"
+"""Tag on hidden-state runs: "engine" or "hf", the source of their states (dagster.yaml limits
+"hf" runs, which each load the target, to one at a time)."""
+STAGE_TAG = "eagle_assets/stage"
+"""Tag on every run `eagle-assets run` submits: its stage's job."""
 
 
 def ensure_dagster_home() -> Path:
@@ -46,69 +59,121 @@ def ensure_dagster_home() -> Path:
     return home
 
 
-def materialize_graph(preset: str = "smollm2-default", log: Callable[[str], None] = print,
-                      instance: dg.DagsterInstance | None = None, resources: dict | None = None) -> list[dg.ExecuteInProcessResult]:  # fmt: skip
-    """Materialise every asset, stage by stage; raises on the first failed run."""
+PATH_VARIABLES = ("EAGLE_ASSETS_DATA", "EAGLE_ASSETS_CACHE", "EAGLE_ASSETS_RUNS", "EAGLE_ASSETS_VLLM_VENV", "EAGLE_ASSETS_SGLANG_VENV")
+MAYBE_PATH_VARIABLES = ("EAGLE_ASSETS_TARGET", "EAGLE_ASSETS_PROMPTS_URL")
+"""A preset name or a URL, or a path where one exists here."""
+
+
+def absolute_path_variables() -> None:
+    """Make relative paths in the environment absolute: the daemon and the runs inherit it but
+    work in the project's folder, where a relative path would point elsewhere."""
+    for name in PATH_VARIABLES + MAYBE_PATH_VARIABLES:
+        value = os.environ.get(name)
+        if not value or "://" in value or os.path.isabs(value) or (name in MAYBE_PATH_VARIABLES and not os.path.exists(value)):
+            continue
+        os.environ[name] = os.path.abspath(value)
+
+
+def resource_run_config(name: str, resource: dg.ConfigurableResource, **changes) -> dict:
+    """Run config that gives the resource `name` the values of `resource` with `changes`.
+
+    Every field goes in: run config given for a resource replaces the values the Definitions
+    bound it with, and a field left out takes the class's default, not the bound value."""
+    return {"resources": {name: {"config": {**resource.model_dump(), **changes}}}}
+
+
+def materialize_graph(preset: str = DEFAULT_PRESET, log: Callable[[str], None] = print, instance: dg.DagsterInstance | None = None,
+                      workspace_file: Path = WORKSPACE_FILE) -> list[dg.DagsterRun]:  # fmt: skip
+    """Materialise every asset, stage by stage, as runs of `instance` (default: $DAGSTER_HOME's);
+    raises RunFailed at the first failed run. Returns the finished runs in stage order."""
+    absolute_path_variables()
     if instance is None:
         ensure_dagster_home()
         instance = dg.DagsterInstance.get()
-    resources = resources or default_resources()
-    results = []
-    for stage in STAGES:
-        keys = [None]
-        stage_resources = resources
-        with ExitStack() as stack:
-            if stage == ["hidden_state_shards"]:
-                keys = shard_partitions.get_partition_keys()
-                stage_resources = stack.enter_context(shared_extraction_server(resources, run_config(preset, stage), log))
-            for key in keys:
-                label = ", ".join(stage) + (f" [partition {key}]" if key else "")
-                log(f"materialising {label}")
-                result = dg.materialize(
-                    ASSETS,
-                    selection=stage,
-                    instance=instance,
-                    resources=stage_resources,
-                    run_config=run_config(preset, stage),
-                    partition_key=key,
-                    raise_on_error=True,
-                )
-                results.append(result)
-                log(f"done: {label} (run {result.run_id})")
-    return results
+    resources = default_resources()
+    runs: list[dg.DagsterRun] = []
+    with RunSession(instance, workspace_file, log=log) as session:
+        for job, stage in zip(JOBS, STAGES):
+            config = run_config(preset, stage)
+            tags = {STAGE_TAG: job.name}
+            if stage != HIDDEN_STAGE:
+                runs += session.run([RunSpec(job.name, tuple(stage), run_config=config, tags=tags)])
+                continue
+            with shared_extraction_server(resources, config, log) as (server_config, source):
+                specs = [RunSpec(job.name, tuple(stage), partition=key, run_config={**config, **server_config},
+                                 tags={**tags, EXTRACTION_TAG: source}) for key in shard_partitions.get_partition_keys()]  # fmt: skip
+                runs += session.run(specs)
+    return runs
+
+
+def _hidden_settings(config: dict) -> HiddenStatesConfig:
+    return HiddenStatesConfig(**config.get("ops", {}).get("hidden_state_shards", {}).get("config", {}))
+
+
+def extraction_source(resources: dict, config: dict, log: Callable[[str], None]) -> str:
+    """"engine" or "hf": where hidden-state runs with this run config take their states from."""
+    preset, path = resolve_target(resources["inference_server"].target, log=log)
+    return hidden_states_source(_hidden_settings(config), preset, path)
 
 
 @contextmanager
-def shared_extraction_server(resources: dict, config: dict, log: Callable[[str], None]) -> Iterator[dict]:
-    """`resources` for the hidden-state runs: where those take the states from the serving engine
-    and no extraction server is given, one is launched here for all of them (one model load for
-    every partition, not one per run) and handed to them as `extraction_url`."""
+def shared_extraction_server(resources: dict, config: dict, log: Callable[[str], None]) -> Iterator[tuple[dict, str]]:
+    """(resource run config, source) for the hidden-state runs. Where those take the states from
+    the serving engine and no extraction server is given, one is launched here for all of them
+    (one model load for every partition, not one per run) and handed to them as the
+    `inference_server` resource's `extraction_url`, in run config; else the run config is empty."""
     server_resource = resources["inference_server"]
-    settings = HiddenStatesConfig(**config.get("ops", {}).get("hidden_state_shards", {}).get("config", {}))
     preset, path = resolve_target(server_resource.target, log=log)
-    if server_resource.extraction_url or server_resource.url or hidden_states_source(settings, preset, path) != "engine":
-        yield resources
+    settings = _hidden_settings(config)
+    source = hidden_states_source(settings, preset, path)
+    if server_resource.extraction_url or server_resource.url or source != "engine":
+        yield {}, source
         return
     ids = engine_layer_ids(extraction_settings(settings, preset), preset)
     storage = resources["storage"]
     with launch_extraction_server(path, ids, engine_max_model_len(preset, str(storage.corpus(preset.name))), log=log) as server:
         log(f"one extraction server for every hidden-state partition: {server.base_url}")
-        shared = InferenceServerResource(**{**server_resource.model_dump(), "extraction_url": server.base_url})
-        yield {**resources, "inference_server": shared}
+        yield resource_run_config("inference_server", server_resource, extraction_url=server.base_url), source
 
 
-def materialize_stale(preset: str | None = None, log: Callable[[str], None] = print,
-                      instance: dg.DagsterInstance | None = None, resources: dict | None = None) -> StaleRun:  # fmt: skip
-    """Materialise only the stale and missing assets and partitions, wave by wave (staleness.py).
+def materialize_stale(preset: str | None = None, log: Callable[[str], None] = print, instance: dg.DagsterInstance | None = None,
+                      workspace_file: Path = WORKSPACE_FILE) -> StaleRun:  # fmt: skip
+    """Materialise only the stale and missing assets and partitions, wave by wave (staleness.py),
+    as runs of `instance`; a wave's runs go side by side.
 
     With `preset`, its settings are wanted: an asset last built with other settings is stale
     too. Without it, each rebuilt asset keeps the settings it last ran with (a never-built one
     gets the default preset's).
     """
+    absolute_path_variables()
     if instance is None:
         ensure_dagster_home()
         instance = dg.DagsterInstance.get()
+    resources = default_resources()
     settings = run_config(preset)["ops"] if preset else None
     stages = {job.name: stage for job, stage in zip(JOBS, STAGES)}
-    return run_stale(ASSETS, stages, instance, resources or default_resources(), settings=settings,
-                     fallback=run_config(DEFAULT_PRESET)["ops"], log=log)  # fmt: skip
+    sources: dict[str, str] = {}  # hidden-state settings -> source, asked once
+
+    def extraction_tag(step: Step, config: dict) -> dict:
+        if list(stages[step.stage]) != HIDDEN_STAGE:
+            return {}
+        key = json.dumps(config, sort_keys=True)
+        if key not in sources:
+            sources[key] = extraction_source(resources, config, log)
+        return {EXTRACTION_TAG: sources[key]}
+
+    with RunSession(instance, workspace_file, log=log) as session:
+        return run_stale(ASSETS, stages, instance, resources, settings=settings, fallback=run_config(DEFAULT_PRESET)["ops"],
+                         log=log, execute=wave_submitter(session, extraction_tag))  # fmt: skip
+
+
+def wave_submitter(session: RunSession, tags_for: Callable[[Step, dict], dict] = lambda step, config: {}):
+    """`run_stale`'s execute: a wave's steps submitted together as runs of `session` (side by side,
+    as the queue allows), tagged as stale-only runs of their stage plus `tags_for(step, config)`."""
+
+    def execute(steps: list[Step], configs: list[dict]) -> list[dg.DagsterRun]:
+        return session.run([RunSpec(step.stage, step.assets, step.partition, config,
+                                    {STALE_ONLY_TAG: "true", STAGE_TAG: step.stage, **tags_for(step, config)})
+                            for step, config in zip(steps, configs)])  # fmt: skip
+
+    return execute

@@ -10,8 +10,10 @@ leaves a corpus byte for byte the same never reaches the 5-hour stages.
     EAGLE_ASSETS_RETRAIN_CRON="0 3 * * 0"   # when (cron, UTC); default Sundays 03:00
     EAGLE_ASSETS_PRESET=smollm2-default     # settings for an asset never built before
 
-It runs by default wherever the Dagster daemon runs (`eagle-assets ui`, the compose file);
-stop it in the UI's Automation page.
+It runs by default wherever the Dagster daemon runs (`eagle-assets ui`, the compose file, and
+the daemon `eagle-assets run` starts for its duration); stop it in the UI's Automation page. A
+tick that finds a run queued or going skips: that run may be rebuilding what is stale (two runs
+must not write one corpus store at once), and the next tick looks again.
 
 Unpartitioned steps go out as `RunRequest(stale_assets_only=True)`, so the daemon re-checks
 staleness when it launches them. Partitioned steps cannot: the daemon's filter asks about a
@@ -36,6 +38,20 @@ RETRAIN_TAG = "eagle_assets/retrain"
 """Tag on every run of a retraining wave; its value names the wave."""
 DEFAULT_CRON = "0 3 * * 0"
 """Weekly, Sunday 03:00."""
+IN_FLIGHT = [
+    dg.DagsterRunStatus.NOT_STARTED,
+    dg.DagsterRunStatus.QUEUED,
+    dg.DagsterRunStatus.STARTING,
+    dg.DagsterRunStatus.STARTED,
+    dg.DagsterRunStatus.CANCELING,
+]
+"""Run statuses of a run that is queued or going."""
+
+
+def run_in_flight(instance: dg.DagsterInstance) -> dg.DagsterRun | None:
+    """A run of `instance` that is queued or going, if there is one."""
+    records = instance.get_run_records(dg.RunsFilter(statuses=IN_FLIGHT), limit=1)
+    return records[0].dagster_run if records else None
 
 
 def stage_jobs() -> dict[str, list[str]]:
@@ -92,6 +108,9 @@ def build_retrain_schedule(
         "the retrain_followup sensor carries the wave downstream.",
     )
     def retrain(context: dg.ScheduleEvaluationContext):
+        busy = run_in_flight(context.instance)
+        if busy is not None:
+            return dg.SkipReason(f"run {busy.run_id} ({busy.job_name}) is {busy.status.value.lower()}: it may be rebuilding what is stale")
         report = stale_report(context.repository_def.asset_graph, context.instance)
         if report.fresh:
             return dg.SkipReason("every asset is up to date: nothing to retrain")

@@ -35,6 +35,8 @@ from dagster._time import get_current_datetime
 
 STALE = "stale"
 MISSING = "missing"
+STALE_ONLY_TAG = "eagle_assets/stale_only"
+"""Tag on every run of a stale-only wave."""
 
 
 @dataclass(frozen=True)
@@ -268,11 +270,15 @@ def run_stale(
     settings: Mapping[str, dict] | None = None,
     fallback: Mapping[str, dict] | None = None,
     log: Callable[[str], None] = print,
+    execute: Callable[[list[Step], list[dict]], list] | None = None,
 ) -> StaleRun:
     """Materialise exactly what is stale, wave by wave, as real Dagster runs in `instance`.
 
     Each wave rebuilds the frontier (stale assets without a stale ancestor); then Dagster is
-    asked again, so a child is rebuilt only if its parent's content really changed.
+    asked again, so a child is rebuilt only if its parent's content really changed. A wave's
+    steps never depend on each other: `execute(steps, run_configs)` runs them and returns their
+    results, raising on a failed one (default: in process, one after another, with `resources`;
+    `eagle-assets run --stale-only` submits them to the instance, defs/runner.py).
     """
     asset_graph = AssetGraph.from_assets(assets)
     stage_of = stage_lookup(stages)
@@ -280,8 +286,10 @@ def run_stale(
     run = StaleRun(initial=report)
     log(report.render())
     done: set[tuple[str, str | None]] = set()
+    execute = execute or _in_process(assets, instance, resources, log)
     while not report.fresh:
-        for step in report.next_steps(stage_of):
+        steps = report.next_steps(stage_of)
+        for step in steps:
             for asset in step.assets:
                 if (asset, step.partition) in done:
                     raise RuntimeError(
@@ -290,6 +298,17 @@ def run_stale(
                         "asset returns a content hash as its data version."
                     )
                 done.add((asset, step.partition))
+        results = execute(steps, [step_run_config(step, instance, settings, fallback or {}) for step in steps])
+        run.steps.extend(steps)
+        run.results.extend(results)
+        report = stale_report(asset_graph, instance, settings)
+    return run
+
+
+def _in_process(assets: list, instance: dg.DagsterInstance, resources: dict, log: Callable[[str], None]):
+    def execute(steps: list[Step], configs: list[dict]) -> list:
+        results = []
+        for step, config in zip(steps, configs):
             label = ", ".join(step.assets) + (f" [partition {step.partition}]" if step.partition else "")
             log(f"materialising {label}")
             result = dg.materialize(
@@ -297,13 +316,13 @@ def run_stale(
                 selection=list(step.assets),
                 instance=instance,
                 resources=resources,
-                run_config=step_run_config(step, instance, settings, fallback or {}),
+                run_config=config,
                 partition_key=step.partition,
-                tags={"eagle_assets/stale_only": "true"},
+                tags={STALE_ONLY_TAG: "true"},
                 raise_on_error=True,
             )
-            run.steps.append(step)
-            run.results.append(result)
+            results.append(result)
             log(f"done: {label} (run {result.run_id})")
-        report = stale_report(asset_graph, instance, settings)
-    return run
+        return results
+
+    return execute

@@ -147,6 +147,19 @@ def test_instance_files_pass_dagsters_schema(path, tmp_path, monkeypatch):
     assert config
 
 
+def test_instance_files_queue_runs_under_the_local_files_limits():
+    """Every instance queues its runs (the daemon launches them) with one run of a retraining wave
+    at a time; where runs share one host (local, Compose, Celery's run workers), one Hugging Face
+    extraction at a time, as dagster.yaml has it. Kubernetes runs each get a pod of their own."""
+    for path in INSTANCE_FILES:
+        coordinator = yaml.safe_load(path.read_text())["run_coordinator"]
+        assert coordinator["class"] == "QueuedRunCoordinator", path.name
+        limits = {(limit["key"], limit.get("value")): limit["limit"] for limit in coordinator["config"]["tag_concurrency_limits"]}
+        assert limits[("eagle_assets/retrain", None)] == 1, path.name
+        if path.name != "dagster.k8s.yaml":
+            assert limits[("eagle_assets/extraction", "hf")] == 1, path.name
+
+
 def test_a_misspelt_instance_key_is_refused(tmp_path):
     (tmp_path / "dagster.yaml").write_text("run_cordinator:\n  module: dagster.core.run_coordinator\n  class: QueuedRunCoordinator\n")
     with pytest.raises(Exception, match="run_cordinator"):

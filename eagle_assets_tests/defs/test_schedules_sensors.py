@@ -100,6 +100,16 @@ def test_identical_rebuild_ends_the_wave_and_a_failed_run_stops_it(built):
     assert "stopped" in skip and "did not succeed" in skip
 
 
+def test_schedule_skips_while_a_run_is_queued_or_going(built):
+    data, instance = built
+    bumped = make_assets(data, b_scale=2)
+    for status in (dg.DagsterRunStatus.NOT_STARTED, dg.DagsterRunStatus.STARTED):
+        busy = instance.add_run(dg.DagsterRun(job_name="first_job", run_id=f"{status.value[:1].lower()}" * 36, status=status))
+        assert _schedule_tick(bumped, instance).skip_message == f"run {busy.run_id} (first_job) is {status.value.lower()}: it may be rebuilding what is stale"
+        instance.report_run_canceled(busy)
+    assert _asked(_schedule_tick(bumped, instance).run_requests) == [(("b",), None, True)]
+
+
 def test_prompt_file_sensor_grows_the_corpus_one_new_file_at_a_time(tmp_path, instance):
     folder = tmp_path / "incoming"
     folder.mkdir()

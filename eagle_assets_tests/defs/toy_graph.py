@@ -10,14 +10,18 @@ under `root` whose content depends on its parents' files and its settings.
 
 # No `from __future__ import annotations`: Dagster resolves Config types from real annotations.
 
+import time
 from pathlib import Path
 
 import dagster as dg
 
 from eagle_assets.defs.common import hash_files, stage_version
+from eagle_assets.resources.inference_server import InferenceServerResource
 
 PARTITIONS = dg.StaticPartitionsDefinition(["0", "1"])
 STAGES = {"first_job": ["a", "b"], "shards_job": ["c"], "last_job": ["d"]}
+BOUND_SERVER = InferenceServerResource(target="toy-target", port=8123, kv_cache_gib=3)
+"""The inference-server resource as toy_location.py binds it (values that are not the defaults)."""
 
 
 def _config_class(name: str, **defaults) -> type[dg.Config]:
@@ -25,8 +29,11 @@ def _config_class(name: str, **defaults) -> type[dg.Config]:
     return type(name, (dg.Config,), {"__annotations__": annotations, **defaults})
 
 
-def make_assets(root: Path, b_scale: int = 1, b_note: str = "first") -> list[dg.AssetsDefinition]:
-    """The toy graph. `b_scale` changes b's output; `b_note` changes only b's code version."""
+def make_assets(root: Path, b_scale: int = 1, b_note: str = "first", c_seconds: float = 0.0,
+                c_resources: frozenset[str] = frozenset()) -> list[dg.AssetsDefinition]:  # fmt: skip
+    """The toy graph. `b_scale` changes b's output; `b_note` changes only b's code version;
+    `c_seconds` makes each partition of c take that long (so parallel runs overlap); c records
+    the config of each resource named in `c_resources` in its materialisation's metadata."""
     root = Path(root)
     root.mkdir(parents=True, exist_ok=True)
     AConfig = _config_class("AConfig", text="hello")
@@ -49,13 +56,16 @@ def make_assets(root: Path, b_scale: int = 1, b_note: str = "first") -> list[dg.
     def b(config: BConfig) -> dg.MaterializeResult:
         return dg.MaterializeResult(data_version=write("b.txt", (root / "a.txt").read_text() * config.scale))
 
-    @dg.asset(deps=[b], partitions_def=PARTITIONS, code_version=stage_version(CConfig),
+    @dg.asset(deps=[b], partitions_def=PARTITIONS, code_version=stage_version(CConfig), required_resource_keys=set(c_resources),
               check_specs=[dg.AssetCheckSpec("not_empty", asset="c")])  # fmt: skip
     def c(context: dg.AssetExecutionContext, config: CConfig):
         if config.salt < 0:
             raise ValueError(f"salt {config.salt} < 0: a failing run for tests")
+        time.sleep(c_seconds)
         text = f"{context.partition_key}:{config.salt}:" + (root / "b.txt").read_text()
-        yield dg.MaterializeResult(data_version=write(f"c{context.partition_key}.txt", text))
+        seen = {name: getattr(context.resources, name).model_dump() for name in sorted(c_resources)}
+        yield dg.MaterializeResult(data_version=write(f"c{context.partition_key}.txt", text),
+                                   metadata={"resources": dg.MetadataValue.json(seen)} if seen else None)  # fmt: skip
         yield dg.AssetCheckResult(check_name="not_empty", passed=bool(text))
 
     @dg.asset(deps=[c], code_version=stage_version(DConfig))
