@@ -407,11 +407,13 @@ def plan(
     tokens_per_sample: int = typer.Option(..., min=1, help="Average tokens per sample (prompt + answer, reasoning included)."),
     epochs: int = typer.Option(5, min=1, help="Training epochs."),
     val_fraction: float = typer.Option(0.1, help="Share of samples held out for validation, in [0, 1)."),
-    gpus: Optional[int] = typer.Option(None, min=1, help="GPUs for training; default: the preset's tensor-parallel size."),
+    gpus: Optional[int] = typer.Option(None, min=1, help="GPUs for training; default: the preset's tensor-parallel size times --replicas."),
+    replicas: int = typer.Option(1, min=1, help="Serving replicas (hosts of tensor-parallel GPUs) generating and extracting side by side."),
+    extraction: Optional[str] = typer.Option(None, help="Who extracts the states: engine or hf; default: engine where the target needs several GPUs."),
     num_aux: Optional[int] = typer.Option(None, min=1, help="Aux layers saved; default: the preset's (3)."),
-    generation_tok_s: Optional[float] = typer.Option(None, help="Measured corpus tokens/s of the inference server (default: the reference Kimi-K2.5 run on 8 GPUs, ~760)."),
-    extraction_tok_s: Optional[float] = typer.Option(None, help="Measured extraction tokens/s (default: that run's 3,165)."),
-    train_tok_s_per_gpu: Optional[float] = typer.Option(None, help="Measured training tokens/s per GPU (default: that run's ~871)."),
+    generation_tok_s: Optional[float] = typer.Option(None, help="Measured corpus tokens/s of one serving replica (default: the reference Kimi-K2.5 run's ~760)."),
+    extraction_tok_s: Optional[float] = typer.Option(None, help="Measured extraction tokens/s of one replica (default: measured at Kimi-K2.5's shape; the plan's notes say which)."),
+    train_tok_s_per_gpu: Optional[float] = typer.Option(None, help="Measured training tokens/s per GPU (default: measured for a Kimi-K2.5-sized drafter)."),
     as_json: bool = typer.Option(False, "--json", help="Print the estimate as JSON."),
 ) -> None:
     """Disk and hours of a run before it starts: corpus, hidden states, generation, extraction, training."""
@@ -432,7 +434,8 @@ def plan(
         _fail(f"--val-fraction {val_fraction}: give the share held out for validation, at least 0 and below 1")
     rates = Throughputs(**{k: v for k, (_, v) in given.items() if v is not None})
     try:
-        e = estimate(preset, samples, tokens_per_sample, rates, epochs=epochs, val_fraction=val_fraction, gpus=gpus, num_aux=num_aux)
+        e = estimate(preset, samples, tokens_per_sample, rates, epochs=epochs, val_fraction=val_fraction, gpus=gpus, num_aux=num_aux,
+                     replicas=replicas, extraction=extraction)  # fmt: skip
     except (KeyError, ValueError) as exc:
         _fail(str(exc.args[0] if exc.args else exc))
     if as_json:

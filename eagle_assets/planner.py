@@ -4,13 +4,15 @@
 
     >>> from eagle_assets.planner import estimate
     >>> e = estimate("kimi-k2.5", samples=10_000, tokens_per_sample=1_450)
-    >>> round(e.sizes.hidden_state_bytes / 1e9), round(e.generation_hours, 1), round(e.training_hours, 1)
-    (832, 5.3, 2.6)
+    >>> round(e.sizes.hidden_state_bytes / 1e9), round(e.extraction_hours, 2), round(e.training_hours, 2)
+    (832, 0.15, 0.21)
 
 Sizes come from `hidden_states/budget.py`, the same arithmetic that the hidden-state asset uses
 for its free-space check, so the plan and the check cannot disagree. Hours come from
-throughputs measured on a real run (`Throughputs`: each default says where it was measured);
-pass your own where your hardware or target differs. Pure Python: no Dagster, no torch.
+throughputs (`default_rates`: at Kimi-K2.5's shape, this project's measurements on an H200, and
+each plan says where every rate comes from); pass your own where your hardware or target
+differs. docs/kimi-k2.5.md reads a plan for an 8-GPU host and a cluster. Pure Python: no
+Dagster, no torch.
 """
 
 from __future__ import annotations
@@ -29,23 +31,62 @@ _SEED_TRAIN_EPOCHS = 5
 _SEED_TRAIN_SAMPLES_PER_EPOCH = 9_000  # 1,000 of the 10,000 held out for validation
 _SEED_TRAIN_HOURS = 2.6
 _SEED_TRAIN_GPUS = 8
+REFERENCE_GENERATION_TOK_S = _SEED_SAMPLES * _SEED_TOKENS_PER_SAMPLE / (_SEED_GENERATION_HOURS * 3600)
+"""The reference run's corpus tokens per second from its Kimi-K2.5 INT4 server (TP 8): ~760."""
+REFERENCE_EXTRACTION_TOK_S = 3_165.0
+"""The reference run's extraction rate while writing its 828 GB."""
+REFERENCE_TRAIN_TOK_S_PER_GPU = (
+    _SEED_TRAIN_EPOCHS * _SEED_TRAIN_SAMPLES_PER_EPOCH * _SEED_TOKENS_PER_SAMPLE / (_SEED_TRAIN_HOURS * 3600 * _SEED_TRAIN_GPUS)
+)
+"""The reference run's training tokens per second per GPU: ~871."""
+
+# Rates measured by this project's benchmarks at Kimi-K2.5's shape on one H200 (bf16):
+KIMI_FORWARD_TOK_S_PER_GPU = 3_467.0
+"""Kimi-K2.5's 61 layers through one GPU with Hugging Face, experts grouped
+(benchmarks/results/extract_kimi-shape_h200_2026-12-04.md)."""
+KIMI_DRAFTER_TRAIN_TOK_S_PER_GPU = 11_004.0
+"""A drafter of Kimi-K2.5's width, 7 TTT steps, T=2048, our trainer
+(benchmarks/results/train_throughput_kimi-drafter_h200_2026-12-04.md)."""
+MEASURED_SHAPES = ("kimi-k2.5",)
+EXTRACTION_SOURCES = ("engine", "hf")
 
 
 @dataclass(frozen=True)
 class Throughputs:
-    """Measured rates that turn sizes into hours. Defaults: the reference Kimi-K2.5 run on 8 GPUs."""
+    """Rates that turn sizes into hours; None takes the target's default (`default_rates`)."""
 
-    generation_tokens_per_s: float = _SEED_SAMPLES * _SEED_TOKENS_PER_SAMPLE / (_SEED_GENERATION_HOURS * 3600)
-    """Corpus tokens written per second by the target's inference server (prompt + answer).
-    Seeds: 10,000 samples x 1,450 tokens in 5.3 h on the Kimi-K2.5 INT4 server (TP 8) = ~760 tok/s."""
-    extraction_tokens_per_s: float = 3_165.0
-    """Tokens per second through the target's forward pass with the hidden states saved.
-    Seeds: 3,165 tok/s measured while extracting the 828 GB."""
-    train_tokens_per_gpu_s: float = (
-        _SEED_TRAIN_EPOCHS * _SEED_TRAIN_SAMPLES_PER_EPOCH * _SEED_TOKENS_PER_SAMPLE / (_SEED_TRAIN_HOURS * 3600 * _SEED_TRAIN_GPUS)
-    )
-    """Training tokens per second per GPU (training-time test included). Seeds: 5 epochs of
-    9,000 samples x 1,450 tokens in 2.6 h on 8 GPUs = ~871 tok/s per GPU; scaled linearly in GPUs."""
+    generation_tokens_per_s: float | None = None
+    """Corpus tokens written per second by one serving replica of the target (prompt + answer)."""
+    extraction_tokens_per_s: float | None = None
+    """Tokens per second through one replica's forward pass with the hidden states saved."""
+    train_tokens_per_gpu_s: float | None = None
+    """Training tokens per second per GPU (training-time test included); scaled linearly in GPUs."""
+
+
+def default_rates(preset: TargetPreset, extraction: str) -> tuple[Throughputs, tuple[str, ...]]:
+    """The rates a plan uses where none are given, and where each comes from.
+
+    At Kimi-K2.5's shape they are measured here, except generation: no serving engine for it runs
+    on the hardware here, so that rate is the reference run's. Engine extraction runs the target
+    tensor-parallel, every GPU of the replica on each batch: the measured per-GPU forward times
+    the replica's GPUs (an upper bound: the engine's all-reduces are not counted, nor its INT4
+    kernels). Hugging Face extraction spreads layers over the GPUs (device_map), one busy at a
+    time: one GPU's forward. Other targets take the reference run's rates, said in the notes."""
+    if preset.name in MEASURED_SHAPES:
+        tp = preset.tensor_parallel_size
+        extract = KIMI_FORWARD_TOK_S_PER_GPU * (tp if extraction == "engine" else 1)
+        rates = Throughputs(REFERENCE_GENERATION_TOK_S, extract, KIMI_DRAFTER_TRAIN_TOK_S_PER_GPU)
+        return rates, (
+            f"generation: the reference run's {REFERENCE_GENERATION_TOK_S:,.0f} corpus tok/s per replica (not measured here: "
+            "no Kimi-K2.5 engine runs on this hardware); pass --generation-tok-s from your server",
+            f"extraction ({extraction}): {KIMI_FORWARD_TOK_S_PER_GPU:,.0f} tok/s per GPU measured at Kimi-K2.5's shape on one H200"
+            + (f", x {tp} GPUs of a tensor-parallel replica (an upper bound)" if extraction == "engine"
+               else ", one GPU busy at a time under device_map; its bf16 weights (~2 TB) do not fit one host of 8 H200s"),
+            f"training: {KIMI_DRAFTER_TRAIN_TOK_S_PER_GPU:,.0f} tok/s per GPU measured for a Kimi-K2.5-sized drafter on one H200 "
+            f"(the reference run trained at {REFERENCE_TRAIN_TOK_S_PER_GPU:,.0f})",
+        )  # fmt: skip
+    rates = Throughputs(REFERENCE_GENERATION_TOK_S, REFERENCE_EXTRACTION_TOK_S, REFERENCE_TRAIN_TOK_S_PER_GPU)
+    return rates, (f"the default throughputs are the reference Kimi-K2.5 run's (8 GPUs), not {preset.name}'s: pass your own rates for real hours",)
 
 
 @dataclass(frozen=True)
@@ -68,7 +109,11 @@ class Estimate:
     training_hours: float
     """Hours to train `epochs` over the training split on `gpus` GPUs."""
     notes: tuple[str, ...] = field(default=())
-    """Caveats to print with the numbers (e.g. throughputs measured on another target)."""
+    """Where each rate comes from, and caveats to print with the numbers."""
+    replicas: int = 1
+    """Serving replicas generating and extracting side by side (one per host of tensor-parallel GPUs)."""
+    extraction: str = "engine"
+    """Which source extracts the states: "engine" or "hf"."""
 
     @property
     def total_hours(self) -> float:
@@ -80,8 +125,8 @@ class Estimate:
         out = s.lines()
         out.append(f"disk in all (corpus + hidden states): {_human(s.corpus_bytes + s.hidden_state_bytes)}")
         out += [
-            f"generation: {_hours(self.generation_hours)} at {t.generation_tokens_per_s:,.0f} corpus tok/s",
-            f"extraction: {_hours(self.extraction_hours)} at {t.extraction_tokens_per_s:,.0f} tok/s",
+            f"generation: {_hours(self.generation_hours)} at {t.generation_tokens_per_s:,.0f} corpus tok/s x {self.replicas} replica(s)",
+            f"extraction: {_hours(self.extraction_hours)} at {t.extraction_tokens_per_s:,.0f} tok/s x {self.replicas} replica(s) ({self.extraction})",
             f"training:   {_hours(self.training_hours)} for {self.epochs} epochs over "
             f"{1 - self.val_fraction:.0%} of the samples on {self.gpus} GPU(s) at {t.train_tokens_per_gpu_s:,.0f} tok/s per GPU",
             f"total:      {_hours(self.total_hours)}",
@@ -105,36 +150,51 @@ def estimate(
     val_fraction: float = 0.1,
     gpus: int | None = None,
     num_aux: int | None = None,
+    replicas: int = 1,
+    extraction: str | None = None,
 ) -> Estimate:
     """Sizes and hours for `samples` of `tokens_per_sample` tokens on `preset`.
 
-    `gpus` defaults to the preset's tensor-parallel size (the host that serves it trains on it).
+    `gpus` (training) defaults to the preset's tensor-parallel size times `replicas` (the hosts
+    that serve it train on it); `replicas` serving replicas generate and extract side by side;
+    `extraction` defaults to the engine where the target needs several GPUs, else Hugging Face.
     """
     p = get_preset(preset) if isinstance(preset, str) else preset
     _require(samples >= 1, f"samples must be at least 1, not {samples}")
     _require(tokens_per_sample >= 1, f"tokens per sample must be at least 1, not {tokens_per_sample}")
     _require(epochs >= 1, f"epochs must be at least 1, not {epochs}")
     _require(0 <= val_fraction < 1, f"the validation fraction must be in [0, 1), not {val_fraction}")
-    gpus = p.tensor_parallel_size if gpus is None else gpus
+    _require(replicas >= 1, f"replicas must be at least 1, not {replicas}")
+    extraction = extraction or ("engine" if p.tensor_parallel_size > 1 else "hf")
+    _require(extraction in EXTRACTION_SOURCES, f"extraction must be one of {', '.join(EXTRACTION_SOURCES)}, not {extraction!r}")
+    gpus = p.tensor_parallel_size * replicas if gpus is None else gpus
     _require(gpus >= 1, f"gpus must be at least 1, not {gpus}")
     for name, rate in vars(throughputs).items():
-        _require(math.isfinite(rate) and rate > 0, f"throughput {name} must be a positive finite number, not {rate}: pass a measured rate")
+        _require(rate is None or (math.isfinite(rate) and rate > 0),
+                 f"throughput {name} must be a positive finite number, not {rate}: pass a measured rate")  # fmt: skip
+    defaults, sources = default_rates(p, extraction)
+    given = {k: v for k, v in vars(throughputs).items() if v is not None}
+    rates = Throughputs(**{**vars(defaults), **given})
+    notes = tuple(line for line in sources if not any(line.startswith(_RATE_LINE[k]) for k in given))
     sizes = plan(p, samples, tokens_per_sample, num_aux=num_aux)
     train_tokens = epochs * sizes.num_tokens * (1 - val_fraction)
-    notes = ()
-    if throughputs == Throughputs() and p.name != "kimi-k2.5":
-        notes = (f"the default throughputs were measured on Kimi-K2.5 (8 GPUs), not {p.name}: pass your own rates for real hours",)
     return Estimate(
         sizes=sizes,
-        throughputs=throughputs,
+        throughputs=rates,
         epochs=epochs,
         val_fraction=val_fraction,
         gpus=gpus,
-        generation_hours=sizes.num_tokens / throughputs.generation_tokens_per_s / 3600,
-        extraction_hours=sizes.extraction_hours(throughputs.extraction_tokens_per_s),
-        training_hours=train_tokens / (throughputs.train_tokens_per_gpu_s * gpus) / 3600,
+        generation_hours=sizes.num_tokens / (rates.generation_tokens_per_s * replicas) / 3600,
+        extraction_hours=sizes.extraction_hours(rates.extraction_tokens_per_s * replicas),
+        training_hours=train_tokens / (rates.train_tokens_per_gpu_s * gpus) / 3600,
         notes=notes,
+        replicas=replicas,
+        extraction=extraction,
     )
+
+
+# Which source line a given rate replaces.
+_RATE_LINE = {"generation_tokens_per_s": "generation", "extraction_tokens_per_s": "extraction", "train_tokens_per_gpu_s": "training"}
 
 
 def _require(ok: bool, message: str) -> None:

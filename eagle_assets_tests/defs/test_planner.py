@@ -9,37 +9,51 @@ from typer.testing import CliRunner
 
 from eagle_assets.cli import app
 from eagle_assets.hidden_states.budget import plan
-from eagle_assets.planner import Throughputs, estimate
+from eagle_assets.planner import KIMI_DRAFTER_TRAIN_TOK_S_PER_GPU, KIMI_FORWARD_TOK_S_PER_GPU, Throughputs, estimate
 
 SEEDS = dict(samples=10_000, tokens_per_sample=1_450)
 
 
-def test_seeds_run_lands_on_their_828_gb_and_their_hours():
+def test_seeds_run_lands_on_their_828_gb_and_the_measured_rates():
     e = estimate("kimi-k2.5", **SEEDS)
     assert e.sizes.hidden_state_bytes == pytest.approx(828e9, rel=0.05)
     # The very arithmetic the hidden-state asset's free-space check uses.
     assert e.sizes == plan("kimi-k2.5", **SEEDS)
-    assert e.gpus == 8  # Kimi's tensor-parallel size
+    assert e.gpus == 8 and e.replicas == 1 and e.extraction == "engine"  # Kimi's tensor-parallel size
     assert e.generation_hours == pytest.approx(5.3, rel=1e-9)  # seeds: 10,000 samples in 5.3 h
-    assert e.extraction_hours == pytest.approx(14_500_000 / 3_165 / 3600, rel=1e-9)  # seeds: 3,165 tok/s
-    assert e.training_hours == pytest.approx(2.6, rel=1e-9)  # seeds: 5 epochs of 9,000 samples in 2.6 h on 8 GPUs
-    assert e.notes == ()
+    # Extraction: the per-GPU forward measured at Kimi's shape, times the replica's 8 GPUs.
+    assert e.extraction_hours == pytest.approx(14_500_000 / (KIMI_FORWARD_TOK_S_PER_GPU * 8) / 3600, rel=1e-9)
+    assert e.training_hours == pytest.approx(5 * 0.9 * 14_500_000 / (KIMI_DRAFTER_TRAIN_TOK_S_PER_GPU * 8) / 3600, rel=1e-9)
+    assert [n.split(":")[0] for n in e.notes] == ["generation", "extraction (engine)", "training"]
+    assert "not measured here" in e.notes[0]
 
 
-def test_hours_scale_with_work_and_gpus():
+def test_hf_extraction_has_one_gpu_busy_and_says_the_weights_do_not_fit():
+    e = estimate("kimi-k2.5", **SEEDS, extraction="hf")
+    assert e.throughputs.extraction_tokens_per_s == KIMI_FORWARD_TOK_S_PER_GPU
+    assert "do not fit one host" in e.notes[1]
+
+
+def test_hours_scale_with_work_gpus_and_replicas():
     base = estimate("kimi-k2.5", **SEEDS)
     double = estimate("kimi-k2.5", samples=20_000, tokens_per_sample=1_450, gpus=4, epochs=10)
     assert double.generation_hours == pytest.approx(2 * base.generation_hours)
     assert double.extraction_hours == pytest.approx(2 * base.extraction_hours)
     assert double.training_hours == pytest.approx(8 * base.training_hours)  # 2x data, 2x epochs, half the GPUs
+    four = estimate("kimi-k2.5", samples=40_000, tokens_per_sample=1_450, replicas=4)
+    assert four.gpus == 32  # the four replicas' hosts train
+    for hours in ("generation_hours", "extraction_hours", "training_hours"):
+        assert getattr(four, hours) == pytest.approx(getattr(base, hours))  # 4x the work on 4x the hardware
     faster = estimate("kimi-k2.5", **SEEDS, throughputs=Throughputs(extraction_tokens_per_s=2 * 3_165))
-    assert faster.extraction_hours == pytest.approx(base.extraction_hours / 2)
+    assert faster.extraction_hours == pytest.approx(14_500_000 / (2 * 3_165) / 3600)
+    # A given rate replaces its note; the other two still say where theirs come from.
+    assert [n.split(":")[0] for n in faster.notes] == ["generation", "training"]
 
 
 def test_other_targets_warn_that_the_rates_are_kimis():
     e = estimate("smollm2-135m-instruct", samples=48, tokens_per_sample=300)
-    assert e.gpus == 1 and e.sizes.hidden_size == 576
-    assert "measured on Kimi-K2.5" in e.notes[0]
+    assert e.gpus == 1 and e.sizes.hidden_size == 576 and e.extraction == "hf"
+    assert "reference Kimi-K2.5 run's" in e.notes[0] and "not smollm2-135m-instruct's" in e.notes[0]
 
 
 @pytest.mark.parametrize(
@@ -49,6 +63,8 @@ def test_other_targets_warn_that_the_rates_are_kimis():
         (dict(samples=1, tokens_per_sample=10, val_fraction=1.0), r"validation fraction must be in \[0, 1\), not 1.0"),
         (dict(samples=1, tokens_per_sample=10, throughputs=Throughputs(generation_tokens_per_s=0)), "generation_tokens_per_s must be a positive finite"),
         (dict(samples=1, tokens_per_sample=10, throughputs=Throughputs(train_tokens_per_gpu_s=float("inf"))), "train_tokens_per_gpu_s must be a positive finite number, not inf"),
+        (dict(samples=1, tokens_per_sample=10, replicas=0), "replicas must be at least 1, not 0"),
+        (dict(samples=1, tokens_per_sample=10, extraction="gpu"), "extraction must be one of engine, hf, not 'gpu'"),
     ],
 )
 def test_bad_input_is_named(kwargs, message):
@@ -60,7 +76,14 @@ def test_cli_prints_sizes_and_hours_and_takes_measured_rates():
     runner = CliRunner()
     out = runner.invoke(app, ["plan", "--preset", "kimi-k2.5", "--samples", "10000", "--tokens-per-sample", "1450"])
     assert out.exit_code == 0, out.output
-    assert "831.6 GB" in out.output and "5.30 h" in out.output and "2.60 h" in out.output
+    assert "831.6 GB" in out.output and "5.30 h" in out.output and "(engine)" in out.output
+    assert "note: generation: the reference run's 760 corpus tok/s" in out.output
+
+    out = runner.invoke(app, ["plan", "--preset", "kimi-k2.5", "--samples", "40000", "--tokens-per-sample", "1450",
+                              "--replicas", "4", "--extraction", "hf", "--json"])  # fmt: skip
+    body = json.loads(out.output)
+    assert body["replicas"] == 4 and body["gpus"] == 32 and body["extraction"] == "hf"
+    assert body["generation_hours"] == pytest.approx(5.3)
 
     out = runner.invoke(app, ["plan", "--preset", "kimi-k2.5", "--samples", "10000", "--tokens-per-sample", "1450",
                               "--extraction-tok-s", "6330", "--json"])  # fmt: skip
