@@ -358,6 +358,8 @@ def run(
     preset: Optional[str] = typer.Option(None, help="Run preset (see eagle_assets/run_presets.py): smollm2-default (the default), smollm2-quality, smollm2-tiny."),
     stale_only: bool = typer.Option(False, "--stale-only", help="Materialise only stale or missing assets and partitions (what the UI calls unsynced). "
                                     "Without --preset each keeps the settings it last ran with; with it, changed settings count as stale."),
+    part: Optional[list[str]] = typer.Option(None, "--part", help="Run only this part of the graph (repeatable): corpus, hidden_states, drafter, "
+                                             "benchmark; e.g. one at a time where one host serves, extracts and trains in turn."),
 ) -> None:
     """Materialise the whole asset graph (or only its stale part) as Dagster runs, then print the benchmark summary.
 
@@ -371,7 +373,7 @@ def run(
 
     try:  # the definitions read (and check) every environment variable of a deployment as they load
         import eagle_assets.definitions  # noqa: F401
-        from eagle_assets.defs.runner import DEFAULT_PRESET, materialize_graph, materialize_stale
+        from eagle_assets.defs.runner import DEFAULT_PRESET, materialize_graph, materialize_stale, selected_stages
 
         reports_root = data_dir()
     except SettingError as exc:
@@ -379,6 +381,12 @@ def run(
 
     if preset is not None and preset not in RUN_PRESETS:
         _fail(f"unknown run preset {preset!r}; known: {', '.join(RUN_PRESETS)}")
+    if part and stale_only:
+        _fail("--part and --stale-only choose what to run two ways: give one of them")
+    try:
+        selected_stages(part)
+    except ValueError as exc:
+        _fail(str(exc))
     try:
         if stale_only:
             done = materialize_stale(preset)
@@ -386,7 +394,7 @@ def run(
                 typer.echo("nothing to do: every asset is up to date")
                 return
         else:
-            materialize_graph(preset or DEFAULT_PRESET)
+            materialize_graph(preset or DEFAULT_PRESET, parts=part)
     except Exception as exc:  # a failed Dagster run: its error is the message
         _fail(f"the run failed: {exc}")
     reports = sorted(reports_root.glob("*/report/report.md"), key=lambda p: p.stat().st_mtime)

@@ -19,7 +19,7 @@ import os
 import shutil
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Callable, Iterator, Sequence
 
 import dagster as dg
 
@@ -33,7 +33,7 @@ from eagle_assets.defs.hidden_states import (
     shard_partitions,
 )
 from eagle_assets.defs.instance_runs import WORKSPACE_FILE, RunSession, RunSpec
-from eagle_assets.defs.jobs import HIDDEN_STAGE, JOBS, STAGES
+from eagle_assets.defs.jobs import CORPUS_STAGE, HIDDEN_STAGE, JOBS, STAGES
 from eagle_assets.defs.resources import default_resources
 from eagle_assets.defs.staleness import STALE_ONLY_TAG, StaleRun, Step, run_stale
 from eagle_assets.embedded_target import resolve_target
@@ -82,18 +82,74 @@ def resource_run_config(name: str, resource: dg.ConfigurableResource, **changes)
     return {"resources": {name: {"config": {**resource.model_dump(), **changes}}}}
 
 
+PARTS = {
+    "corpus": tuple(CORPUS_STAGE),
+    "hidden_states": tuple(HIDDEN_STAGE),
+    "drafter": ("drafter_checkpoint",),
+    "benchmark": ("benchmark_report",),
+}
+"""The parts of the graph `eagle-assets run --part` can run alone, by name, in graph order: where
+one host serves the target, extracts its states and trains in turn, each part runs while its
+own server holds the GPUs (docs/kimi-k2.5.md)."""
+
+
+def selected_stages(parts: Sequence[str] | None) -> list[list[str]]:
+    """STAGES cut down to the assets of `parts` (all of them for None), stages left empty dropped."""
+    if not parts:
+        return [list(stage) for stage in STAGES]
+    unknown = sorted(set(parts) - set(PARTS))
+    if unknown:
+        raise ValueError(f"unknown part {', '.join(map(repr, unknown))}: give one of {', '.join(PARTS)}")
+    wanted = {asset for part in parts for asset in PARTS[part]}
+    return [[asset for asset in stage if asset in wanted] for stage in STAGES]
+
+
+_graph_order = [asset.key for asset in ASSETS]
+
+
+def missing_upstream(instance: dg.DagsterInstance, stages: Sequence[Sequence[str]]) -> list[str]:
+    """The assets outside `stages` that an asset in them reads and `instance` has never
+    materialised (for a partitioned one: some partition never materialised), by name."""
+    selected = {asset for stage in stages for asset in stage}
+    missing: list[str] = []
+    for asset in ASSETS:
+        if asset.key.to_user_string() not in selected:
+            continue
+        for dep in sorted(asset.dependency_keys, key=_graph_order.index):  # a set: its order varies by run
+            name = dep.to_user_string()
+            if name in selected or name in missing:
+                continue
+            if name in HIDDEN_STAGE:  # partitioned: every partition must be there
+                done = instance.get_materialized_partitions(dep)
+                if set(shard_partitions.get_partition_keys()) - done:
+                    missing.append(name)
+            elif instance.get_latest_materialization_event(dep) is None:
+                missing.append(name)
+    return missing
+
+
 def materialize_graph(preset: str = DEFAULT_PRESET, log: Callable[[str], None] = print, instance: dg.DagsterInstance | None = None,
-                      workspace_file: Path = WORKSPACE_FILE) -> list[dg.DagsterRun]:  # fmt: skip
-    """Materialise every asset, stage by stage, as runs of `instance` (default: $DAGSTER_HOME's);
-    raises RunFailed at the first failed run. Returns the finished runs in stage order."""
+                      workspace_file: Path = WORKSPACE_FILE, parts: Sequence[str] | None = None) -> list[dg.DagsterRun]:  # fmt: skip
+    """Materialise every asset (or those of `parts`, see PARTS), stage by stage, as runs of
+    `instance` (default: $DAGSTER_HOME's); raises RunFailed at the first failed run. Returns the
+    finished runs in stage order. Parts whose upstream this instance never materialised are
+    refused before any run starts."""
+    stages = selected_stages(parts)
     absolute_path_variables()
     if instance is None:
         ensure_dagster_home()
         instance = dg.DagsterInstance.get()
+    missing = missing_upstream(instance, stages)
+    if missing:
+        needed = [part for part, assets in PARTS.items() if set(assets) & set(missing)]
+        raise ValueError(f"--part {' --part '.join(parts or ())} reads {', '.join(missing)}, which this instance ({instance.root_directory}) "
+                         f"has never materialised: run --part {' --part '.join(needed)} first (or the whole graph)")  # fmt: skip
     resources = default_resources()
     runs: list[dg.DagsterRun] = []
     with RunSession(instance, workspace_file, log=log) as session:
-        for job, stage in zip(JOBS, STAGES):
+        for job, stage in zip(JOBS, stages):
+            if not stage:
+                continue
             config = run_config(preset, stage)
             tags = {STAGE_TAG: job.name}
             if stage != HIDDEN_STAGE:

@@ -108,6 +108,35 @@ def test_real_graph_materialisations_carry_versions_and_nothing_is_stale_after(m
     assert materialize_stale(None, log=lambda m: None, instance=instance).steps == []
 
 
+def test_a_part_whose_upstream_was_never_materialised_is_refused_before_any_run(tmp_path):
+    import dagster as dg
+    from typer.testing import CliRunner
+
+    from eagle_assets.cli import app
+    from eagle_assets.defs.runner import missing_upstream, selected_stages
+
+    assert selected_stages(["benchmark", "corpus"]) == [["prompts", "synthetic_corpus", "vocab_mapping"], [], ["benchmark_report"]]
+    with dg.DagsterInstance.ephemeral() as empty:
+        assert missing_upstream(empty, selected_stages(None)) == []  # the whole graph reads nothing outside it
+        assert missing_upstream(empty, selected_stages(["drafter"])) == ["vocab_mapping", "hidden_state_shards"]
+        assert missing_upstream(empty, selected_stages(["hidden_states", "drafter"])) == ["synthetic_corpus", "vocab_mapping"]
+    result = CliRunner().invoke(app, ["run", "--part", "hidden_states"], env={"DAGSTER_HOME": str(tmp_path)})
+    assert result.exit_code == 1
+    assert "--part hidden_states reads synthetic_corpus, which this instance" in result.output and "run --part corpus first" in result.output
+    result = CliRunner().invoke(app, ["run", "--part", "drafters"])
+    assert result.exit_code == 1 and "unknown part 'drafters': give one of corpus, hidden_states, drafter, benchmark" in result.output
+
+
+@pytest.mark.engine
+@pytest.mark.slow
+def test_after_the_graph_every_part_finds_its_upstream(materialized_graph):
+    from eagle_assets.defs.runner import PARTS, missing_upstream, selected_stages
+
+    instance, _, _ = materialized_graph
+    for part in PARTS:
+        assert missing_upstream(instance, selected_stages([part])) == [], part
+
+
 def test_run_preset_notes_name_presets_that_exist():
     import re
 

@@ -260,9 +260,14 @@ def test_broken_drafter_path_fails_fast_with_root_cause_and_no_orphans(smollm2_p
 
 
 def test_cli_refuses_a_missing_drafter_before_launch(smollm2_path, engine_python, tmp_path):
-    proc = subprocess.run([CLI, "serve", "--drafter", str(tmp_path / "nope"), "--port", str(free_port())], capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 1
-    assert "no drafter config" in proc.stderr and "nope" in proc.stderr
+    # A path that does not exist and a folder without the drafter's config are different
+    # mistakes, and each message names its own.
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    for drafter, said in ((tmp_path / "nope", f"no folder {tmp_path / 'nope'}"), (empty, f"no drafter config at {empty / 'config.json'}")):
+        proc = subprocess.run([CLI, "serve", "--drafter", str(drafter), "--port", str(free_port())], capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 1
+        assert said in proc.stderr and "launch" in proc.stderr, proc.stderr
 
 
 KILLED_SCRIPT = """
