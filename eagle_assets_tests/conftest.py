@@ -1,4 +1,4 @@
-"""Shared fixtures: the embedded target and one real vLLM CPU server per test session."""
+"""Shared fixtures: the embedded target, the stand-ins built from it, and one real vLLM CPU server per test session."""
 
 from __future__ import annotations
 
@@ -22,6 +22,15 @@ def smollm2_path() -> Path:
 @pytest.fixture(scope="session")
 def smollm2_config(smollm2_path) -> dict:
     return json.loads((smollm2_path / "config.json").read_text())
+
+
+@pytest.fixture(scope="session")
+def standin_paths(smollm2_path) -> dict[str, Path]:
+    """The seed-architecture stand-ins, {name: folder} for tiny-deepseek-v3 and tiny-kimi-k2.5:
+    built once into the session's cache (about three minutes on 2 cores), a no-op when both verify."""
+    from eagle_assets.embedded_target import pull_standins
+
+    return pull_standins(log=lambda m: None)
 
 
 @pytest.fixture(scope="session")
