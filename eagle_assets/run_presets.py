@@ -26,6 +26,17 @@ RUN_PRESETS: dict[str, dict[str, dict]] = {
         "drafter_checkpoint": {"epochs": 15, "lr": 3e-3, "micro_batch_tokens": 512, "val_fraction": 0.25, "warmup_steps": 5},
         "benchmark_report": {"num_prompts": 2, "output_len": 16, "concurrencies": [1], "ngram": False},
     },
+    # The seed architecture's path on its stand-ins (EAGLE_ASSETS_TARGET=tiny-kimi-k2.5 or
+    # tiny-deepseek-v3): hidden states from the serving engine and the benchmark's offline
+    # reference replayed over the engine's states, as for Kimi-K2.5 itself, where the target
+    # never loads in the pipeline's process. Sized like smollm2-tiny.
+    "standin-tiny": {
+        "prompts": {"num_prompts": 16, "multi_turn_fraction": 0.2, "max_prompt_tokens": 48},
+        "synthetic_corpus": {"max_tokens": 64, "concurrency": 8},
+        "hidden_state_shards": {"source": "engine"},
+        "drafter_checkpoint": {"epochs": 15, "lr": 3e-3, "micro_batch_tokens": 512, "val_fraction": 0.25, "warmup_steps": 5},
+        "benchmark_report": {"num_prompts": 2, "output_len": 16, "concurrencies": [1], "ngram": False, "offline_reference": "engine"},
+    },
     # The best drafter SmolLM2 allows, trained on ShareGPT's conversations (what EAGLE and
     # SpecForge train on: people's own requests, every human turn of a conversation, the target
     # writing every answer): 16,000 asked for, all that the packaged file offers (~10,200

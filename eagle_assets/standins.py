@@ -253,22 +253,27 @@ def greedy_answers(model, prompts_ids: Sequence[list[int]], max_new_tokens: int,
 
 @dataclass(frozen=True)
 class BuildSettings:
-    """What a build does; the defaults are measured to finish in about three minutes on 2 cores."""
+    """What a build does; the defaults finish in about two and a half minutes on 2 cores.
+
+    Measured with the scratch build on 16 held-out prompts, 64 tokens each: these settings end
+    at training loss 0.49 with a distinct-token share of 0.42 and 0.1% of top-2 gaps under 1e-3;
+    96 answers of 96 tokens in 60 steps ended at loss 5.3 answering "\\n" to every prompt."""
 
     seed: int = 0
-    num_prompts: int = 96
+    num_prompts: int = 48
     """Teacher answers to distil (one per prompt)."""
-    answer_tokens: int = 96
+    answer_tokens: int = 64
     """Longest teacher answer; longer ones are cut (and so teach no end of answer)."""
     teacher_batch: int = 48
-    steps: int = 60
+    steps: int = 120
     batch_size: int = 16
     """Samples per optimizer step."""
     lr: float = 3e-3
     warmup_steps: int = 6
     weight_decay: float = 0.0
-    teacher_init: bool = True
-    """Start the embeddings and lm_head from a projection of the teacher's embedding matrix."""
+    teacher_init: bool = False
+    """Start the embeddings and lm_head from a projection of the teacher's embedding matrix
+    (off: from INIT_STD's random weights the same steps learned the answers further)."""
 
 
 def new_language_model(seed: int, teacher_embeddings: torch.Tensor | None = None):

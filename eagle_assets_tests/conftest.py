@@ -68,26 +68,26 @@ def smollm2_extraction_server(smollm2_path, engine_python, tmp_path_factory):
         yield server, spool
 
 
-@pytest.fixture(scope="session")
-def materialized_graph(tmp_path_factory, smollm2_path, engine_python):
-    """The whole asset graph materialised once, with the "smollm2-tiny" preset, as real Dagster
-    runs in a private DAGSTER_HOME and data folder: queued in the instance and launched by the
-    daemon `materialize_graph` starts for them. Yields (instance, data_dir, dagster_home)."""
+def _materialise(tmp_path_factory, name: str, preset: str, env: dict[str, str]):
+    """The whole asset graph materialised with run `preset` as real Dagster runs in a private
+    DAGSTER_HOME and data folder (with `env` set meanwhile): queued in the instance and launched
+    by the daemon `materialize_graph` starts for them. Yields (instance, data_dir, dagster_home)."""
     import os
 
     import dagster as dg
 
-    root = tmp_path_factory.mktemp("graph")
+    root = tmp_path_factory.mktemp(name)
     home, data = root / "dagster_home", root / "data"
     home.mkdir()
-    saved = {k: os.environ.get(k) for k in ("DAGSTER_HOME", "EAGLE_ASSETS_DATA")}
-    os.environ["DAGSTER_HOME"], os.environ["EAGLE_ASSETS_DATA"] = str(home), str(data)
+    env = {"DAGSTER_HOME": str(home), "EAGLE_ASSETS_DATA": str(data), **env}
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
     try:
         from eagle_assets.defs.runner import ensure_dagster_home, materialize_graph
 
         ensure_dagster_home()
         with dg.DagsterInstance.get() as instance:
-            materialize_graph("smollm2-tiny", log=lambda m: None, instance=instance)
+            materialize_graph(preset, log=lambda m: None, instance=instance)
             yield instance, data, home
     finally:
         for k, v in saved.items():
@@ -95,6 +95,21 @@ def materialized_graph(tmp_path_factory, smollm2_path, engine_python):
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
+
+
+@pytest.fixture(scope="session")
+def materialized_graph(tmp_path_factory, smollm2_path, engine_python):
+    """The whole asset graph on the embedded target, "smollm2-tiny" preset (`_materialise`)."""
+    yield from _materialise(tmp_path_factory, "graph", "smollm2-tiny", {})
+
+
+@pytest.fixture(scope="session")
+def standin_graph(tmp_path_factory, standin_paths, engine_python):
+    """The whole asset graph on the Kimi-K2.5 stand-in, "standin-tiny" preset: states from the
+    engine, the offline reference replayed over them (`_materialise`)."""
+    from eagle_assets.standins import KIMI_STANDIN
+
+    yield from _materialise(tmp_path_factory, "standin-graph", "standin-tiny", {"EAGLE_ASSETS_TARGET": KIMI_STANDIN})
 
 
 @pytest.fixture(scope="module")

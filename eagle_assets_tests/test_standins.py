@@ -32,13 +32,13 @@ from eagle_assets.targets import get_preset
 
 EOS = TEXT_SHAPE["eos_token_id"]
 
-# Greedy answers to held-out prompts, 48 tokens at most (benchmarks/standin_quality.py, 16
-# prompts of 64 tokens, recorded in benchmarks/results/): SmolLM2 writes a distinct-token share
-# of about 0.75, the stand-in about 0.6 and its random initial weights under 0.1 (one token
-# repeated). The floor sits between the stand-in and random weights, with room on both sides.
+# Greedy answers to held-out prompts (benchmarks/results/standin_quality_cpu2_2026-12-04.md, 16
+# prompts of 64 tokens): SmolLM2 writes a distinct-token share of 0.62, the stand-in 0.44 and its
+# random initial weights 0.17 (8 prompts of 48 tokens: 0.57 and 0.23). The floor sits between
+# the stand-in and random weights, with room on both sides.
 DISTINCT_SHARE_FLOOR = 0.35
 # Top-2 logit gaps under 1e-3 are near-ties that fp32 rounding between engines can flip; the
-# stand-in has almost none along its answers (random weights: most positions).
+# stand-in has almost none along its answers.
 NEAR_TIE_SHARE_CEILING = 0.02
 
 
@@ -150,11 +150,15 @@ def test_greedy_answers_are_varied_and_peaked(deepseek, prompt_ids, one_thread):
     assert distinct_share(answers) > DISTINCT_SHARE_FLOOR, answers
     assert (gaps < 1e-3).float().mean() < NEAR_TIE_SHARE_CEILING
 
-    # The same architecture untrained (random weights, stored the same way) falls below both.
+    # The same architecture untrained (random weights, stored the same way) repeats itself, and
+    # its decisions are an order of magnitude less clear (median top-2 gap ~0.14 against ~1.7).
     untrained = new_language_model(seed=0).to(torch.bfloat16).float().eval()
     untrained_answers = greedy_answers(untrained, prompt_ids, 48, batch_size=len(prompt_ids), pad_id=EOS)
+    untrained_gaps = top2_margins(untrained, prompt_ids, untrained_answers)
+    print(f"distinct-token share {distinct_share(answers):.3f} (untrained {distinct_share(untrained_answers):.3f}); "
+          f"median top-2 gap {gaps.median():.3f} (untrained {untrained_gaps.median():.3f})")
     assert distinct_share(untrained_answers) < DISTINCT_SHARE_FLOOR
-    assert (top2_margins(untrained, prompt_ids, untrained_answers) < 1e-3).float().mean() > NEAR_TIE_SHARE_CEILING
+    assert untrained_gaps.median() * 4 < gaps.median()
 
 
 def test_pull_is_a_no_op_and_refuses_a_mixed_pair(standin_paths, tmp_path):

@@ -78,3 +78,42 @@ def test_an_engine_shard_matches_a_hugging_face_shard(extraction_server, hf_fp32
         for name in ("aux", "final"):
             # Stored in bf16: at most one rounding step apart, relative to the largest value.
             assert relative_error(x[name], y[name]) <= 2**-8, (i, name, relative_error(x[name], y[name]))
+
+
+# The DeepSeek-V3 stand-in (MLA, noaux_tc MoE, yarn rope): its default aux ids for 8 layers and
+# the last layer's output.
+STANDIN_AUX = (2, 4, 5)
+STANDIN_LAYERS = 8
+
+
+def test_engine_states_equal_hugging_faces_for_the_deepseek_v3_stand_in(standin_paths, engine_python, chat_rows, tmp_path):
+    """The same tolerance as SmolLM2's: MLA's absorbed and non-absorbed forms, the engine's fused
+    MoE and its yarn rotary are fp32 computations of the same function as transformers' eager ones,
+    so they differ by summation order only; a wrong layer, a missed rope scaling or a routing
+    difference would move the states by whole units of their magnitude."""
+    from transformers import AutoModelForCausalLM
+
+    from eagle_assets.engines.serving import launch_vllm
+    from eagle_assets.engines.vllm_launch import extraction_config, hidden_states_transfer
+    from eagle_assets.standins import DEEPSEEK_STANDIN
+
+    folder = standin_paths[DEEPSEEK_STANDIN]
+    hf = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    norm = final_norm_of(folder)
+    ids_captured = (*STANDIN_AUX, STANDIN_LAYERS)
+    spool = tmp_path / "spool"
+    spool.mkdir()
+    worst = {}
+    with launch_vllm(DEEPSEEK_STANDIN, speculative=extraction_config(ids_captured), kv_transfer=hidden_states_transfer(spool),
+                     log=lambda m: None) as server:  # fmt: skip
+        client = EngineStateClient(server.base_url, server.model, ids_captured)
+        for row in chat_rows[:3]:
+            ids = torch.tensor(row["input_ids"])
+            states = client.one(ids.numpy())  # (T, 4, 256) fp32
+            with torch.no_grad():
+                want = hf(ids[None], output_hidden_states=True).hidden_states
+            for j, k in enumerate(STANDIN_AUX):
+                worst[k] = max(worst.get(k, 0.0), relative_error(states[:, j], want[k][0]))
+            worst["final"] = max(worst.get("final", 0.0), relative_error(norm(states[:, 3]), want[STANDIN_LAYERS][0]))
+    print(f"largest difference, relative to the layer's largest magnitude: {worst}")
+    assert all(v <= RELATIVE_TOLERANCE for v in worst.values()), worst
