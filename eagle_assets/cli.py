@@ -355,7 +355,7 @@ def _check_before_benchmark(drafter: Path, target_folder: Path, out: Path, overw
 
 @app.command()
 def run(
-    preset: Optional[str] = typer.Option(None, help="Run preset (see eagle_assets/run_presets.py): smollm2-default (the default), smollm2-quality, smollm2-tiny, standin-tiny (with EAGLE_ASSETS_TARGET=tiny-kimi-k2.5)."),
+    preset: Optional[str] = typer.Option(None, help="Run preset (see eagle_assets/run_presets.py): smollm2-default (the default), smollm2-scratch, smollm2-quality, smollm2-tiny, standin-tiny (with EAGLE_ASSETS_TARGET=tiny-kimi-k2.5)."),
     stale_only: bool = typer.Option(False, "--stale-only", help="Materialise only stale or missing assets and partitions (what the UI calls unsynced). "
                                     "Without --preset each keeps the settings it last ran with; with it, changed settings count as stale."),
     part: Optional[list[str]] = typer.Option(None, "--part", help="Run only this part of the graph (repeatable): corpus, hidden_states, drafter, "

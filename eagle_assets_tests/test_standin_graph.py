@@ -47,7 +47,7 @@ def test_every_asset_materialised_with_its_checks_passed(standin_graph):
 
 def test_the_states_and_the_offline_reference_come_from_the_engine(standin_graph):
     _, data, _ = standin_graph
-    manifests = sorted(_base(data).rglob(SHARD_MANIFEST_FILE))
+    manifests = sorted((_base(data) / "hidden_states").glob(f"shard-*/{SHARD_MANIFEST_FILE}"))
     assert manifests, "no hidden-state shard written"
     for path in manifests:
         manifest = json.loads(path.read_text())
@@ -82,3 +82,41 @@ def test_without_the_engine_plugin_vllm_refuses_the_drafter_beside_mla(standin_g
         with launch_vllm(KIMI_STANDIN, drafter=_base(data) / "drafter" / "drafter-vllm", k=3, log=lambda m: None):
             pass
     assert "No common block size" in str(failed.value), str(failed.value)
+
+
+def test_a_drafter_exported_with_a_wrong_layer_id_is_blamed_on_the_wiring(standin_graph, standin_paths, tmp_path):
+    """One aux id off in the export (5 -> 6): served acceptance falls below the offline reference
+    replayed over the layers the drafter was trained on, and the verdict names the wiring, from
+    those numbers; no rule compares the configs."""
+    import shutil
+
+    from eagle_assets.bench.benchmark import BenchmarkSettings, run_benchmark
+    from eagle_assets.engines.vllm_launch import extraction_config, hidden_states_transfer
+
+    _, data, _ = standin_graph
+    trained = _base(data) / "drafter" / "drafter-vllm"
+    wrong = tmp_path / "wrong-export"
+    shutil.copytree(trained, wrong)
+    cfg = json.loads((wrong / "config.json").read_text())
+    ids = cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"]
+    cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"] = [*ids[:-1], ids[-1] + 1]
+    (wrong / "config.json").write_text(json.dumps(cfg, indent=2))
+    settings = BenchmarkSettings(num_prompts=2, output_len=24, concurrencies=(1,), k=3, ngram=False, interleave_rounds=0,
+                                 baseline_again=False, offline_reference="engine", greedy_check=False)  # fmt: skip
+
+    def serve(spec, replica: int = 0):
+        return launch_vllm(KIMI_STANDIN, speculative=spec, log=lambda m: None)
+
+    def extraction_server(layer_ids):
+        spool = tmp_path / "spool"
+        spool.mkdir(exist_ok=True)
+        return launch_vllm(KIMI_STANDIN, speculative=extraction_config(tuple(layer_ids)), kv_transfer=hidden_states_transfer(spool),
+                           log=lambda m: None)  # fmt: skip
+
+    report, _ = run_benchmark(
+        settings, KIMI_STANDIN, standin_paths[KIMI_STANDIN], trained, serve, tmp_path / "report", trained_aux_layer_ids=ids, target_num_layers=8,
+        served_drafter_dir=wrong, extraction_server=extraction_server, trust_remote_code=True, log=lambda m: None,
+    )  # fmt: skip
+    print(f"served AL {report.served.al:.3f} against offline {report.offline.al:.3f}: {report.parity.sentence}")
+    assert report.parity.verdict == "engine_wiring", report.parity.sentence
+    assert "layer" in " ".join(report.parity.causes).lower()

@@ -117,7 +117,8 @@ def test_configs_are_in_the_hubs_form(standin_paths):
     assert kimi["architectures"] == ["KimiK25ForConditionalGeneration"] and kimi["model_type"] == "kimi_k25"
     assert kimi["text_config"] == {**text, "model_type": "kimi_k2"}
     assert (standin_paths[KIMI_STANDIN] / "preprocessor_config.json").is_file()
-    assert all(0 <= kimi[k] < TEXT_SHAPE["vocab_size"] for k in ("image_token_id", "video_token_id", "vision_start_token_id", "vision_end_token_id"))
+    assert all(0 <= kimi[k] < TEXT_SHAPE["vocab_size"] for k in ("image_token_id", "video_token_id", "vision_start_token_id", "vision_end_token_id",
+                                                           "media_placeholder_token_id"))
 
 
 def test_folders_resolve_to_the_stand_in_presets(standin_paths):
@@ -181,6 +182,13 @@ def test_pull_is_a_no_op_and_refuses_a_mixed_pair(standin_paths, tmp_path):
     _record_checksums(copies[KIMI_STANDIN])
     assert not _standins_verified(copies)
 
+    # A pair from one build of an older recipe (what a build writes has changed since) is stale.
+    for name, folder in copies.items():
+        record = json.loads((standin_paths[name] / BUILD_RECORD).read_text())
+        (folder / BUILD_RECORD).write_text(json.dumps({**record, "layout": record["layout"] - 1}))
+        _record_checksums(folder)
+    assert not _standins_verified(copies)
+
 
 @pytest.mark.engine
 def test_vllm_serves_the_kimi_stand_in_as_transformers_does(standin_paths, kimi, engine_python, one_thread):
@@ -217,3 +225,45 @@ def test_vllm_serves_the_kimi_stand_in_as_transformers_does(standin_paths, kimi,
 
     assert len(expected) >= 16
     assert without_eos(served) == without_eos(expected)
+
+
+def test_extraction_loads_the_kimi_layout_spread_by_device_map_within_max_memory(standin_paths, deepseek, prompt_ids, one_thread):
+    """The hidden_state_shards asset's Hugging Face load of a Kimi-K2.5 folder: its wrapper class,
+    remote code, accelerate's device_map="auto" under a per-device memory cap, and grouped experts;
+    the states it gives are the DeepSeek-V3 layout's, for the same language model."""
+    from eagle_assets.hidden_states.extract import load_target, target_parts
+
+    model, tokenizer = load_target(standin_paths[KIMI_STANDIN], device="auto", dtype=torch.float32, max_memory_per_device="4GiB",
+                                   trust_remote_code=True)  # fmt: skip
+    assert type(model).__name__ == "Kimi_K25ForConditionalGeneration" and type(tokenizer).__name__ == "StandinTokenizer"
+    assert {p.device.type for p in model.parameters()} == {"cpu"}  # no GPU here: accelerate's map is the host
+    assert model.config.get_text_config()._experts_implementation == "grouped_mm"
+    parts = target_parts(model)
+    assert (parts.num_layers, parts.hidden_size) == (TEXT_SHAPE["num_hidden_layers"], TEXT_SHAPE["hidden_size"])
+    ids = torch.tensor([prompt_ids[0]])
+    with torch.no_grad():
+        got = parts.base(input_ids=ids, output_hidden_states=True).hidden_states
+        want = deepseek.model(input_ids=ids, output_hidden_states=True).hidden_states
+    assert len(got) == len(want) and all(torch.allclose(a, b, atol=1e-5, rtol=1e-5) for a, b in zip(got, want))
+
+    # The cap reaches accelerate: one below the model's size is refused, saying what to change.
+    with pytest.raises(ValueError, match="does not fit on the host at max_memory_per_device=20MiB.*source: engine"):
+        load_target(standin_paths[KIMI_STANDIN], device="auto", dtype=torch.float32, max_memory_per_device="20MiB", trust_remote_code=True)
+
+
+def test_preflight_refuses_a_kimi_config_without_the_field_vllms_eagle3_proposer_reads(standin_paths, tmp_path):
+    from eagle_assets.engines.preflight import PreflightReport, check_drafter
+    from eagle_assets_tests.drafters import write_random_drafter
+
+    target = json.loads((standin_paths[KIMI_STANDIN] / "config.json").read_text())
+    drafter = write_random_drafter(tmp_path / "drafter", target["text_config"], aux_layer_ids=(2, 4, 5))
+
+    def codes(cfg: dict, engine: str | None) -> set[str]:
+        report = PreflightReport()
+        check_drafter(cfg, drafter, report, engine)
+        return {f.code for f in report.findings}
+
+    assert "kimi_media_placeholder" not in codes(target, "vllm")
+    stripped = {k: v for k, v in target.items() if k != "media_placeholder_token_id"}
+    assert "kimi_media_placeholder" in codes(stripped, "vllm") and "kimi_media_placeholder" in codes(stripped, None)
+    assert "kimi_media_placeholder" not in codes(stripped, "sglang")

@@ -126,6 +126,12 @@ def check_drafter(target_cfg: dict, drafter: Path, report: PreflightReport, engi
         if cfg.get(key) is not None and cfg[key] not in DRAFTER_DTYPES:
             report.add("error", "drafter_dtype", f"{cfg_path}: `{key}` is {cfg[key]!r}, not a dtype the engines load "
                                                  f"({', '.join(DRAFTER_DTYPES[:3])}): {DRAFTER_CONFIG_FIX}")  # fmt: skip
+    if "KimiK25ForConditionalGeneration" in (target_cfg.get("architectures") or []) and "media_placeholder_token_id" not in target_cfg \
+            and engine in (None, "vllm"):  # fmt: skip
+        report.add("error", "kimi_media_placeholder",
+                   "the target's config.json has no media_placeholder_token_id: vLLM's EAGLE-3 proposer reads it from a "
+                   "Kimi-K2.5 target and its worker fails at start without it. Copy the field from the hub's config.json "
+                   "(the image placeholder's id, 163605 for Kimi-K2.5; the same as image_token_id)")  # fmt: skip
     wrong_engine = wrong_engine_export(cfg, cfg_path, engine) if engine in ENGINE_NAMES else None
     if wrong_engine:
         report.add("error", "drafter_numbering", wrong_engine)

@@ -119,7 +119,19 @@ def load_target(
         gpus = torch.cuda.device_count()
         kwargs["max_memory"] = {i: max_memory_per_device for i in range(gpus)} if gpus else {"cpu": max_memory_per_device}
     auto_class = causal_lm_class(path, trust_remote_code)
-    model = auto_class.from_pretrained(path, **kwargs, **grouped_experts(path, auto_class, trust_remote_code))
+    try:
+        model = auto_class.from_pretrained(path, **kwargs, **grouped_experts(path, auto_class, trust_remote_code))
+    except ValueError as exc:
+        if "offloaded to the disk" not in str(exc):
+            raise
+        # accelerate's own message asks for an offload folder; extraction from disk-offloaded
+        # weights would crawl, so say what to change instead.
+        where = f"{torch.cuda.device_count()} GPU(s)" if torch.cuda.device_count() else "the host"
+        raise ValueError(
+            f"the target at {path} does not fit on {where} at max_memory_per_device={max_memory_per_device}: accelerate "
+            "would put weights on disk. Raise max_memory_per_device, give the run more GPUs, or take the states from the "
+            "serving engine (hidden_state_shards config source: engine)"
+        ) from exc
     tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
     return model.eval(), tokenizer
 
