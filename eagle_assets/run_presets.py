@@ -62,12 +62,12 @@ RUN_PRESETS: dict[str, dict[str, dict]] = {
         "benchmark_report": {"num_prompts": 2, "output_len": 16, "concurrencies": [1], "ngram": False, "offline_reference": "engine"},
     },
     # The same path with a drafter worth measuring: 256 ShareGPT prompts, the report on 8 MT-Bench
-    # turns at concurrency 1 and 4, n-gram beside it. About ten minutes on 2 cores.
+    # turns at concurrency 1 and 4, n-gram beside it. About twenty minutes on 2 cores.
     "standin-default": {
         "prompts": {"source": "sharegpt", "num_prompts": 256, "max_prompt_tokens": 128},
         "synthetic_corpus": {"max_tokens": 128, "concurrency": 16},
         "hidden_state_shards": {"source": "engine"},
-        "drafter_checkpoint": {"epochs": 20, "lr": 3e-3, "micro_batch_tokens": 2048, "val_fraction": 0.1, "warmup_steps": 10},
+        "drafter_checkpoint": {"epochs": 5, "lr": 3e-3, "micro_batch_tokens": 4096, "val_fraction": 0.1, "warmup_steps": 10},
         "benchmark_report": {"num_prompts": 8, "output_len": 64, "concurrencies": [1, 4], "offline_reference": "engine"},
     },
     # The best drafter SmolLM2 allows, trained on ShareGPT's conversations (what EAGLE and

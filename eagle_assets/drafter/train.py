@@ -671,6 +671,10 @@ class Trainer:
         if env.is_main:
             summary = self._summary(last_val, exports, time.perf_counter() - t0, start_step)
             _write_json(self.out / SUMMARY_FILE, summary)
+            from eagle_assets.drafter.model_card import write_model_card
+
+            for engine, path in exports.items():
+                write_model_card(path, summary, self.cfg, engine)
             if self.reporter is not None and hasattr(self.reporter, "report_final"):
                 self.reporter.report_final(summary)
             self.bar.close()

@@ -327,6 +327,11 @@ def test_training_overfits_a_fixed_batch_and_exports(tmp_path, one_thread):
     assert (Path(cfg.out_dir) / "tensorboard").is_dir()
     model, config = load_drafter(summary["exports"]["vllm"])
     assert config.aux_layer_ids == AUX_IDS and torch.equal(model.d2t, DRAFT_IDS - torch.arange(64))
+    # every export carries its model card: the target as base_model, the data, what it measured
+    for engine, folder in summary["exports"].items():
+        card = (Path(folder) / "README.md").read_text()
+        assert card.startswith(f'---\nbase_model: "{Path(cfg.target).name}"\n'), card
+        assert "4 training samples" in card and "no validation samples" in card and "freshly initialised" in card
 
     # a warm start from that export begins where the parent ended, not at random
     child = cfg.replace(out_dir=str(tmp_path / "child"), warm_start=summary["exports"]["vllm"], max_steps=1,

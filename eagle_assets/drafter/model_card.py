@@ -1,0 +1,71 @@
+"""The model card written beside each export: a README.md the hub reads (YAML front matter with
+`base_model`) saying what the drafter is for, what it was trained on and what it measured.
+
+    write_model_card(export_dir, summary, cfg, engine="vllm")
+
+`summary` is the trainer's summary.json (validation AL and per-position acceptance, samples,
+tokens, epochs, warm-start parent); `cfg` the TrainConfig it ran with.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any, Mapping
+
+from eagle_assets.durable import write_durably
+
+CARD_FILE = "README.md"
+
+
+def _base_model(target: str) -> str:
+    """The target as the hub names it: `_name_or_path` of its config when that is a hub id
+    (org/name), else the folder's name."""
+    config = Path(target) / "config.json"
+    try:
+        name = json.loads(config.read_text()).get("_name_or_path") or ""
+    except (OSError, ValueError):
+        name = ""
+    return name if name.count("/") == 1 and not name.startswith(("/", ".")) else Path(target).name
+
+
+def model_card(summary: Mapping[str, Any], cfg: Any, engine: str) -> str:
+    """The card's text (see the module doc)."""
+    base = _base_model(cfg.target)
+    accept = summary.get("val_accept") or []
+    al = summary.get("val_al")
+    measured = (f"validation acceptance length {al:.3f} at K={summary.get('ttt_steps')} (per position "
+                f"{' / '.join(f'{p:.2f}' for p in accept)}), replayed along {summary.get('val_samples')} held-out "
+                "answers of the same corpus" if al is not None else "no validation samples: no acceptance measured")  # fmt: skip
+    parent = getattr(cfg, "warm_start", None)
+    lines = [
+        "---",
+        f"base_model: {json.dumps(base)}",
+        "library_name: " + ("vllm" if engine == "vllm" else "sglang"),
+        "tags: [eagle3, speculative-decoding, draft-model]",
+        "---",
+        "",
+        f"# EAGLE-3 drafter for {base}",
+        "",
+        f"Served by {'vLLM' if engine == 'vllm' else 'SGLang'} as the speculative model of {base}; "
+        "its config.json names the target layers it reads (`eagle_aux_hidden_state_layer_ids`).",
+        "",
+        f"- Trained: {summary.get('epochs')} epochs, {summary.get('steps')} steps, "
+        f"{summary.get('tokens_seen'):,} tokens seen, {summary.get('precision')}, {summary.get('world_size')} process(es), "
+        f"{summary.get('seconds', 0):.0f} s; " + (f"warm-started from {parent}" if parent else "from freshly initialised weights") + ".",
+        f"- Data: the target's own answers, {summary.get('train_samples')} training samples "
+        f"({summary.get('train_tokens'):,} tokens) from {', '.join(cfg.shard_dirs)}.",
+        f"- Measured: {measured}."
+        + (f" The parent measured {summary['parent_val_al']:.3f} on the same samples." if summary.get("parent_val_al") is not None else ""),
+        f"- Aux layer ids (Hugging Face hidden_states numbering): {summary.get('aux_layer_ids')}.",
+        f"- Written {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} by eagle_assets.",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def write_model_card(export_dir: str | Path, summary: Mapping[str, Any], cfg: Any, engine: str) -> Path:
+    path = Path(export_dir) / CARD_FILE
+    write_durably(path, model_card(summary, cfg, engine).encode())
+    return path
