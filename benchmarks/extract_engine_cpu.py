@@ -86,7 +86,7 @@ def measure(target: str, tokens: int, scratch: Path, concurrency: int) -> dict:
 
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
     for shard in range(SHARDS):
-        hf = extract_shard(model, str(corpus), scratch / target / "hf", shard, settings)
+        hf = extract_shard(model, str(corpus), scratch / target / "hf", shard, settings, target_fingerprint="synthetic")
     row["hf_tokens"], row["hf_tok_s"] = sum(hf.manifest.token_counts), hf.tokens_per_s
     del model
     gc.collect()
@@ -100,7 +100,7 @@ def measure(target: str, tokens: int, scratch: Path, concurrency: int) -> dict:
         client = EngineStateClient(server.base_url, server.model, ids, concurrency=concurrency)
         with EngineExtractor(client, settings, layers, hidden, vocab, final_norm_of(folder), model_dtype="float32") as engine:
             for shard in range(SHARDS):
-                got = extract_shard(engine, str(corpus), scratch / target / "engine", shard, settings)
+                got = extract_shard(engine, str(corpus), scratch / target / "engine", shard, settings, target_fingerprint="synthetic")
     row["engine_tokens"], row["engine_tok_s"] = sum(got.manifest.token_counts), got.tokens_per_s
     row["ratio"] = row["engine_tok_s"] / row["hf_tok_s"]
     return row

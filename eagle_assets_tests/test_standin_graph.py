@@ -86,10 +86,10 @@ def test_without_the_engine_plugin_vllm_refuses_the_drafter_beside_mla(standin_g
 
 def test_a_drafter_exported_with_a_wrong_layer_id_is_blamed_on_the_wiring(standin_graph, standin_paths, tmp_path):
     """One aux id off in the export (5 -> 6), the offline reference replayed over the layers the
-    drafter was trained on: the verdict names the wiring and the layer ids. The tiny preset's
-    drafter accepts too little (AL ~1.2) for the numbers alone to tell a layer apart, so here the
-    export's config is the evidence; benchmarks/wiring_blame.py shows the numbers alone blaming
-    the wiring with the standin-default drafter (benchmarks/results/standin_graph_cpu2_2026-12-04.md)."""
+    drafter was trained on: the verdict names the wiring and the layer ids. On this stand-in the
+    numbers alone cannot tell neighbouring layers apart, even for a drafter of AL 2.04 with every
+    id shifted (benchmarks/wiring_blame.py, benchmarks/results/standin_graph_cpu2_2026-12-04.md),
+    so the export's config against the ids training recorded is the evidence."""
     import shutil
 
     from eagle_assets.bench.benchmark import BenchmarkSettings, run_benchmark

@@ -223,11 +223,13 @@ def greedy_output_check(check) -> CheckResult:
 
 def parent_al_check(al: float, parent_al: float | None, slack: float = 0.0) -> CheckResult:
     """Passes when a warm-started drafter's AL is at least its parent's (minus `slack`) on the
-    same prompts; passes trivially, and says so, when the drafter was trained from scratch."""
+    same prompts; passes trivially, and says so, when no parent AL is given (a drafter trained
+    from scratch, or a warm start whose parent was not benchmarked on these prompts: the trainer's
+    not_worse_than_parent check compares the two on held-out corpus answers either way)."""
     name = "al_not_below_parent"
     if parent_al is None:
         return CheckResult(
-            name, True, "trained from scratch: no parent drafter to compare with",
+            name, True, "no parent AL on these prompts to compare with (benchmark_report config parent_al)",
             {"al": al if math.isfinite(al) else None},
         )
     if not math.isfinite(al):

@@ -625,7 +625,8 @@ class Trainer:
             parent_val = self.validate()
             if env.is_main:
                 _write_json(parent_file, parent_val)
-                self.log(f"parent drafter on the held-out samples: AL {parent_val.get('val_al')}")
+                al = parent_val.get("val_al")
+                self.log("parent drafter on the held-out samples: " + (f"AL {al:.3f}" if al is not None else "no held-out samples"))
         window_tokens, window_start, t0 = 0, time.perf_counter(), time.perf_counter()
         stream = Prefetcher(self._batches(), depth=2)
         try:
