@@ -43,21 +43,27 @@ def relative_error(got: torch.Tensor, want: torch.Tensor) -> float:
     return float((got.float() - want.float()).abs().max() / want.float().abs().max())
 
 
+def largest_differences(client: EngineStateClient, hf, norm, rows, aux, layers) -> dict:
+    """Per aux id and for the normed final state: the largest difference between the engine's
+    states and Hugging Face's over `rows`, relative to the layer's largest magnitude."""
+    worst = {}
+    for row in rows:
+        ids = torch.tensor(row["input_ids"])
+        states = client.one(ids.numpy())  # (T, len(aux) + 1, H) fp32
+        with torch.no_grad():
+            want = hf(ids[None], output_hidden_states=True).hidden_states
+        for j, k in enumerate(aux):
+            worst[k] = max(worst.get(k, 0.0), relative_error(states[:, j], want[k][0]))
+        # HF's last entry is the final norm's output: ours is derived from the engine's r_L.
+        worst["final"] = max(worst.get("final", 0.0), relative_error(norm(states[:, len(aux)]), want[layers][0]))
+    print(f"largest difference, relative to the layer's largest magnitude: {worst}")
+    return worst
+
+
 def test_engine_states_equal_hugging_faces_in_fp32(extraction_server, hf_fp32, chat_rows, smollm2_path):
     server, spool = extraction_server
     client = EngineStateClient(server.base_url, server.model, (*AUX, LAYERS))
-    norm = final_norm_of(smollm2_path)
-    worst = {}
-    for row in chat_rows[:3]:
-        ids = torch.tensor(row["input_ids"])
-        states = client.one(ids.numpy())  # (T, 4, 576) fp32
-        with torch.no_grad():
-            hf = hf_fp32(ids[None], output_hidden_states=True).hidden_states
-        for j, k in enumerate(AUX):
-            worst[k] = max(worst.get(k, 0.0), relative_error(states[:, j], hf[k][0]))
-        # HF's last entry is the final norm's output: ours is derived from the engine's r_L.
-        worst["final"] = max(worst.get("final", 0.0), relative_error(norm(states[:, 3]), hf[LAYERS][0]))
-    print(f"largest difference, relative to the layer's largest magnitude: {worst}")
+    worst = largest_differences(client, hf_fp32, final_norm_of(smollm2_path), chat_rows[:3], AUX, LAYERS)
     assert all(v <= RELATIVE_TOLERANCE for v in worst.values()), worst
     assert not list(spool.iterdir()), "the client removes every file it read"
 
@@ -103,17 +109,8 @@ def test_engine_states_equal_hugging_faces_for_the_deepseek_v3_stand_in(standin_
     ids_captured = (*STANDIN_AUX, STANDIN_LAYERS)
     spool = tmp_path / "spool"
     spool.mkdir()
-    worst = {}
     with launch_vllm(DEEPSEEK_STANDIN, speculative=extraction_config(ids_captured), kv_transfer=hidden_states_transfer(spool),
                      log=lambda m: None) as server:  # fmt: skip
         client = EngineStateClient(server.base_url, server.model, ids_captured)
-        for row in chat_rows[:3]:
-            ids = torch.tensor(row["input_ids"])
-            states = client.one(ids.numpy())  # (T, 4, 256) fp32
-            with torch.no_grad():
-                want = hf(ids[None], output_hidden_states=True).hidden_states
-            for j, k in enumerate(STANDIN_AUX):
-                worst[k] = max(worst.get(k, 0.0), relative_error(states[:, j], want[k][0]))
-            worst["final"] = max(worst.get("final", 0.0), relative_error(norm(states[:, 3]), want[STANDIN_LAYERS][0]))
-    print(f"largest difference, relative to the layer's largest magnitude: {worst}")
+        worst = largest_differences(client, hf, norm, chat_rows[:3], STANDIN_AUX, STANDIN_LAYERS)
     assert all(v <= RELATIVE_TOLERANCE for v in worst.values()), worst
