@@ -59,16 +59,20 @@ import torch  # noqa: E402
 
 from eagle_assets.run_presets import RUN_PRESETS  # noqa: E402
 
+from eagle_assets.drafter.run_config import TrainConfig  # noqa: E402
+
 # The asset configs' defaults for what a preset leaves unset (defs/*.py; this script must not
-# import Dagster). eagle_assets_tests/test_quality_script.py keeps them equal.
+# import Dagster). The drafter's are the trainer's own, as the asset's are; the others are
+# copies that eagle_assets_tests/test_quality_script.py keeps equal.
 ASSET_DEFAULTS: dict[str, dict] = {
     "prompts": {"source": "magpie", "num_prompts": 48, "seed": 0, "user_turns": "all", "mix": {}, "answer_tokens": 256,
                 "max_conversation_tokens": None, "multi_turn_fraction": 0.25, "max_prompt_tokens": 96, "temperature": 1.0,
                 "user_openings": [], "user_topics": []},
     "synthetic_corpus": {"temperature": 0.0, "max_tokens": 256, "shard_size": 64},
-    "drafter_checkpoint": {
-        "ttt_steps": None, "drafter_intermediate_size": None, "epochs": 2, "max_steps": None, "lr": 1e-3, "warmup_steps": 20, "micro_batch_tokens": 2048,
-        "grad_accum": 1, "val_fraction": 0.1, "val_interval": 100, "checkpoint_every": 100, "seed": 0,
+    "drafter_checkpoint": {"ttt_steps": None} | {
+        f.name: f.default for f in dataclasses.fields(TrainConfig)
+        if f.name in ("drafter_intermediate_size", "epochs", "max_steps", "lr", "warmup_steps", "micro_batch_tokens", "grad_accum",
+                      "val_fraction", "val_interval", "checkpoint_every", "seed")
     },  # fmt: skip
     "benchmark_report": {"num_prompts": 8, "output_len": 64, "k": None},
 }

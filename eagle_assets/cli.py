@@ -355,7 +355,13 @@ def _check_before_benchmark(drafter: Path, target_folder: Path, out: Path, overw
 
 @app.command()
 def run(
-    preset: Optional[str] = typer.Option(None, help="Run preset (see eagle_assets/run_presets.py): smollm2-default (the default), smollm2-scratch, smollm2-quality, smollm2-tiny, standin-tiny (with EAGLE_ASSETS_TARGET=tiny-kimi-k2.5)."),
+    preset: Optional[str] = typer.Option(None, help="Run preset (eagle_assets/run_presets.py): smollm2-default (the default for the embedded SmolLM2), "
+                                         "smollm2-scratch, smollm2-quality, smollm2-tiny, standin-default and standin-tiny (the stand-ins'), "
+                                         "gpu-default (the default for any other target)."),
+    target: Optional[str] = typer.Option(None, help="The target: a preset name (eagle-assets target list), a model folder with config.json, or a hub id "
+                                         "pulled with `eagle-assets target pull`; default: the run file's, else EAGLE_ASSETS_TARGET, else SmolLM2."),
+    config_file: Optional[Path] = typer.Option(None, "--config", help="A run file (YAML): target, preset, and each asset's settings that differ "
+                                               "from the preset's, checked whole before anything runs (eagle_assets/defs/run_file.py)."),
     stale_only: bool = typer.Option(False, "--stale-only", help="Materialise only stale or missing assets and partitions (what the UI calls unsynced). "
                                     "Without --preset each keeps the settings it last ran with; with it, changed settings count as stale."),
     part: Optional[list[str]] = typer.Option(None, "--part", help="Run only this part of the graph (repeatable): corpus, hidden_states, drafter, "
@@ -368,17 +374,28 @@ def run(
     """
     from eagle_assets.bench.report import SUMMARY_TXT
     from eagle_assets.paths import data_dir
-    from eagle_assets.run_presets import RUN_PRESET_NOTES, RUN_PRESETS
+    from eagle_assets.run_presets import RUN_PRESET_NOTES, RUN_PRESETS, default_preset
     from eagle_assets.settings_env import SettingError
 
     try:  # the definitions read (and check) every environment variable of a deployment as they load
         import eagle_assets.definitions  # noqa: F401
-        from eagle_assets.defs.runner import DEFAULT_PRESET, materialize_graph, materialize_stale, selected_stages
+        from eagle_assets.defs.resources import default_resources
+        from eagle_assets.defs.run_file import RunFile, read_run_file
+        from eagle_assets.defs.runner import materialize_graph, materialize_stale, selected_stages
 
         reports_root = data_dir()
+        env_target = default_resources()["inference_server"].target
     except SettingError as exc:
         _fail(str(exc))
 
+    try:
+        run_file = read_run_file(config_file) if config_file else RunFile()
+    except ValueError as exc:
+        _fail(str(exc))
+    target = target or run_file.target
+    if target is not None:
+        _check_target(target)
+    preset = preset or run_file.preset
     if preset is not None and preset not in RUN_PRESETS:
         _fail(f"unknown run preset {preset!r}; known: {', '.join(RUN_PRESETS)}")
     if part and stale_only:
@@ -387,14 +404,18 @@ def run(
         selected_stages(part)
     except ValueError as exc:
         _fail(str(exc))
+    changes = run_file.asset_settings()
+    ran = preset or default_preset(target or env_target)
     try:
         if stale_only:
-            done = materialize_stale(preset)
+            # Without a preset (or a run file's settings) each asset keeps its last settings.
+            wanted = preset or (ran if changes else None)
+            done = materialize_stale(wanted, changes=changes, target=target)
             if not done.steps:
                 typer.echo("nothing to do: every asset is up to date")
                 return
         else:
-            materialize_graph(preset or DEFAULT_PRESET, parts=part)
+            materialize_graph(ran, parts=part, changes=changes, target=target)
     except Exception as exc:  # a failed Dagster run: its error is the message
         _fail(f"the run failed: {exc}")
     reports = sorted(reports_root.glob("*/report/report.md"), key=lambda p: p.stat().st_mtime)
@@ -403,9 +424,16 @@ def run(
         if summary.is_file():
             typer.echo(summary.read_text())
         typer.echo(f"report: {reports[-1]}")
-    ran = preset if stale_only else preset or DEFAULT_PRESET  # --stale-only alone keeps each asset's last settings
-    if ran in RUN_PRESET_NOTES:
+    if ran in RUN_PRESET_NOTES and not (stale_only and preset is None):
         typer.echo(RUN_PRESET_NOTES[ran])
+
+
+def _check_target(target: str) -> None:
+    """Refuse a target that is neither a preset with weights here nor a model folder, before any run."""
+    from eagle_assets.defs.resources import is_target, TARGET_EXPECTED
+
+    if not is_target(target):
+        _fail(f"--target {target!r}: not {TARGET_EXPECTED}; a hub model is pulled first with `eagle-assets target pull ID`")
 
 
 @app.command()

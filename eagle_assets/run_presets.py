@@ -4,6 +4,7 @@
                                               # fine-tuning the drafter shipped in eagle_assets/data/drafters
     eagle-assets run --preset smollm2-scratch # the same, the drafter trained from nothing
     eagle-assets run --preset smollm2-quality # thousands of samples: the best drafter SmolLM2 allows
+    eagle-assets run --target /models/llama   # gpu-default: your model on a GPU host
 
 A preset only sets what differs from each asset's Config defaults.
 """
@@ -13,6 +14,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from eagle_assets.corpus.prompts import TASK_OPENINGS, TOPIC_OPENINGS, load_topics
+from eagle_assets.targets import EMBEDDED_TARGET, PRESETS, WEIGHTS_BUILT
 
 SMOLLM2_PARENT_DRAFTER = str(Path(__file__).resolve().parent / "data" / "drafters" / "smollm2-135m-instruct-sharegpt")
 """The SmolLM2 drafter shipped with the project (its README.md is the model card): trained on
@@ -70,6 +72,17 @@ RUN_PRESETS: dict[str, dict[str, dict]] = {
         "drafter_checkpoint": {"epochs": 5, "lr": 3e-3, "micro_batch_tokens": 4096, "val_fraction": 0.1, "warmup_steps": 10},
         "benchmark_report": {"num_prompts": 8, "output_len": 64, "concurrencies": [1, 4], "offline_reference": "engine"},
     },
+    # Your own model on a GPU host (the preset `eagle-assets run --target` picks for a target
+    # other than SmolLM2 and its stand-ins): people's prompts (ShareGPT's human turns; a file of
+    # yours with `prompts: {source: file, file_url: ...}`), answers up to 1,024 tokens written
+    # by the target through its served engine, and a drafter trained from scratch with the
+    # trainer's defaults for 5 epochs. The report serves all 80 MT-Bench first turns.
+    "gpu-default": {
+        "prompts": {"source": "sharegpt", "num_prompts": 8000, "answer_tokens": 1024},
+        "synthetic_corpus": {"max_tokens": 1024, "concurrency": 64},
+        "drafter_checkpoint": {"epochs": 5},
+        "benchmark_report": {"num_prompts": 80, "output_len": 256, "concurrencies": [1, 4, 16]},
+    },
     # The best drafter SmolLM2 allows, trained on ShareGPT's conversations (what EAGLE and
     # SpecForge train on: people's own requests, every human turn of a conversation, the target
     # writing every answer): 16,000 asked for, all that the packaged file offers (~10,200
@@ -105,9 +118,23 @@ RUN_PRESET_NOTES: dict[str, str] = {
 }
 
 
-def run_config(preset: str, asset_keys: list[str] | None = None) -> dict:
-    """Dagster run config ({"ops": {asset: {"config": {...}}}}) for the assets of one run."""
+def run_config(preset: str, asset_keys: list[str] | None = None, changes: dict[str, dict] | None = None) -> dict:
+    """Dagster run config ({"ops": {asset: {"config": {...}}}}) for the assets of one run: the
+    preset's settings, with `changes` ({asset: settings}, a run file's) on top, setting by setting."""
     if preset not in RUN_PRESETS:
         raise KeyError(f"unknown run preset {preset!r}; known: {', '.join(RUN_PRESETS)}")
-    ops = {k: {"config": v} for k, v in RUN_PRESETS[preset].items() if asset_keys is None or k in asset_keys}
+    settings = {asset: dict(values) for asset, values in RUN_PRESETS[preset].items()}
+    for asset, values in (changes or {}).items():
+        settings[asset] = {**settings.get(asset, {}), **values}
+    ops = {k: {"config": v} for k, v in settings.items() if asset_keys is None or k in asset_keys}
     return {"ops": ops}
+
+
+def default_preset(target: str) -> str:
+    """The run preset for `target` when none is given: the embedded SmolLM2's own, the stand-ins',
+    or gpu-default for any other model."""
+    if target == EMBEDDED_TARGET:
+        return "smollm2-default"
+    if target in PRESETS and PRESETS[target].weights == WEIGHTS_BUILT:
+        return "standin-default"
+    return "gpu-default"

@@ -68,10 +68,11 @@ def smollm2_extraction_server(smollm2_path, engine_python, tmp_path_factory):
         yield server, spool
 
 
-def _materialise(tmp_path_factory, name: str, preset: str, env: dict[str, str]):
-    """The whole asset graph materialised with run `preset` as real Dagster runs in a private
-    DAGSTER_HOME and data folder (with `env` set meanwhile): queued in the instance and launched
-    by the daemon `materialize_graph` starts for them. Yields (instance, data_dir, dagster_home)."""
+def _materialise(tmp_path_factory, name: str, preset: str, target: str | None = None):
+    """The whole asset graph materialised with run `preset` on `target` (None: the embedded one)
+    as real Dagster runs in a private DAGSTER_HOME and data folder: queued in the instance and
+    launched by the daemon `materialize_graph` starts for them. The target travels in the runs'
+    config, as `eagle-assets run --target` sends it. Yields (instance, data_dir, dagster_home)."""
     import os
 
     import dagster as dg
@@ -79,7 +80,7 @@ def _materialise(tmp_path_factory, name: str, preset: str, env: dict[str, str]):
     root = tmp_path_factory.mktemp(name)
     home, data = root / "dagster_home", root / "data"
     home.mkdir()
-    env = {"DAGSTER_HOME": str(home), "EAGLE_ASSETS_DATA": str(data), **env}
+    env = {"DAGSTER_HOME": str(home), "EAGLE_ASSETS_DATA": str(data)}
     saved = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
     try:
@@ -87,7 +88,7 @@ def _materialise(tmp_path_factory, name: str, preset: str, env: dict[str, str]):
 
         ensure_dagster_home()
         with dg.DagsterInstance.get() as instance:
-            materialize_graph(preset, log=lambda m: None, instance=instance)
+            materialize_graph(preset, log=lambda m: None, instance=instance, target=target)
             yield instance, data, home
     finally:
         for k, v in saved.items():
@@ -100,16 +101,17 @@ def _materialise(tmp_path_factory, name: str, preset: str, env: dict[str, str]):
 @pytest.fixture(scope="session")
 def materialized_graph(tmp_path_factory, smollm2_path, engine_python):
     """The whole asset graph on the embedded target, "smollm2-tiny" preset (`_materialise`)."""
-    yield from _materialise(tmp_path_factory, "graph", "smollm2-tiny", {})
+    yield from _materialise(tmp_path_factory, "graph", "smollm2-tiny")
 
 
 @pytest.fixture(scope="session")
 def standin_graph(tmp_path_factory, standin_paths, engine_python):
     """The whole asset graph on the Kimi-K2.5 stand-in, "standin-tiny" preset: states from the
-    engine, the offline reference replayed over them (`_materialise`)."""
+    engine, the offline reference replayed over them (`_materialise`). The target is given as
+    `--target` gives it, so the runs' own environment names the embedded SmolLM2."""
     from eagle_assets.standins import KIMI_STANDIN
 
-    yield from _materialise(tmp_path_factory, "standin-graph", "standin-tiny", {"EAGLE_ASSETS_TARGET": KIMI_STANDIN})
+    yield from _materialise(tmp_path_factory, "standin-graph", "standin-tiny", target=KIMI_STANDIN)
 
 
 @pytest.fixture(scope="module")

@@ -60,6 +60,9 @@ CASES = [
     Case("nproc_0", (*CLI, "run"), ("EAGLE_ASSETS_NPROC_PER_NODE", ">= 1"), env=run_env(EAGLE_ASSETS_NPROC_PER_NODE="0")),
     Case("serve_compiled", (*CLI, "run"), ("EAGLE_ASSETS_SERVE_COMPILED", "'sometimes'"), env=run_env(EAGLE_ASSETS_SERVE_COMPILED="sometimes")),
     Case("target_missing", (*CLI, "run"), ("EAGLE_ASSETS_TARGET", "/nonexistent/model"), env=run_env(EAGLE_ASSETS_TARGET="/nonexistent/model")),
+    Case("run_target_missing", (*CLI, "run", "--target", "/nonexistent/model"), ("--target '/nonexistent/model'", "target pull"), env=run_env()),
+    Case("run_file_misspelt", (*CLI, "run", "--config", "{run_misspelt}"), ("drafter_checkpoint.epoch: no such setting", "epochs"), env=run_env()),
+    Case("run_file_bad_value", (*CLI, "run", "--config", "{run_bad_value}"), ("benchmark_report.num_prompts", "valid integer"), env=run_env()),
     Case("server_url_no_scheme", (*CLI, "run"), ("EAGLE_ASSETS_SERVER_URL", "'localhost:8000'"),
          env=run_env(EAGLE_ASSETS_SERVER_URL="localhost:8000")),
     Case("data_is_a_device", (*CLI, "run"), ("EAGLE_ASSETS_DATA", "/dev/null"), env=run_env(EAGLE_ASSETS_DATA="/dev/null")),
@@ -161,6 +164,10 @@ def write_inputs(folder: Path, target_config: dict) -> dict[str, str]:
         files[name].write_text(text)
     files["prompt_latin1"] = folder / "prompt_latin1.jsonl"
     files["prompt_latin1"].write_bytes('{"prompt": "café"}\n'.encode("latin-1"))
+    files["run_misspelt"] = folder / "run_misspelt.yaml"
+    files["run_misspelt"].write_text("preset: smollm2-tiny\ndrafter_checkpoint: {epoch: 3}\n")
+    files["run_bad_value"] = folder / "run_bad_value.yaml"
+    files["run_bad_value"].write_text("benchmark_report: {num_prompts: eight}\n")
     files["prompt_csv"] = folder / "prompts.csv"
     files["prompt_csv"].write_text("prompt\nhi\n")
     return {name: str(path) for name, path in files.items()}

@@ -2,6 +2,7 @@
 
 # No `from __future__ import annotations`: Dagster resolves Config types from real annotations.
 
+import dataclasses
 from pathlib import Path
 from typing import Optional
 
@@ -19,41 +20,51 @@ from eagle_assets.resources.storage import StorageResource
 from eagle_assets.resources.trainer import TrainerResource
 
 
+_TRAINER = {f.name: f.default for f in dataclasses.fields(TrainConfig)}
+"""The trainer's defaults: the one place a training default is written. The fields below that
+the trainer also has take their defaults from here, and reach it under the same name."""
+
+
 class DrafterConfig(dg.Config):
     ttt_steps: Optional[int] = None
     """Training-time-test unroll K; default: the target preset's."""
-    drafter_num_layers: int = 1
+    drafter_num_layers: int = _TRAINER["drafter_num_layers"]
     """Decoder layers of the drafter. More than one serves in vLLM only (SGLang's later layers
     compute another function), so the SGLang export is then left out."""
-    drafter_intermediate_size: Optional[int] = None
+    drafter_intermediate_size: Optional[int] = _TRAINER["drafter_intermediate_size"]
     """MLP width of the drafter; default: the target's. Wider accepts a little more but makes
     every draft step dearer: where the target is small next to the drafter (SmolLM2 on CPU), the
     target's width serves faster (benchmarks/results/quality_ablations_h200+cpu2_2026-12-01.md)."""
-    epochs: int = 2
-    max_steps: Optional[int] = None
-    lr: float = 1e-3
-    warmup_steps: int = 20
-    micro_batch_tokens: int = 2048
-    grad_accum: int = 1
-    val_fraction: float = 0.1
-    val_interval: int = 100
-    checkpoint_every: int = 100
-    parallelism: str = "ddp"
+    epochs: int = _TRAINER["epochs"]
+    max_steps: Optional[int] = _TRAINER["max_steps"]
+    lr: float = _TRAINER["lr"]
+    warmup_steps: int = _TRAINER["warmup_steps"]
+    micro_batch_tokens: int = _TRAINER["micro_batch_tokens"]
+    grad_accum: int = _TRAINER["grad_accum"]
+    val_fraction: float = _TRAINER["val_fraction"]
+    val_interval: int = _TRAINER["val_interval"]
+    checkpoint_every: int = _TRAINER["checkpoint_every"]
+    parallelism: str = _TRAINER["parallelism"]
     """"ddp" or "fsdp2"."""
     aux_layer_ids: Optional[list[int]] = None
     """Train on these of the extracted aux layers (a subset of hidden_state_shards'
     aux_layer_ids, ascending); default: all of them. Extract once at more layers, then compare
     layer choices by training only. A drafter that reads the last layer (id L) is exported for
     vLLM only: SGLang cannot capture that layer."""
-    warm_start: Optional[str] = None
+    warm_start: Optional[str] = _TRAINER["warm_start"]
     """A parent drafter folder (`midlayer.*` or `layers.0.*` names) to fine-tune from."""
-    ptd_token_id: Optional[int] = None
+    ptd_token_id: Optional[int] = _TRAINER["ptd_token_id"]
     """Set: train the drafter for vLLM's parallel drafting (P-EAGLE): draft steps after the first
     are mask slots that read this token's embedding and a learned state, all drafted in one
     forward. vLLM only. A round then costs less than a step-by-step one, but the drafts after
     the first accept less, and on SmolLM2 it served level with a chain drafter at best
     (benchmarks/results/parallel_drafting_cpu2+h200_2026-12-02.md). None: step by step (EAGLE-3)."""
-    seed: int = 0
+    seed: int = _TRAINER["seed"]
+
+
+PASSED_TO_TRAINER = tuple(name for name in DrafterConfig.model_fields if name in _TRAINER and name not in ("ttt_steps", "aux_layer_ids"))
+"""The settings handed to the trainer as they are (ttt_steps and aux_layer_ids get the
+preset's and the shards' values where unset)."""
 
 
 @dg.asset(
@@ -95,22 +106,8 @@ def drafter_checkpoint(
         target=str(path),
         out_dir=str(out),
         ttt_steps=config.ttt_steps or preset.ttt_steps,
-        drafter_intermediate_size=config.drafter_intermediate_size,
-        drafter_num_layers=config.drafter_num_layers,
         aux_layer_ids=tuple(config.aux_layer_ids) if config.aux_layer_ids else None,
-        warm_start=config.warm_start,
-        epochs=config.epochs,
-        max_steps=config.max_steps,
-        lr=config.lr,
-        warmup_steps=config.warmup_steps,
-        micro_batch_tokens=config.micro_batch_tokens,
-        grad_accum=config.grad_accum,
-        val_fraction=config.val_fraction,
-        val_interval=config.val_interval,
-        checkpoint_every=config.checkpoint_every,
-        parallelism=config.parallelism,
-        seed=config.seed,
-        ptd_token_id=config.ptd_token_id,
+        **{name: getattr(config, name) for name in PASSED_TO_TRAINER},
         tensorboard_dir=str(out / "tensorboard"),
         export_engines=("vllm",) if vllm_only else ("vllm", "sglang"),
     )

@@ -21,8 +21,7 @@ HTTP_URL = "an http:// or https:// URL with a host"
 def default_resources() -> dict:
     return {
         "inference_server": InferenceServerResource(
-            target=env_str("EAGLE_ASSETS_TARGET", EMBEDDED_TARGET, check=_is_target,
-                           expect=f"a target preset ({', '.join(sorted(PRESETS))}) or a model folder with config.json"),
+            target=env_str("EAGLE_ASSETS_TARGET", EMBEDDED_TARGET, check=is_target, expect=TARGET_EXPECTED),
             url=env_str("EAGLE_ASSETS_SERVER_URL", None, check=_is_http_url, expect=HTTP_URL),
             speculative_url=env_str("EAGLE_ASSETS_SPECULATIVE_URL", None, check=_is_http_url, expect=HTTP_URL),
             extraction_url=env_str("EAGLE_ASSETS_EXTRACTION_URL", None, check=_is_http_url, expect=HTTP_URL),
@@ -36,7 +35,10 @@ def default_resources() -> dict:
     }
 
 
-def _is_target(value: str) -> bool:
+TARGET_EXPECTED = f"a target preset ({', '.join(sorted(PRESETS))}) or a model folder with config.json"
+
+
+def is_target(value: str) -> bool:
     return value in PRESETS or (Path(value).expanduser() / "config.json").is_file()
 
 

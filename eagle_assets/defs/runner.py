@@ -128,12 +128,26 @@ def missing_upstream(instance: dg.DagsterInstance, stages: Sequence[Sequence[str
     return missing
 
 
+def run_resources(target: str | None = None) -> tuple[dict, dict]:
+    """(resources, resource run config) for runs on `target` (None: the environment's).
+
+    The target travels in each run's config, not in the environment: a daemon already running
+    (the UI's, a deployment's) launches the runs with the environment it started with."""
+    resources = default_resources()
+    if target is None:
+        return resources, {}
+    resources["inference_server"] = resources["inference_server"].model_copy(update={"target": target})
+    return resources, resource_run_config("inference_server", resources["inference_server"])
+
+
 def materialize_graph(preset: str = DEFAULT_PRESET, log: Callable[[str], None] = print, instance: dg.DagsterInstance | None = None,
-                      workspace_file: Path = WORKSPACE_FILE, parts: Sequence[str] | None = None) -> list[dg.DagsterRun]:  # fmt: skip
+                      workspace_file: Path = WORKSPACE_FILE, parts: Sequence[str] | None = None,
+                      changes: dict[str, dict] | None = None, target: str | None = None) -> list[dg.DagsterRun]:  # fmt: skip
     """Materialise every asset (or those of `parts`, see PARTS), stage by stage, as runs of
     `instance` (default: $DAGSTER_HOME's); raises RunFailed at the first failed run. Returns the
     finished runs in stage order. Parts whose upstream this instance never materialised are
-    refused before any run starts."""
+    refused before any run starts. `changes` ({asset: settings}) go on top of the preset's;
+    `target` replaces the environment's."""
     stages = selected_stages(parts)
     absolute_path_variables()
     if instance is None:
@@ -144,13 +158,13 @@ def materialize_graph(preset: str = DEFAULT_PRESET, log: Callable[[str], None] =
         needed = [part for part, assets in PARTS.items() if set(assets) & set(missing)]
         raise ValueError(f"--part {' --part '.join(parts or ())} reads {', '.join(missing)}, which this instance ({instance.root_directory}) "
                          f"has never materialised: run --part {' --part '.join(needed)} first (or the whole graph)")  # fmt: skip
-    resources = default_resources()
+    resources, target_config = run_resources(target)
     runs: list[dg.DagsterRun] = []
     with RunSession(instance, workspace_file, log=log) as session:
         for job, stage in zip(JOBS, stages):
             if not stage:
                 continue
-            config = run_config(preset, stage)
+            config = {**run_config(preset, stage, changes), **target_config}
             tags = {STAGE_TAG: job.name}
             if stage != HIDDEN_STAGE:
                 runs += session.run([RunSpec(job.name, tuple(stage), run_config=config, tags=tags)])
@@ -193,20 +207,22 @@ def shared_extraction_server(resources: dict, config: dict, log: Callable[[str],
 
 
 def materialize_stale(preset: str | None = None, log: Callable[[str], None] = print, instance: dg.DagsterInstance | None = None,
-                      workspace_file: Path = WORKSPACE_FILE) -> StaleRun:  # fmt: skip
+                      workspace_file: Path = WORKSPACE_FILE, changes: dict[str, dict] | None = None,
+                      target: str | None = None) -> StaleRun:  # fmt: skip
     """Materialise only the stale and missing assets and partitions, wave by wave (staleness.py),
     as runs of `instance`; a wave's runs go side by side.
 
     With `preset`, its settings are wanted: an asset last built with other settings is stale
     too. Without it, each rebuilt asset keeps the settings it last ran with (a never-built one
-    gets the default preset's).
+    gets the default preset's). `changes` go on top of the preset's; `target` replaces the
+    environment's.
     """
     absolute_path_variables()
     if instance is None:
         ensure_dagster_home()
         instance = dg.DagsterInstance.get()
-    resources = default_resources()
-    settings = run_config(preset)["ops"] if preset else None
+    resources, target_config = run_resources(target)
+    settings = run_config(preset, changes=changes)["ops"] if preset else None
     stages = {job.name: stage for job, stage in zip(JOBS, STAGES)}
     sources: dict[str, str] = {}  # hidden-state settings -> source, asked once
 
@@ -220,15 +236,16 @@ def materialize_stale(preset: str | None = None, log: Callable[[str], None] = pr
 
     with RunSession(instance, workspace_file, log=log) as session:
         return run_stale(ASSETS, stages, instance, resources, settings=settings, fallback=run_config(DEFAULT_PRESET)["ops"],
-                         log=log, execute=wave_submitter(session, extraction_tag))  # fmt: skip
+                         log=log, execute=wave_submitter(session, extraction_tag, target_config))  # fmt: skip
 
 
-def wave_submitter(session: RunSession, tags_for: Callable[[Step, dict], dict] = lambda step, config: {}):
+def wave_submitter(session: RunSession, tags_for: Callable[[Step, dict], dict] = lambda step, config: {}, extra_config: dict | None = None):
     """`run_stale`'s execute: a wave's steps submitted together as runs of `session` (side by side,
-    as the queue allows), tagged as stale-only runs of their stage plus `tags_for(step, config)`."""
+    as the queue allows), tagged as stale-only runs of their stage plus `tags_for(step, config)`,
+    their run config with `extra_config` (the target's resource config) added."""
 
     def execute(steps: list[Step], configs: list[dict]) -> list[dg.DagsterRun]:
-        return session.run([RunSpec(step.stage, step.assets, step.partition, config,
+        return session.run([RunSpec(step.stage, step.assets, step.partition, {**config, **(extra_config or {})},
                                     {STALE_ONLY_TAG: "true", STAGE_TAG: step.stage, **tags_for(step, config)})
                             for step, config in zip(steps, configs)])  # fmt: skip
 
