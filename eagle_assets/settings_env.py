@@ -112,14 +112,22 @@ def env_choice(name: str, default: str, choices: Iterable[str]) -> str:
     return value
 
 
+MOUNT_FIX = ("give a folder of a filesystem every process reads as files (local, or mounted on every node: an S3 bucket "
+             "through mountpoint-s3 or s3fs-fuse, NFS, Lustre)")
+
+
 def env_path(name: str, default: str | Path | None) -> Path | None:
     """A folder (created by whoever writes into it). A value that is a file, or that lies under
     a file, is refused here rather than failing later as a NotADirectoryError in another module."""
     value = _raw(name)
     if value is None:
         return None if default is None else Path(default).resolve()
-    path = Path(value).expanduser().resolve()
     fix = f"point it at a folder (it is created if missing), or {_unset_for(default)}"
+    if "://" in value:
+        # pathlib would turn s3://bucket/x into the local folder s3:/bucket/x. The folders these
+        # variables name are opened by vLLM, torchrun and safetensors as files, not through fsspec.
+        raise SettingError(f"{name}={value!r} is a URL, not a folder: {MOUNT_FIX}; or {_unset_for(default)}")
+    path = Path(value).expanduser().resolve()
     if path.exists() and not path.is_dir():
         raise SettingError(f"{name}={value!r} is not a folder ({_kind(path)}): {fix}")
     ancestor = next((p for p in path.parents if p.exists()), None)

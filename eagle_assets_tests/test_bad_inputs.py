@@ -67,6 +67,7 @@ CASES = [
          env=run_env(EAGLE_ASSETS_SERVER_URL="localhost:8000")),
     Case("data_is_a_device", (*CLI, "run"), ("EAGLE_ASSETS_DATA", "/dev/null"), env=run_env(EAGLE_ASSETS_DATA="/dev/null")),
     Case("data_under_a_file", (*CLI, "run"), ("EAGLE_ASSETS_DATA", "a file"), env=run_env(EAGLE_ASSETS_DATA="{a_file}/data")),
+    Case("data_is_a_url", (*CLI, "run"), ("EAGLE_ASSETS_DATA='s3://bucket/eagle' is a URL", "mounted"), env=run_env(EAGLE_ASSETS_DATA="s3://bucket/eagle")),
     Case("cache_is_a_device", (*CLI, "preflight"), ("EAGLE_ASSETS_CACHE", "/dev/null"), env={"EAGLE_ASSETS_CACHE": "/dev/null"}),
     Case("cache_is_a_file", (*CLI, "target", "pull"), ("EAGLE_ASSETS_CACHE", "a file"), env={"EAGLE_ASSETS_CACHE": "{a_file}"}),
     Case("runs_is_a_device", (*CLI, "serve", "--stop", "--port", "8000"), ("EAGLE_ASSETS_RUNS", "/dev/null"),

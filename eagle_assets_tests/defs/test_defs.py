@@ -175,3 +175,13 @@ def test_benchmark_config_reads_a_k_schedule_and_refuses_a_bad_one():
     assert BenchmarkConfig(confirm_schedule=True).settings(k=3).confirm_schedule and not BenchmarkConfig().settings(k=3).confirm_schedule
     with pytest.raises(ValueError, match="K schedule '1-2:3,4-:0': the range 4- starts at 4, not 3"):
         BenchmarkConfig(k_schedule="1-2:3,4-:0").settings(k=3)
+
+
+def test_a_storage_root_that_is_a_url_is_refused_not_written_as_a_local_folder(tmp_path, monkeypatch):
+    from eagle_assets.resources.storage import StorageResource
+
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ValueError, match=r"storage root 's3://bucket/eagle' is a URL, not a folder: .*mounted on every node"):
+        StorageResource(root="s3://bucket/eagle").corpus("smollm2-135m-instruct")
+    assert not (tmp_path / "s3:").exists()
+    assert StorageResource(root=str(tmp_path / "d")).corpus("t") == tmp_path / "d" / "t" / "corpus"
