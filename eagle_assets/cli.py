@@ -482,6 +482,52 @@ def plan(
 
 
 @app.command()
+def check(
+    target: Optional[str] = typer.Option(None, help="The target whose drafter to check; default: EAGLE_ASSETS_TARGET, else SmolLM2."),
+    only: Optional[list[str]] = typer.Option(None, "--only", help="Run only this check (repeatable): serves_in_vllm (with "
+                                             "samples_under_speculation), sglang_names, not_worse_than_parent."),
+) -> None:
+    """Run the drafter's checks again on the drafter already trained, without retraining it.
+
+    The results are recorded in the Dagster instance ($DAGSTER_HOME) as the UI's own "Execute
+    checks" records them; exit code 1 when a blocking check fails."""
+    import dagster as dg
+
+    from eagle_assets.settings_env import SettingError
+
+    try:
+        from eagle_assets.defs import ASSETS
+        from eagle_assets.defs.drafter import DRAFTER_CHECKS
+        from eagle_assets.defs.instance_runs import run_error
+        from eagle_assets.defs.resources import default_resources
+        from eagle_assets.defs.runner import ensure_dagster_home, run_resources
+
+        resources, _ = run_resources(target) if target else (default_resources(), {})
+    except SettingError as exc:
+        _fail(str(exc))
+    if target is not None:
+        _check_target(target)
+    keys = [key for c in DRAFTER_CHECKS for key in c.check_keys]
+    names = [key.name for key in keys]
+    unknown = sorted(set(only or ()) - set(names))
+    if unknown:
+        _fail(f"unknown check {', '.join(map(repr, unknown))}: give one of {', '.join(names)}")
+    selected = [key for key in keys if not only or key.name in only or (key.name == "samples_under_speculation" and "serves_in_vllm" in only)]
+    ensure_dagster_home()
+    quiet = {"loggers": {"console": {"config": {"log_level": "CRITICAL"}}}}  # results are printed below; the UI has the log
+    with dg.DagsterInstance.get() as instance:
+        result = dg.materialize(ASSETS + DRAFTER_CHECKS, selection=dg.AssetSelection.checks(*selected), instance=instance,
+                                resources=resources, run_config=quiet, raise_on_error=False)  # fmt: skip
+        evaluations = result.get_asset_check_evaluations()
+        if len(evaluations) < len(selected):  # a check raised instead of passing or failing
+            _fail(f"the checks could not run: {run_error(instance, result.dagster_run)}")
+    for e in evaluations:
+        typer.echo(f"{e.check_name:28} {'passed' if e.passed else 'FAILED'}{'' if e.passed else ' (' + e.severity.value.lower() + ')'}")
+    if any(not e.passed and e.severity == dg.AssetCheckSeverity.ERROR for e in evaluations):
+        raise typer.Exit(1)
+
+
+@app.command()
 def ui(port: int = typer.Option(3000), host: str = typer.Option("127.0.0.1")) -> None:
     """Start the Dagster web UI and daemon for this project (Ctrl-C stops both).
 

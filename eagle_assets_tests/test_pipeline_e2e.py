@@ -47,16 +47,16 @@ def test_every_asset_materialised_with_blocking_checks_passed(materialized_graph
 
 
 def test_the_benchmark_serves_on_the_servers_the_drafter_check_left_running(materialized_graph):
-    """The drafter's check starts the speculative and the plain server; on a CPU host both stay
-    warm, so the benchmark of the same run starts no vLLM of its own (the tiny preset serves
-    no n-gram and one K) and, both being up, serves them interleaved, as it does by default
-    where its servers fit at once."""
+    """The drafter's serving check (its own step, after the asset's) starts the speculative and
+    the plain server; on a CPU host both stay warm, so the benchmark of the same run starts no
+    vLLM of its own (the tiny preset serves no n-gram and one K) and, both being up, serves them
+    interleaved, as it does by default where its servers fit at once."""
     instance, data, _ = materialized_graph
     run_id = instance.get_latest_materialization_event(dg.AssetKey("benchmark_report")).run_id
     assert instance.get_latest_materialization_event(dg.AssetKey("drafter_checkpoint")).run_id == run_id
-    messages = {step: [e.user_message for e in instance.all_logs(run_id) if e.step_key == step]
-                for step in ("drafter_checkpoint", "benchmark_report")}  # fmt: skip
-    assert sum(m.startswith("starting vLLM") for m in messages["drafter_checkpoint"]) == 2
+    messages = {step: [e.user_message for e in instance.all_logs(run_id) if (e.step_key or "").endswith(step)]
+                for step in ("drafter_serves", "benchmark_report")}  # fmt: skip
+    assert sum(m.startswith("starting vLLM") for m in messages["drafter_serves"]) == 2
     assert not any(m.startswith("starting vLLM") for m in messages["benchmark_report"]), messages["benchmark_report"]
     assert sum(m.startswith("reusing the running server") for m in messages["benchmark_report"]) == 2
     report = json.loads((_base(data) / "report" / "report.json").read_text())

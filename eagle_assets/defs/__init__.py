@@ -6,7 +6,7 @@ import dagster as dg
 
 from eagle_assets.defs.benchmark import benchmark_report
 from eagle_assets.defs.corpus import prompts, synthetic_corpus
-from eagle_assets.defs.drafter import drafter_checkpoint
+from eagle_assets.defs.drafter import DRAFTER_CHECKS, drafter_checkpoint
 from eagle_assets.defs.hidden_states import hidden_state_shards, vocab_mapping
 from eagle_assets.defs.jobs import build_jobs, executor_from_env
 from eagle_assets.defs.resources import default_resources
@@ -26,6 +26,7 @@ def build_definitions(automation: bool | None = None) -> dg.Definitions:
     executor = executor_from_env()
     return dg.Definitions(
         assets=with_automation(ASSETS) if automation else ASSETS,
+        asset_checks=DRAFTER_CHECKS,
         jobs=build_jobs(executor),
         executor=executor,
         schedules=[] if automation else default_schedules(),

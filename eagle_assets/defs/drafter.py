@@ -13,12 +13,16 @@ from eagle_assets.defs.hidden_states import hidden_state_shards, vocab_mapping
 from eagle_assets.drafter.config import folder_drafts_in_parallel, folder_num_layers, vllm_only_reason
 from eagle_assets.drafter.export import check_sglang_names, read_drafter_tensors
 from eagle_assets.drafter.run_config import TrainConfig
+from eagle_assets.drafter.train import SUMMARY_FILE
 from eagle_assets.engines.serving import SMOKE_PROMPTS, chat_once, cold_sampling_check
 from eagle_assets.hidden_states.reader import stored_aux_layer_ids
 from eagle_assets.resources.inference_server import NEEDS_DRAFTER_SERVER, InferenceServerResource
 from eagle_assets.resources.storage import StorageResource
 from eagle_assets.resources.trainer import TrainerResource
+from eagle_assets.checked_reads import read_json_object
 
+
+DRAFTER_KEY = dg.AssetKey("drafter_checkpoint")
 
 _TRAINER = {f.name: f.default for f in dataclasses.fields(TrainConfig)}
 """The trainer's defaults: the one place a training default is written. The fields below that
@@ -71,16 +75,6 @@ preset's and the shards' values where unset)."""
     group_name=GROUP,
     deps=[vocab_mapping, hidden_state_shards],
     code_version=stage_version("drafter", "defs/drafter.py", DrafterConfig),
-    check_specs=[
-        dg.AssetCheckSpec("serves_in_vllm", asset="drafter_checkpoint", blocking=True,
-                          description="The vLLM export loads in the real vLLM server and its greedy output equals the run without speculation."),  # fmt: skip
-        dg.AssetCheckSpec("samples_under_speculation", asset="drafter_checkpoint",
-                          description="Requests sampled at temperature 1e-4 with the drafter write the greedy answer: the engine gives every draft position the request's sampling settings. A fault of the engine, not the drafter: it warns and does not block."),  # fmt: skip
-        dg.AssetCheckSpec("sglang_names", asset="drafter_checkpoint", blocking=True,
-                          description="Every weight name of the SGLang export is one SGLang's loader recognises (it drops unknown names silently)."),  # fmt: skip
-        dg.AssetCheckSpec("not_worse_than_parent", asset="drafter_checkpoint", blocking=True,
-                          description="On a warm start, validation acceptance is at least the parent's on the same held-out samples."),  # fmt: skip
-    ],
 )
 def drafter_checkpoint(
     context: dg.AssetExecutionContext,
@@ -114,7 +108,7 @@ def drafter_checkpoint(
     summary = trainer.train(context, train_config)
     vllm_dir = Path(summary["exports"]["vllm"])
     sglang_dir = Path(summary["exports"]["sglang"]) if "sglang" in summary["exports"] else None
-    yield dg.MaterializeResult(
+    return dg.MaterializeResult(
         metadata=metadata(
             {
                 "steps": summary["steps"],
@@ -124,7 +118,7 @@ def drafter_checkpoint(
                 "val_accept_per_position": summary.get("val_accept"),
                 "aux_layer_ids": summary.get("aux_layer_ids"),
                 "vllm_export": str(vllm_dir),
-                "sglang_export": str(sglang_dir) if sglang_dir else None,
+                "sglang_export": str(sglang_dir) if sglang_dir else vllm_only,
                 "seconds": summary.get("seconds"),
                 "warm_start": config.warm_start,
             }
@@ -132,35 +126,79 @@ def drafter_checkpoint(
         data_version=dg.DataVersion(hash_tree(vllm_dir)),
     )
 
-    # The vLLM export must serve, and speculation must not change greedy output.
-    # Both servers stay warm for the benchmark of the same run (two on a CPU host; on a GPU the
-    # plain one, started second, for the benchmark's baseline).
+
+# The checks read what the asset left (the trainer's summary.json and the exports), so each can
+# run again on its own, from the UI's asset page or `eagle-assets check`, without retraining: a
+# drafter that failed to serve because of a server that died, or an engine fixed since, is
+# checked again in a minute. In the asset's own run they run after it and, being blocking, stop
+# the benchmark when they fail.
+
+
+def _trained(inference_server: InferenceServerResource, storage: StorageResource):
+    """(target preset, drafter folder, the trainer's summary) of the materialised drafter."""
+    preset, _ = target_of(inference_server)
+    out = storage.drafter(preset.name)
+    if not (out / SUMMARY_FILE).is_file():
+        raise ValueError(f"no trained drafter of {preset.name} to check ({out / SUMMARY_FILE} is missing): materialise drafter_checkpoint first")
+    summary = read_json_object(out / SUMMARY_FILE, "the trainer's summary of the drafter", "materialise drafter_checkpoint again")
+    return preset, out, summary
+
+
+@dg.multi_asset_check(
+    specs=[
+        dg.AssetCheckSpec("serves_in_vllm", asset="drafter_checkpoint", blocking=True,
+                          description="The vLLM export loads in the real vLLM server and its greedy output equals the run without speculation."),  # fmt: skip
+        dg.AssetCheckSpec("samples_under_speculation", asset="drafter_checkpoint",
+                          description="Requests sampled at temperature 1e-4 with the drafter write the greedy answer: the engine gives every draft position the request's sampling settings. A fault of the engine, not the drafter: it warns and does not block."),  # fmt: skip
+    ],
+)
+def drafter_serves(context: dg.AssetCheckExecutionContext, inference_server: InferenceServerResource, storage: StorageResource):
+    """The vLLM export served at its training K beside the target alone: the same greedy answers.
+    Both servers stay warm for the benchmark of the same run (two on a CPU host; on a GPU the
+    plain one, started second, for the benchmark's baseline)."""
+    _, out, summary = _trained(inference_server, storage)
     if inference_server.url and not inference_server.speculative_url:
         # Connected to a server of the user's, which cannot load this drafter: said, not failed,
         # so the graph finishes; the message says how to serve it and check again.
         context.log.warning(NEEDS_DRAFTER_SERVER)
         for name in ("serves_in_vllm", "samples_under_speculation"):
-            yield check_result(False, {"not_checked": NEEDS_DRAFTER_SERVER}, blocking_severity=dg.AssetCheckSeverity.WARN, check_name=name)
-    else:
-        with inference_server.serve(drafter=vllm_dir, k=train_config.ttt_steps, log=context.log.info) as spec:
-            got = [chat_once(spec, p) for p in SMOKE_PROMPTS]
-            samples_ok, sampling = cold_sampling_check(spec, SMOKE_PROMPTS, got)
-        with inference_server.serve(log=context.log.info) as plain:
-            expected = [chat_once(plain, p) for p in SMOKE_PROMPTS]
-        yield check_result(got == expected, {"prompts": SMOKE_PROMPTS, "plain": expected, "speculative": got}, check_name="serves_in_vllm")
-        if not samples_ok:
-            context.log.warning(f"samples_under_speculation: {sampling['cause']}")
-        yield check_result(samples_ok, sampling, blocking_severity=dg.AssetCheckSeverity.WARN, check_name="samples_under_speculation")
+            yield check_result(False, {"not_checked": NEEDS_DRAFTER_SERVER}, blocking_severity=dg.AssetCheckSeverity.WARN,
+                               check_name=name, asset_key=DRAFTER_KEY)  # fmt: skip
+        return
+    with inference_server.serve(drafter=out / "drafter-vllm", k=summary["ttt_steps"], log=context.log.info) as spec:
+        got = [chat_once(spec, p) for p in SMOKE_PROMPTS]
+        samples_ok, sampling = cold_sampling_check(spec, SMOKE_PROMPTS, got)
+    with inference_server.serve(log=context.log.info) as plain:
+        expected = [chat_once(plain, p) for p in SMOKE_PROMPTS]
+    yield check_result(got == expected, {"prompts": SMOKE_PROMPTS, "plain": expected, "speculative": got},
+                       check_name="serves_in_vllm", asset_key=DRAFTER_KEY)  # fmt: skip
+    if not samples_ok:
+        context.log.warning(f"samples_under_speculation: {sampling['cause']}")
+    yield check_result(samples_ok, sampling, blocking_severity=dg.AssetCheckSeverity.WARN, check_name="samples_under_speculation",
+                       asset_key=DRAFTER_KEY)  # fmt: skip
 
-    if sglang_dir is None:
-        yield check_result(True, {"note": vllm_only}, check_name="sglang_names")
-    else:
-        dropped = check_sglang_names(list(read_drafter_tensors(sglang_dir)))
-        yield check_result(not dropped, {"unrecognised_names": dropped}, check_name="sglang_names")
 
-    parent_al = summary.get("parent_val_al")
-    if config.warm_start:
-        passed = parent_al is not None and summary.get("val_al") is not None and summary["val_al"] >= parent_al
-        yield check_result(passed, {"val_al": summary.get("val_al"), "parent_val_al": parent_al}, check_name="not_worse_than_parent")
-    else:
-        yield check_result(True, {"note": "trained from scratch: no parent to compare with"}, check_name="not_worse_than_parent")
+@dg.asset_check(asset=drafter_checkpoint, blocking=True,
+                description="Every weight name of the SGLang export is one SGLang's loader recognises (it drops unknown names silently).")  # fmt: skip
+def sglang_names(inference_server: InferenceServerResource, storage: StorageResource) -> dg.AssetCheckResult:
+    preset, out, summary = _trained(inference_server, storage)
+    if "sglang" not in summary["exports"]:
+        vllm_dir = out / "drafter-vllm"
+        note = vllm_only_reason(folder_num_layers(vllm_dir), summary["aux_layer_ids"], preset.num_layers, folder_drafts_in_parallel(vllm_dir))
+        return check_result(True, {"note": note or "exported for vLLM only"})
+    dropped = check_sglang_names(list(read_drafter_tensors(out / "drafter-sglang")))
+    return check_result(not dropped, {"unrecognised_names": dropped})
+
+
+@dg.asset_check(asset=drafter_checkpoint, blocking=True,
+                description="On a warm start, validation acceptance is at least the parent's on the same held-out samples.")  # fmt: skip
+def not_worse_than_parent(inference_server: InferenceServerResource, storage: StorageResource) -> dg.AssetCheckResult:
+    _, _, summary = _trained(inference_server, storage)
+    if not summary.get("warm_start"):
+        return check_result(True, {"note": "trained from scratch: no parent to compare with"})
+    parent_al, val_al = summary.get("parent_val_al"), summary.get("val_al")
+    passed = parent_al is not None and val_al is not None and val_al >= parent_al
+    return check_result(passed, {"val_al": val_al, "parent_val_al": parent_al, "parent": summary["warm_start"]})
+
+
+DRAFTER_CHECKS = [drafter_serves, sglang_names, not_worse_than_parent]

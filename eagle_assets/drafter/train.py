@@ -733,6 +733,7 @@ class Trainer:
             "seconds": seconds,
             "drafter_config": self.drafter_config.to_dict(),
             "aux_layer_ids": list(self.drafter_config.aux_layer_ids),
+            "warm_start": self.cfg.warm_start,
             "parent_val_al": _parent_val_al(self.out / PARENT_VALIDATION_FILE) if self.cfg.warm_start else None,
         }
 

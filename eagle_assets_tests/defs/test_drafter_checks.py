@@ -1,0 +1,70 @@
+"""The drafter's checks run again on the trained drafter, without retraining it
+(`eagle-assets check`, the UI's "Execute checks"), and are recorded in the instance."""
+
+import json
+import shutil
+
+import dagster as dg
+import pytest
+from typer.testing import CliRunner
+
+from eagle_assets.cli import app
+from eagle_assets.defs.drafter import DRAFTER_CHECKS, DRAFTER_KEY
+from eagle_assets.targets import EMBEDDED_TARGET
+
+CHECK_NAMES = ["serves_in_vllm", "samples_under_speculation", "sglang_names", "not_worse_than_parent"]
+
+
+def _evaluations(instance, name: str) -> int:
+    return len(instance.event_log_storage.get_asset_check_execution_history(dg.AssetCheckKey(DRAFTER_KEY, name), limit=100))
+
+
+def test_the_drafters_checks_are_asset_checks_of_their_own():
+    assert sorted(key.name for c in DRAFTER_CHECKS for key in c.check_keys) == sorted(CHECK_NAMES)
+
+
+@pytest.mark.engine
+@pytest.mark.slow
+def test_every_drafter_check_runs_again_without_retraining_and_is_recorded(materialized_graph, monkeypatch):
+    instance, data, home = materialized_graph
+    monkeypatch.setenv("DAGSTER_HOME", str(home))
+    monkeypatch.setenv("EAGLE_ASSETS_DATA", str(data))
+    drafter = data / EMBEDDED_TARGET / "drafter"
+    summary_before = (drafter / "summary.json").read_bytes()
+    weights_mtime = (drafter / "drafter-vllm" / "model.safetensors").stat().st_mtime_ns
+    materialisations = len(instance.fetch_materializations(DRAFTER_KEY, limit=100).records)
+    before = {name: _evaluations(instance, name) for name in CHECK_NAMES}
+
+    result = CliRunner().invoke(app, ["check"])
+
+    assert result.exit_code == 0, result.output
+    for name in CHECK_NAMES:
+        assert f"{name:28} passed" in result.output or name == "samples_under_speculation", result.output
+        assert _evaluations(instance, name) == before[name] + 1, name  # recorded where the UI reads them
+    assert (drafter / "summary.json").read_bytes() == summary_before
+    assert (drafter / "drafter-vllm" / "model.safetensors").stat().st_mtime_ns == weights_mtime
+    assert len(instance.fetch_materializations(DRAFTER_KEY, limit=100).records) == materialisations
+
+
+@pytest.mark.engine
+def test_a_failed_blocking_check_exits_1_and_a_missing_drafter_is_named(materialized_graph, tmp_path, monkeypatch):
+    """A warm-started drafter that validates below its parent fails not_worse_than_parent."""
+    _, data, _ = materialized_graph
+    copy = tmp_path / "data" / EMBEDDED_TARGET / "drafter"
+    shutil.copytree(data / EMBEDDED_TARGET / "drafter" / "drafter-vllm", copy / "drafter-vllm")
+    summary = json.loads((data / EMBEDDED_TARGET / "drafter" / "summary.json").read_text())
+    (copy / "summary.json").write_text(json.dumps({**summary, "warm_start": "/parent", "val_al": 1.5, "parent_val_al": 1.6}))
+    monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("EAGLE_ASSETS_DATA", str(tmp_path / "data"))
+
+    result = CliRunner().invoke(app, ["check", "--only", "not_worse_than_parent"])
+    assert result.exit_code == 1, result.output
+    assert "not_worse_than_parent        FAILED (error)" in result.output and "serves_in_vllm" not in result.output
+
+    (copy / "summary.json").unlink()
+    result = CliRunner().invoke(app, ["check", "--only", "sglang_names"])
+    assert result.exit_code == 1
+    assert f"no trained drafter of {EMBEDDED_TARGET} to check ({copy / 'summary.json'} is missing): materialise drafter_checkpoint first" in result.output
+
+    result = CliRunner().invoke(app, ["check", "--only", "serves"])
+    assert result.exit_code == 1 and "unknown check 'serves': give one of serves_in_vllm" in result.output
