@@ -25,10 +25,13 @@ What a run does (settings in `run_config.TrainConfig`):
 Multi-node runs need `out_dir` on a filesystem every node sees: rank 0 writes the checkpoints
 and every rank reads the newest one on resume.
 
-Rank 0 alone may report to an orchestrator: `main(argv, reporter=...)` with an object that has
-`log(msg)` and `report_metrics(dict)` (and optionally `report_final(dict)`). When no reporter
-is given and `DAGSTER_PIPES_CONTEXT` is set, rank 0 opens a Dagster Pipes session and
-reports through it; the other ranks never open one. Dagster itself is never imported.
+One process alone reports to an orchestrator: rank 0 through `main(argv, reporter=...)` with an
+object that has `log(msg)` and `report_metrics(dict)` (and optionally `report_final(dict)`).
+When no reporter is given and `DAGSTER_PIPES_CONTEXT` is set, the first process of the node
+Dagster launched (local rank 0) opens a Dagster Pipes session and reports through it; the
+other processes never open one. That process is rank 0 except under torchrun's c10d
+rendezvous, which numbers the nodes in its own order; every reported number is all-reduced,
+so it reports what rank 0 would. Dagster itself is never imported.
 """
 
 from __future__ import annotations
@@ -154,6 +157,15 @@ def _all_reduce(t: torch.Tensor) -> torch.Tensor:
 def _barrier() -> None:
     if dist.is_available() and dist.is_initialized():
         dist.barrier()
+
+
+def _from_rank0(obj):
+    """Rank 0's `obj` on every rank (a collective: every rank calls it); also a barrier."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return obj
+    box = [obj]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
 
 
 # ----------------------------------------------------------------------------- schedule
@@ -358,7 +370,7 @@ def _full_state(model, optimizer) -> tuple[dict, dict]:
 
 
 class Trainer:
-    """One training run; `run()` returns the summary on rank 0 and None elsewhere."""
+    """One training run; `run()` returns the summary (on every rank)."""
 
     def __init__(self, cfg: TrainConfig, env: DistEnv, reporter: Reporter | None = None):
         self.cfg, self.env, self.reporter = cfg, env, reporter
@@ -368,22 +380,21 @@ class Trainer:
 
     # ------------------------------------------------------------------ logging
     def log(self, msg: str) -> None:
-        if not self.env.is_main:
-            return
-        if self.bar is not None:
-            self.bar.write(msg, file=sys.stderr)
-        else:
-            print(msg, file=sys.stderr, flush=True)
+        """Printed by rank 0; sent by the reporting process (`_open_reporter`), which may be another."""
+        if self.env.is_main:
+            if self.bar is not None:
+                self.bar.write(msg, file=sys.stderr)
+            else:
+                print(msg, file=sys.stderr, flush=True)
         if self.reporter is not None:
             self.reporter.log(msg)
 
     def _scalars(self, step: int, metrics: dict) -> None:
-        """TensorBoard + metrics.jsonl + reporter, rank 0 only."""
-        if not self.env.is_main:
-            return
+        """TensorBoard + metrics.jsonl (rank 0) + reporter (the reporting process)."""
         row = {"step": step, **metrics}
-        with open(self.out / METRICS_FILE, "a") as f:
-            f.write(json.dumps(row) + "\n")
+        if self.env.is_main:
+            with open(self.out / METRICS_FILE, "a") as f:
+                f.write(json.dumps(row) + "\n")
         if self.writer is not None:
             for k, v in metrics.items():
                 if isinstance(v, (int, float)):
@@ -547,8 +558,8 @@ class Trainer:
                 "drafter_config": self.drafter_config.to_dict(),
             }
             path = ckpt.save_checkpoint(self.cfg.checkpoint_dir, self.step, drafter_state, optim_state, state, self.cfg.keep_last)
-            self.log(f"checkpoint: {path}")
         _barrier()
+        self.log(f"checkpoint: {Path(self.cfg.checkpoint_dir) / ckpt.checkpoint_name(self.step)}")
         return path
 
     # ------------------------------------------------------------------ one step
@@ -625,8 +636,8 @@ class Trainer:
             parent_val = self.validate()
             if env.is_main:
                 _write_json(parent_file, parent_val)
-                al = parent_val.get("val_al")
-                self.log("parent drafter on the held-out samples: " + (f"AL {al:.3f}" if al is not None else "no held-out samples"))
+            al = parent_val.get("val_al")
+            self.log("parent drafter on the held-out samples: " + (f"AL {al:.3f}" if al is not None else "no held-out samples"))
         window_tokens, window_start, t0 = 0, time.perf_counter(), time.perf_counter()
         stream = Prefetcher(self._batches(), depth=2)
         try:
@@ -676,12 +687,12 @@ class Trainer:
 
             for engine, path in exports.items():
                 write_model_card(path, summary, self.cfg, engine)
-            if self.reporter is not None and hasattr(self.reporter, "report_final"):
-                self.reporter.report_final(summary)
             self.bar.close()
             if self.writer is not None:
                 self.writer.close()
-        _barrier()
+        summary = _from_rank0(summary)  # the reporting process may be another rank
+        if self.reporter is not None and hasattr(self.reporter, "report_final"):
+            self.reporter.report_final(summary)
         return summary
 
     def _validate_and_log(self) -> dict:
@@ -704,8 +715,9 @@ class Trainer:
             for engine in self.cfg.export_engines:
                 path = writers[engine](drafter_state, self.drafter_config, self.cfg.export_dir(engine))
                 out[engine] = str(path)
-                self.log(f"exported the {engine} drafter to {path}")
-        _barrier()
+        out = _from_rank0(out)  # the reporting process may be another rank
+        for engine, path in out.items():
+            self.log(f"exported the {engine} drafter to {path}")
         return out
 
     def _summary(self, val: dict, exports: dict, seconds: float, start_step: int) -> dict:
@@ -827,13 +839,17 @@ def _tensorboard(log_dir: Path, purge_step: int | None):
 # ----------------------------------------------------------------------------- entry points
 
 
-def _open_reporter(reporter: Reporter | None, rank: int, stack: contextlib.ExitStack) -> Reporter | None:
-    """The caller's reporter, or Dagster Pipes when launched by it; rank 0 only, always."""
-    if rank != 0:
-        return None
+def _open_reporter(reporter: Reporter | None, env: DistEnv, stack: contextlib.ExitStack) -> Reporter | None:
+    """The caller's reporter on rank 0, or Dagster Pipes on the first process Dagster launched.
+
+    Dagster sets the Pipes variables on the one node it launches (the others are started by
+    hand or by a job controller, without them). torchrun's c10d rendezvous ignores
+    `--node_rank` and numbers the nodes in its own order (sorted host names, then process
+    ids), so global rank 0 may run on another node, where no Pipes context exists: the launched
+    node's local rank 0 reports instead, so that Dagster sees the run whatever rank it got."""
     if reporter is not None:
-        return reporter
-    if os.environ.get("DAGSTER_PIPES_CONTEXT"):
+        return reporter if env.rank == 0 else None
+    if os.environ.get("DAGSTER_PIPES_CONTEXT") and env.local_rank == 0:
         from dagster_pipes import open_dagster_pipes
 
         return PipesReporter(stack.enter_context(open_dagster_pipes()))
@@ -845,7 +861,7 @@ def train(cfg: TrainConfig, reporter: Reporter | None = None) -> dict | None:
     env = setup_distributed()
     try:
         with contextlib.ExitStack() as stack:
-            rep = _open_reporter(reporter, env.rank, stack)
+            rep = _open_reporter(reporter, env, stack)
             return Trainer(cfg, env, rep).run()
     finally:
         if env.owns_group and dist.is_initialized():
@@ -859,7 +875,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None, reporter: Reporter | None = None) -> dict | None:
-    """Command-line entry: `--config run.json`; returns the summary on rank 0."""
+    """Command-line entry: `--config run.json`; returns the summary."""
     args = parse_args(argv)
     return train(TrainConfig.load(args.config), reporter=reporter)
 

@@ -26,7 +26,7 @@ STEPS = 3
 RESUMED_AT = 1  # the first launch stops (and checkpoints) after step 1; the second resumes
 
 
-def _free_ports(n: int) -> list[int]:
+def free_ports(n: int) -> list[int]:
     """n distinct free TCP ports (all held open while choosing, so they differ)."""
     socks = [socket.socket() for _ in range(n)]
     try:
@@ -83,7 +83,7 @@ def test_two_processes_equal_one_with_the_same_global_batch(tmp_path, one_thread
     for mode, cfg in runs.items():
         configs.append(str(cfg.save(tmp_path / f"{mode}-first.json")))
         configs.append(str(cfg.replace(max_steps=STEPS).save(tmp_path / f"{mode}-resumed.json")))
-    launches = list(zip(configs, _free_ports(len(configs)), strict=True))
+    launches = list(zip(configs, free_ports(len(configs)), strict=True))
     mp.start_processes(_worker, args=(2, launches), nprocs=2, start_method="spawn", join=True)
     train(single)
 

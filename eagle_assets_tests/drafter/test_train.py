@@ -4,7 +4,7 @@ learning-rate schedule, validation metrics, and a real run that overfits a fixed
 The tiny run's data are learnable on purpose: tokens follow a fixed permutation
 (x_{t+1} = perm[x_t]), and the target's final state at t points at lm_head's row of x_{t+1}, so
 the target is nearly one-hot on the next token and the drafter can learn it from the embedding.
-`write_tiny_run` is shared with test_checkpoint.py and test_distributed.py.
+`write_tiny_run` is shared with test_checkpoint.py, test_distributed.py and test_multinode.py.
 """
 
 from __future__ import annotations
@@ -456,22 +456,35 @@ def test_clear_errors_for_missing_inputs(tmp_path, one_thread):
         train(cfg.replace(drafter=drafter))
 
 
-def test_rank0_reports_through_dagster_pipes(tmp_path, one_thread, monkeypatch):
-    """Launched by Dagster Pipes (its env vars set), rank 0 opens a session and streams progress."""
+def pipes_environment(folder: Path) -> tuple[dict[str, str], Path]:
+    """The variables Dagster's `PipesSubprocessClient` sets for the process it launches (its
+    context and message channel as files), and the file the messages arrive in."""
     from dagster_pipes import encode_param
-
-    from eagle_assets.drafter.train import train
 
     context = {"asset_keys": ["drafter_checkpoint"], "code_version_by_asset_key": None,
                "provenance_by_asset_key": None, "partition_key": None, "partition_key_range": None,
                "partition_time_window": None, "run_id": "run-1", "job_name": "train", "retry_number": 0, "extras": {}}
-    (tmp_path / "context.json").write_text(json.dumps(context))
-    messages = tmp_path / "messages.jsonl"
-    monkeypatch.setenv("DAGSTER_PIPES_CONTEXT", encode_param({"path": str(tmp_path / "context.json")}))
-    monkeypatch.setenv("DAGSTER_PIPES_MESSAGES", encode_param({"path": str(messages)}))
+    (folder / "context.json").write_text(json.dumps(context))
+    messages = folder / "messages.jsonl"
+    env = {"DAGSTER_PIPES_CONTEXT": encode_param({"path": str(folder / "context.json")}),
+           "DAGSTER_PIPES_MESSAGES": encode_param({"path": str(messages)})}
+    return env, messages
+
+
+def read_pipes_messages(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def test_rank0_reports_through_dagster_pipes(tmp_path, one_thread, monkeypatch):
+    """Launched by Dagster Pipes (its env vars set), rank 0 opens a session and streams progress."""
+    from eagle_assets.drafter.train import train
+
+    env, messages = pipes_environment(tmp_path)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
     cfg = write_tiny_run(tmp_path, num_samples=6, num_shards=1, max_steps=3, val_fraction=0.3)
     train(cfg)
-    sent = [json.loads(line) for line in messages.read_text().splitlines()]
+    sent = read_pipes_messages(messages)
     methods = [m["method"] for m in sent]
     assert methods[0] == "opened" and methods[-1] == "closed"
     steps = [m["params"]["payload"]["step"] for m in sent if m["method"] == "report_custom_message"
