@@ -158,6 +158,13 @@ def env_list(name: str, separator: str = ",") -> list[str]:
     return [item.strip() for item in value.split(separator) if item.strip()] if value else []
 
 
+def env_holds(name: str, value: object) -> bool:
+    """Whether the variable's text is exactly `value` as text, no blanks around it: then a reader
+    that takes the text as it stands (Dagster's EnvVar, when a run starts) gets the value that
+    the readers above checked."""
+    return value is not None and os.environ.get(name) == str(value)
+
+
 def _kind(path: Path) -> str:
     if path.is_file():
         return "a file"

@@ -40,6 +40,9 @@ def executor_from_env() -> dg.ExecutorDefinition | None:
     """The deployment's executor, from EAGLE_ASSETS_EXECUTOR: None (unset or "default": each job
     its own, see the module doc) or Celery's, with the broker and backend read from the
     environment when a run starts."""
+    # The choice is read as the definitions load, not bound as a dg.EnvVar: it picks the jobs'
+    # ExecutorDefinition, part of the definitions themselves; the broker and the backend are the
+    # executor's config, {"env": NAME}, which each run reads as it starts (EnvVar's config form).
     kind = os.environ.get(EXECUTOR_ENV, "").strip() or "default"
     if kind not in EXECUTORS:
         raise ValueError(f"{EXECUTOR_ENV}={kind!r}: give one of {', '.join(EXECUTORS)}")

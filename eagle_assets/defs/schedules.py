@@ -27,7 +27,6 @@ import hashlib
 from collections.abc import Iterable, Iterator, Mapping
 
 import dagster as dg
-from dagster._utils.schedules import is_valid_cron_string
 
 from eagle_assets.defs.jobs import JOBS, STAGES
 from eagle_assets.defs.staleness import StaleReport, stage_lookup, stale_report, step_run_config
@@ -43,9 +42,11 @@ IN_FLIGHT = [
     dg.DagsterRunStatus.QUEUED,
     dg.DagsterRunStatus.STARTING,
     dg.DagsterRunStatus.STARTED,
+    dg.DagsterRunStatus.SUSPENDED,
     dg.DagsterRunStatus.CANCELING,
 ]
-"""Run statuses of a run that is queued or going."""
+"""Run statuses of a run that is queued or going (a suspended run is going, paused); the
+schedule and the sensors wait while there is one."""
 
 
 def run_in_flight(instance: dg.DagsterInstance) -> dg.DagsterRun | None:
@@ -125,8 +126,18 @@ def default_schedules() -> list[dg.ScheduleDefinition]:
     """The project's schedules, with the cron and fallback preset from the environment."""
     return [
         build_retrain_schedule(
-            cron=env_str("EAGLE_ASSETS_RETRAIN_CRON", DEFAULT_CRON, check=is_valid_cron_string,
+            cron=env_str("EAGLE_ASSETS_RETRAIN_CRON", DEFAULT_CRON, check=is_valid_cron,
                          expect="a cron string of five fields, e.g. '0 3 * * 0' (Sundays 03:00)"),
             fallback_preset=env_choice("EAGLE_ASSETS_PRESET", "smollm2-default", RUN_PRESETS),
         )
     ]
+
+
+def is_valid_cron(value: str) -> bool:
+    """Whether Dagster takes `value` as a schedule's cron string: its own check, as a
+    ScheduleDefinition makes it (Dagster exports no cron validator)."""
+    try:
+        dg.ScheduleDefinition(name="cron_check", cron_schedule=value, job_name="cron_check")
+    except dg.DagsterInvalidDefinitionError:
+        return False
+    return True

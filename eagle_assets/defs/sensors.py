@@ -28,19 +28,13 @@ from collections.abc import Iterable, Mapping, Sequence
 
 import dagster as dg
 import fsspec
-from dagster._core.storage.dagster_run import IN_PROGRESS_RUN_STATUSES
 
-from eagle_assets.defs.schedules import RETRAIN_TAG, stage_jobs, wave_requests
+from eagle_assets.defs.schedules import RETRAIN_TAG, run_in_flight, stage_jobs, wave_requests
 from eagle_assets.defs.staleness import Step, stage_lookup, stale_report, step_run_config
 from eagle_assets.run_presets import RUN_PRESETS, run_config
 from eagle_assets.settings_env import env_choice, env_flag, env_str
 
 PROMPT_SUFFIXES = (".jsonl", ".parquet")
-
-
-def _run_in_progress(instance: dg.DagsterInstance) -> dg.DagsterRun | None:
-    records = instance.get_run_records(dg.RunsFilter(statuses=list(IN_PROGRESS_RUN_STATUSES)), limit=1)
-    return records[0].dagster_run if records else None
 
 
 def list_prompt_files(url: str) -> dict[str, str]:
@@ -83,7 +77,7 @@ def build_prompt_files_sensor(
         new = sorted(f for f, stamp in files.items() if seen.get(f) != stamp)
         if not new:
             return dg.SkipReason(f"no new prompt files at {url} ({len(files)} known)")
-        busy = _run_in_progress(context.instance)
+        busy = run_in_flight(context.instance)
         if busy is not None:
             return dg.SkipReason(f"{len(new)} new prompt file(s) wait for run {busy.run_id} to finish")
         file = new[0]  # one file per run: runs on one corpus store never overlap
@@ -122,7 +116,7 @@ def build_followup_sensor(
         description="After every run of a retraining wave succeeds, request what has turned stale below it.",
     )
     def retrain_followup(context: dg.SensorEvaluationContext):
-        busy = _run_in_progress(context.instance)
+        busy = run_in_flight(context.instance)
         if busy is not None:
             return dg.SkipReason(f"waiting for run {busy.run_id}")
         latest = context.instance.get_runs(limit=1)

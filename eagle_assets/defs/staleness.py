@@ -25,13 +25,21 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
 
 import dagster as dg
+
+# Private Dagster names, unavoidable here: Dagster has no public Python API for staleness. The
+# UI's "unsynced" status and its causes come from CachingStaleStatusResolver (through GraphQL,
+# which needs a webserver); the resolver takes an AssetGraph (public code gets one from
+# Definitions.resolve_asset_graph()) and an AssetGraphView at a TemporalContext, and answers in
+# StaleStatus. process_config: no public function fills a config schema's defaults into a value
+# (dg.validate_run_config does it for a whole job's run config, which needs a job per asset).
+# eagle_assets_tests/test_private_dagster_imports.py lists these for a Dagster upgrade's review.
 from dagster._config import process_config
 from dagster._core.asset_graph_view.asset_graph_view import AssetGraphView, TemporalContext
 from dagster._core.definitions.assets.graph.asset_graph import AssetGraph
 from dagster._core.definitions.data_version import CachingStaleStatusResolver, StaleStatus
-from dagster._time import get_current_datetime
 
 STALE = "stale"
 MISSING = "missing"
@@ -111,7 +119,7 @@ class StaleReport:
 
 def _resolver(asset_graph: AssetGraph, instance: dg.DagsterInstance) -> CachingStaleStatusResolver:
     view = AssetGraphView(
-        temporal_context=TemporalContext(effective_dt=get_current_datetime(), last_event_id=None),
+        temporal_context=TemporalContext(effective_dt=datetime.now(timezone.utc), last_event_id=None),
         instance=instance,
         asset_graph=asset_graph,
     )

@@ -14,7 +14,12 @@ import dagster as dg
 import pytest
 from dagster._core.definitions.data_version import CODE_VERSION_TAG, DATA_VERSION_IS_USER_PROVIDED_TAG, DATA_VERSION_TAG
 
+from eagle_assets.defs import build_definitions
+from eagle_assets.defs.resources import default_resources
 from eagle_assets.defs.staleness import stale_report
+from eagle_assets.resources.inference_server import InferenceServerResource
+from eagle_assets.resources.storage import StorageResource
+from eagle_assets.resources.trainer import TrainerResource
 from eagle_assets.run_presets import RUN_PRESETS
 
 EXPECTED_CHECKS = {
@@ -39,6 +44,47 @@ EXPECTED_DEPS = {
 def defs() -> dg.Definitions:
     # The module workspace.yaml names, loaded as the code server loads it.
     return importlib.import_module("eagle_assets.definitions").defs
+
+
+RESOURCE_VARIABLES = {
+    "inference_server": {"EAGLE_ASSETS_TARGET", "EAGLE_ASSETS_SERVER_URL", "EAGLE_ASSETS_SPECULATIVE_URL", "EAGLE_ASSETS_EXTRACTION_URL"},
+    "storage": {"EAGLE_ASSETS_DATA"},
+    "trainer": {"EAGLE_ASSETS_NPROC_PER_NODE"},
+}
+
+
+def test_resource_fields_from_the_environment_are_env_vars_read_when_a_run_starts(monkeypatch, tmp_path):
+    names = set().union(*RESOURCE_VARIABLES.values())
+    for name in names:
+        monkeypatch.delenv(name, raising=False)
+    assert build_definitions(automation=False).get_repository_def().get_env_vars_by_top_level_resource() == {}
+    monkeypatch.setenv("EAGLE_ASSETS_TARGET", "smollm2-135m-instruct")
+    monkeypatch.setenv("EAGLE_ASSETS_SERVER_URL", "http://127.0.0.1:9")
+    monkeypatch.setenv("EAGLE_ASSETS_SPECULATIVE_URL", "http://127.0.0.1:10")
+    monkeypatch.setenv("EAGLE_ASSETS_EXTRACTION_URL", " http://127.0.0.1:11 ")  # blanks: bound as the checked text
+    monkeypatch.setenv("EAGLE_ASSETS_DATA", str(tmp_path.resolve()))
+    monkeypatch.setenv("EAGLE_ASSETS_NPROC_PER_NODE", "2")
+    repo = build_definitions(automation=False).get_repository_def()
+    # The UI's list of the variables the resources use: each one set, but the one with blanks.
+    assert repo.get_env_vars_by_top_level_resource() == {name: {resource} for resource, variables in RESOURCE_VARIABLES.items()
+                                                         for name in variables if name != "EAGLE_ASSETS_EXTRACTION_URL"}  # fmt: skip
+    assert default_resources()["inference_server"].url == "http://127.0.0.1:9"  # values, for code that reads them here
+
+    resources = default_resources(deferred=True)
+    monkeypatch.setenv("EAGLE_ASSETS_SERVER_URL", "http://127.0.0.1:8")  # after the definitions loaded
+
+    @dg.asset
+    def seen(inference_server: InferenceServerResource, storage: StorageResource, trainer: TrainerResource):
+        s = inference_server
+        return s.target, s.url, s.speculative_url, s.extraction_url, storage.root, trainer.nproc_per_node
+
+    result = dg.materialize([seen], resources=resources)
+    assert result.output_for_node("seen") == ("smollm2-135m-instruct", "http://127.0.0.1:8", "http://127.0.0.1:10",
+                                              "http://127.0.0.1:11", str(tmp_path.resolve()), 2)  # fmt: skip
+
+    monkeypatch.setenv("EAGLE_ASSETS_SERVER_URL", "localhost:8000")  # the check still runs as the definitions load
+    with pytest.raises(ValueError, match="EAGLE_ASSETS_SERVER_URL='localhost:8000' is not an http:// or https:// URL"):
+        build_definitions(automation=False)
 
 
 def test_asset_keys_lineage_and_checks_per_asset(defs):

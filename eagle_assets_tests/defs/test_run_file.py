@@ -61,7 +61,7 @@ def test_a_missing_run_file_or_unknown_target_is_refused_before_any_run(tmp_path
     assert result.exit_code == 1 and f"no run file {tmp_path / 'nowhere.yaml'}" in result.output, result.output
     result = _run("--target", str(tmp_path / "no-model"))
     assert result.exit_code == 1, result.output
-    assert "not a target preset" in result.output and "or a model folder with config.json" in result.output
+    assert "not a target preset" in result.output and "a model folder with config.json or a pulled hub id ORG/NAME" in result.output
     assert "eagle-assets target pull" in result.output
     home, data = private_instance
     assert not data.exists() and not (home / "storage").exists()

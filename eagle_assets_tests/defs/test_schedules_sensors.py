@@ -16,7 +16,7 @@ import dagster as dg
 import pytest
 
 from eagle_assets.defs import build_definitions
-from eagle_assets.defs.schedules import RETRAIN_TAG, build_retrain_schedule
+from eagle_assets.defs.schedules import RETRAIN_TAG, build_retrain_schedule, default_schedules, is_valid_cron
 from eagle_assets.defs.sensors import build_followup_sensor, build_prompt_files_sensor, stale_condition, with_automation
 from eagle_assets.defs.staleness import resolved_config
 from eagle_assets.run_presets import run_config
@@ -136,9 +136,10 @@ def test_prompt_file_sensor_grows_the_corpus_one_new_file_at_a_time(tmp_path, in
 
     assert "no new prompt files" in tick(first.cursor).skip_message
     (folder / "week2.parquet").write_bytes(b"PAR1")
-    busy = instance.add_run(dg.DagsterRun(job_name="corpus_job", run_id="0" * 36, status=dg.DagsterRunStatus.STARTED))
-    assert f"wait for run {busy.run_id}" in tick(first.cursor).skip_message
-    instance.report_run_canceled(busy)
+    for status in (dg.DagsterRunStatus.NOT_STARTED, dg.DagsterRunStatus.STARTED):  # one not yet started would write the same store
+        busy = instance.add_run(dg.DagsterRun(job_name="corpus_job", run_id=status.value[:1].lower() * 36, status=status))
+        assert f"wait for run {busy.run_id}" in tick(first.cursor).skip_message
+        instance.report_run_canceled(busy)
     second = tick(first.cursor)
     assert second.run_requests[0].run_config["ops"]["prompts"]["config"]["file_url"].endswith("week2.parquet")
     assert sorted(json.loads(second.cursor)) == sorted([prompts["file_url"], second.run_requests[0].run_config["ops"]["prompts"]["config"]["file_url"]])
@@ -183,3 +184,10 @@ def test_project_definitions_carry_schedule_sensors_and_optional_automation():
     sensor = auto.get_sensor_def("eagle3_automation")
     assert sensor.default_status == dg.DefaultSensorStatus.RUNNING
     assert {a.automation_conditions_by_key[k].get_label() for k, a in auto.assets_defs_by_key.items()} == {stale_condition().get_label()}
+
+
+def test_the_retrain_cron_is_refused_where_dagster_would_refuse_the_schedule(monkeypatch):
+    assert [is_valid_cron(c) for c in ("0 3 * * 0", "@daily", "* * * * * *", "0 0 30 2 *", "every sunday")] == [True, True, False, False, False]
+    monkeypatch.setenv("EAGLE_ASSETS_RETRAIN_CRON", "0 0 30 2 *")  # five fields, but no such day
+    with pytest.raises(ValueError, match=r"EAGLE_ASSETS_RETRAIN_CRON='0 0 30 2 \*' is not a cron string of five fields"):
+        default_schedules()
