@@ -56,7 +56,9 @@ def default_resources(deferred: bool = False) -> dict:
         # The folder as data_dir() checked and resolved it; an EnvVar only where the variable
         # already holds that absolute path (`eagle-assets run` makes it so for its runs).
         "storage": StorageResource(root=bound("EAGLE_ASSETS_DATA", data) if data else ""),
-        "trainer": TrainerResource(nproc_per_node=bound("EAGLE_ASSETS_NPROC_PER_NODE", env_int("EAGLE_ASSETS_NPROC_PER_NODE", 1, min=1))),
+        # A value, not an EnvVar: the trainer checks its launch settings as it is built, and an
+        # EnvVar.int stands for 0 until a run reads it; the variable is checked (>= 1) here.
+        "trainer": TrainerResource(nproc_per_node=env_int("EAGLE_ASSETS_NPROC_PER_NODE", 1, min=1)),
     }
 
 

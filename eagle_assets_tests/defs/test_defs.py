@@ -49,12 +49,11 @@ def defs() -> dg.Definitions:
 RESOURCE_VARIABLES = {
     "inference_server": {"EAGLE_ASSETS_TARGET", "EAGLE_ASSETS_SERVER_URL", "EAGLE_ASSETS_SPECULATIVE_URL", "EAGLE_ASSETS_EXTRACTION_URL"},
     "storage": {"EAGLE_ASSETS_DATA"},
-    "trainer": {"EAGLE_ASSETS_NPROC_PER_NODE"},
 }
 
 
 def test_resource_fields_from_the_environment_are_env_vars_read_when_a_run_starts(monkeypatch, tmp_path):
-    names = set().union(*RESOURCE_VARIABLES.values())
+    names = set().union(*RESOURCE_VARIABLES.values(), {"EAGLE_ASSETS_NPROC_PER_NODE"})
     for name in names:
         monkeypatch.delenv(name, raising=False)
     assert build_definitions(automation=False).get_repository_def().get_env_vars_by_top_level_resource() == {}
