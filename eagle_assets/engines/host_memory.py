@@ -14,6 +14,8 @@ import json
 from collections.abc import Sequence
 from pathlib import Path
 
+import psutil
+
 # What a launched vLLM holds on a CPU host beyond its float32 weights and its KV cache: the API
 # server, the engine core and the worker with their libraries (the SmolLM2 server's figures
 # behind this constant: benchmarks/results/serving_memory_cpu2_2026-12-02.md).
@@ -24,15 +26,12 @@ GIB = 1 << 30
 
 
 def available_memory_bytes() -> int | None:
-    """The kernel's estimate of memory available for new work (MemAvailable), or None where
-    /proc/meminfo does not give it."""
+    """Memory available for new work: psutil's `available` (the kernel's MemAvailable on Linux),
+    or None where psutil cannot read it."""
     try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
-    except OSError:
+        return int(psutil.virtual_memory().available)
+    except (OSError, RuntimeError):
         return None
-    return None
 
 
 def server_footprint_bytes(target_folder: Path, drafter: str | Path | None, kv_cache_gib: int) -> int:
