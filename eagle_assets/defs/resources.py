@@ -10,7 +10,7 @@ from urllib.parse import urlsplit
 from eagle_assets.resources.inference_server import InferenceServerResource
 from eagle_assets.resources.storage import StorageResource
 from eagle_assets.resources.trainer import TrainerResource
-from eagle_assets.paths import data_dir
+from eagle_assets.paths import data_location
 from eagle_assets.settings_env import env_flag, env_int, env_str
 from eagle_assets.targets import EMBEDDED_TARGET, PRESETS
 
@@ -30,7 +30,9 @@ def default_resources() -> dict:
             api_key_env="EAGLE_ASSETS_SERVER_API_KEY",
             compiled=env_flag("EAGLE_ASSETS_SERVE_COMPILED"),
         ),
-        "storage": StorageResource(root=str(data_dir()) if env_str("EAGLE_ASSETS_DATA") else ""),
+        # A folder, or an fsspec URL the storage syncs through a local mirror (the only path
+        # variable that may be a URL: the assets' files are fetched before and published after).
+        "storage": StorageResource(root=str(data_location()) if env_str("EAGLE_ASSETS_DATA") else ""),
         "trainer": TrainerResource(nproc_per_node=env_int("EAGLE_ASSETS_NPROC_PER_NODE", 1, min=1)),
     }
 
