@@ -8,9 +8,10 @@ downloaded packages) elsewhere. Each variable is checked where it is read
 
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
 
-from eagle_assets.settings_env import env_path
+from eagle_assets.settings_env import env_path, env_path_or_url
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 
@@ -34,6 +35,18 @@ def runs_dir() -> Path:
     return env_path("EAGLE_ASSETS_RUNS", PROJECT_ROOT / ".runs")
 
 
+def data_location() -> Path | str:
+    """Where the assets store their outputs (corpus, shards, checkpoints, reports): a folder, or
+    an fsspec URL (`resources/storage.py` syncs it through a local mirror)."""
+    return env_path_or_url("EAGLE_ASSETS_DATA", PROJECT_ROOT / "data")
+
+
 def data_dir() -> Path:
-    """Where the assets store their outputs (corpus, shards, checkpoints, reports)."""
-    return env_path("EAGLE_ASSETS_DATA", PROJECT_ROOT / "data")
+    """The local folder holding the assets' outputs: EAGLE_ASSETS_DATA's folder, or its URL's mirror."""
+    location = data_location()
+    return mirror_dir(location) if isinstance(location, str) else location
+
+
+def mirror_dir(url: str) -> Path:
+    """The default local mirror of a storage URL: one folder per URL under the cache."""
+    return cache_dir() / "storage" / hashlib.sha256(url.rstrip("/").encode()).hexdigest()[:12]

@@ -18,7 +18,7 @@ from pathlib import Path
 
 VARIABLES: dict[str, str] = {
     "EAGLE_ASSETS_CACHE": "folder for converted targets and downloaded packages (default ./.cache)",
-    "EAGLE_ASSETS_DATA": "folder where the assets write their outputs (default ./data)",
+    "EAGLE_ASSETS_DATA": "folder or fsspec URL (synced through a local mirror) where the assets write their outputs (default ./data)",
     "EAGLE_ASSETS_RUNS": "folder for server logs and per-run scratch files (default ./.runs)",
     "EAGLE_ASSETS_VLLM_VENV": "the vLLM engine's virtual environment (default ./.venvs/vllm)",
     "EAGLE_ASSETS_SGLANG_VENV": "an SGLang engine environment (unset: SGLang's own validation is skipped)",
@@ -134,6 +134,31 @@ def env_path(name: str, default: str | Path | None) -> Path | None:
     if ancestor is not None and not ancestor.is_dir() and not path.exists():
         raise SettingError(f"{name}={value!r} cannot be a folder: {ancestor} above it is {_kind(ancestor)}; {fix}")
     return path
+
+
+def env_path_or_url(name: str, default: str | Path | None) -> Path | str | None:
+    """A folder (`env_path`), or an fsspec URL (s3://bucket/x) of a filesystem fsspec can open,
+    returned as it is. Only for a variable whose reader syncs the URL through a local folder."""
+    value = _raw(name)
+    if value is None or "://" not in value:
+        return env_path(name, default)
+    problem = fsspec_problem(value)
+    if problem:
+        raise SettingError(f"{name}={value!r}: fsspec cannot open it ({problem}): give a folder, or a URL of a filesystem fsspec "
+                           f"knows with its package installed (s3fs for s3://, gcsfs for gs://); or {_unset_for(default)}")  # fmt: skip
+    return value
+
+
+def fsspec_problem(url: str) -> str | None:
+    """Why fsspec cannot open `url`'s filesystem (unknown protocol, its package missing); None when it can."""
+    import fsspec  # here: most readers never need it
+
+    protocol, _ = fsspec.core.split_protocol(url)
+    try:
+        fsspec.get_filesystem_class(protocol)
+    except (ValueError, ImportError) as exc:
+        return f"{exc.__class__.__name__}: {exc}"
+    return None
 
 
 def env_secret(name: str) -> str | None:

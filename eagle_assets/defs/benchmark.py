@@ -103,6 +103,7 @@ def benchmark_report(context: dg.AssetExecutionContext, config: BenchmarkConfig,
     whether a gap is the drafter's fault or the engine wiring's. Markdown, JSON and plots."""
     preset, path = target_of(inference_server)
     drafter_dir = storage.drafter(preset.name) / "drafter-vllm"
+    storage.fetch(drafter_dir, storage.drafter(preset.name) / "summary.json", log=context.log.info)  # not the checkpoints
     summary = json.loads((storage.drafter(preset.name) / "summary.json").read_text())
     k = benchmark_k(config.k, summary, preset.ttt_steps)
     prompt_set = None
@@ -132,6 +133,7 @@ def benchmark_report(context: dg.AssetExecutionContext, config: BenchmarkConfig,
         notes=notes, training_summary=summary, why_not_at_once=inference_server.why_not_at_once,
         extraction_server=extraction_server, trust_remote_code=preset.trust_remote_code,
     )  # fmt: skip
+    storage.publish(storage.report(preset.name), log=context.log.info)
     text = paths.summary.read_text().rstrip("\n")
     context.log.info("\n" + text)
     k_schedule = report.k_schedule_dict()

@@ -183,6 +183,7 @@ def prompts(
         raise RuntimeError("no prompts were produced: see the log and the metadata for why candidates were dropped")
     ensure_training_prompts(items)
     write_prompts(items, str(out / PROMPTS_FILE))
+    storage.publish(out, log=context.log.info)
     turns = [len(p.turns) for p in items]
     return dg.MaterializeResult(
         metadata=metadata(
@@ -239,6 +240,8 @@ def synthetic_corpus(
     re-wrapped in its thinking tokens through its chat template; token ids and a loss mask per
     sample. Resumable: a rerun skips finished samples and a killed run loses nothing."""
     preset, path = target_of(inference_server)
+    # With a URL root: the prompts, and the corpus so far so that a rerun resumes from it.
+    storage.fetch(storage.prompts(preset.name), storage.corpus(preset.name), log=context.log.info)
     tokenizer = load_tokenizer(path, trust_remote_code=preset.trust_remote_code)
     fingerprint = target_fingerprint(path)
     items = load_prompt_file(str(storage.prompts(preset.name) / PROMPTS_FILE), purpose="training")
@@ -260,6 +263,7 @@ def synthetic_corpus(
             )  # fmt: skip
         finally:
             store.close()
+            storage.publish(storage.corpus(preset.name), log=context.log.info)  # a failed run's samples too: a rerun elsewhere resumes
     reader = CorpusStore(str(storage.corpus(preset.name)), mode="r")
     yield dg.MaterializeResult(
         metadata=metadata({**stats.as_metadata(), "rows": reader.num_rows, "path": str(storage.corpus(preset.name))}),

@@ -89,6 +89,8 @@ def drafter_checkpoint(
     SGLang and smoke-loaded in the real vLLM server."""
     preset, path = target_of(inference_server)
     out = storage.drafter(preset.name)
+    # With a URL root: the shards, the vocabulary and the earlier checkpoints (training resumes from the newest).
+    storage.fetch(storage.hidden_states(preset.name), storage.vocab_mapping(preset.name), out, log=context.log.info)
     # A warm start keeps its parent's layers; SGLang serves one-layer step-by-step drafters only.
     num_layers = folder_num_layers(config.warm_start) if config.warm_start else config.drafter_num_layers
     parallel = folder_drafts_in_parallel(config.warm_start) if config.warm_start else config.ptd_token_id is not None
@@ -105,7 +107,10 @@ def drafter_checkpoint(
         tensorboard_dir=str(out / "tensorboard"),
         export_engines=("vllm",) if vllm_only else ("vllm", "sglang"),
     )
-    summary = trainer.train(context, train_config)
+    try:
+        summary = trainer.train(context, train_config)
+    finally:  # a failed run's checkpoints too: a rerun elsewhere resumes from them
+        storage.publish(out, log=context.log.info)
     vllm_dir = Path(summary["exports"]["vllm"])
     sglang_dir = Path(summary["exports"]["sglang"]) if "sglang" in summary["exports"] else None
     return dg.MaterializeResult(

@@ -52,6 +52,7 @@ def vocab_mapping(context: dg.AssetExecutionContext, config: VocabConfig, infere
     as `d2t` (target_id = draft_id + d2t[draft_id]) and `t2d`. On a warm start it is the
     parent drafter's own mapping, kept as it is so that the parent's lm_head stays aligned."""
     preset, _ = target_of(inference_server)
+    storage.fetch(storage.corpus(preset.name), log=context.log.info)
     corpus = str(storage.corpus(preset.name))
     counts = count_assistant_tokens(corpus, preset.vocab_size)
     if config.parent_drafter:
@@ -60,6 +61,7 @@ def vocab_mapping(context: dg.AssetExecutionContext, config: VocabConfig, infere
     else:
         mapping = build_vocab_mapping(counts, preset.vocab_size, config.draft_vocab_size or preset.draft_vocab_size)
     out = save_vocab_mapping(mapping, storage.vocab_mapping(preset.name))
+    storage.publish(out, log=context.log.info)
     covered = float(counts[mapping.t2d].sum()) / max(1, int(counts.sum()))
     yield dg.MaterializeResult(
         metadata=metadata({**mapping.metadata(), "corpus_coverage": covered, "path": str(out)}),
@@ -140,6 +142,8 @@ def hidden_state_shards(context: dg.AssetExecutionContext, config: HiddenStatesC
     layers are kept, and free disk space is checked before anything is written."""
     preset, path = target_of(inference_server)
     index = int(context.partition_key)
+    # The corpus only: a shard is rebuilt whole, never resumed, so its earlier output is not needed here.
+    storage.fetch(storage.corpus(preset.name), log=context.log.info)
     settings = extraction_settings(config, preset)
     corpus = str(storage.corpus(preset.name))
     fingerprint = target_fingerprint(path)
@@ -163,6 +167,7 @@ def hidden_state_shards(context: dg.AssetExecutionContext, config: HiddenStatesC
         result = extract_shard(model, corpus, out, index, settings, tokenizer=tokenizer, target_fingerprint=fingerprint)
     manifest = result.manifest
     shard_dir = out / shard_name(index)
+    storage.publish(shard_dir, log=context.log.info)  # this partition's shard only: the others are other runs'
     yield dg.MaterializeResult(
         metadata=metadata(
             {

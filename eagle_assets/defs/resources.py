@@ -19,7 +19,7 @@ from eagle_assets.hub_target import hub_folder, is_hub_id, is_pulled
 from eagle_assets.resources.inference_server import InferenceServerResource
 from eagle_assets.resources.storage import StorageResource
 from eagle_assets.resources.trainer import TrainerResource
-from eagle_assets.paths import data_dir
+from eagle_assets.paths import data_location
 from eagle_assets.settings_env import env_flag, env_holds, env_int, env_str
 from eagle_assets.targets import EMBEDDED_TARGET, PRESETS
 
@@ -36,7 +36,7 @@ def default_resources(deferred: bool = False) -> dict:
     def bound(name: str, value):
         return _from_env(name, value) if deferred else value
 
-    data = str(data_dir()) if env_str("EAGLE_ASSETS_DATA") else ""
+    data = str(data_location()) if env_str("EAGLE_ASSETS_DATA") else ""
     return {
         "inference_server": InferenceServerResource(
             target=bound("EAGLE_ASSETS_TARGET", env_str("EAGLE_ASSETS_TARGET", EMBEDDED_TARGET, check=is_target, expect=TARGET_EXPECTED)),
@@ -53,8 +53,10 @@ def default_resources(deferred: bool = False) -> dict:
             # field refuses; the flag is read (and checked) as the definitions load.
             compiled=env_flag("EAGLE_ASSETS_SERVE_COMPILED"),
         ),
-        # The folder as data_dir() checked and resolved it; an EnvVar only where the variable
-        # already holds that absolute path (`eagle-assets run` makes it so for its runs).
+        # A folder (as data_location() checked and resolved it), or an fsspec URL the storage
+        # syncs through a local mirror (the only path variable that may be a URL: the assets'
+        # files are fetched before and published after). An EnvVar only where the variable
+        # already holds that text (`eagle-assets run` makes a relative folder absolute for its runs).
         "storage": StorageResource(root=bound("EAGLE_ASSETS_DATA", data) if data else ""),
         # A value, not an EnvVar: the trainer checks its launch settings as it is built, and an
         # EnvVar.int stands for 0 until a run reads it; the variable is checked (>= 1) here.

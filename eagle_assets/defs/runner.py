@@ -201,6 +201,7 @@ def shared_extraction_server(resources: dict, config: dict, log: Callable[[str],
         return
     ids = engine_layer_ids(extraction_settings(settings, preset), preset)
     storage = resources["storage"]
+    storage.fetch(storage.corpus(preset.name), log=log)  # the server's context fits the longest sample
     with launch_extraction_server(path, ids, engine_max_model_len(preset, str(storage.corpus(preset.name))), log=log) as server:
         log(f"one extraction server for every hidden-state partition: {server.base_url}")
         yield resource_run_config("inference_server", server_resource, extraction_url=server.base_url), source

@@ -222,11 +222,23 @@ def test_benchmark_config_reads_a_k_schedule_and_refuses_a_bad_one():
         BenchmarkConfig(k_schedule="1-2:3,4-:0").settings(k=3)
 
 
-def test_a_storage_root_that_is_a_url_is_refused_not_written_as_a_local_folder(tmp_path, monkeypatch):
+def test_a_storage_root_that_is_a_url_works_in_a_local_mirror_not_a_folder_named_after_the_url(tmp_path, monkeypatch):
+    from upath import UPath
+
+    from eagle_assets.paths import mirror_dir
     from eagle_assets.resources.storage import StorageResource
 
     monkeypatch.chdir(tmp_path)
-    with pytest.raises(ValueError, match=r"storage root 's3://bucket/eagle' is a URL, not a folder: .*mounted on every node"):
-        StorageResource(root="s3://bucket/eagle").corpus("smollm2-135m-instruct")
-    assert not (tmp_path / "s3:").exists()
-    assert StorageResource(root=str(tmp_path / "d")).corpus("t") == tmp_path / "d" / "t" / "corpus"
+    monkeypatch.setenv("EAGLE_ASSETS_CACHE", str(tmp_path / "cache"))
+    s3 = StorageResource(root="s3://bucket/eagle")
+    corpus = s3.corpus("smollm2-135m-instruct")
+    assert corpus == mirror_dir("s3://bucket/eagle") / "smollm2-135m-instruct" / "corpus"
+    assert corpus.is_relative_to(tmp_path / "cache" / "storage") and not (tmp_path / "s3:").exists()
+    assert s3.remote(corpus) == UPath("s3://bucket/eagle/smollm2-135m-instruct/corpus")
+    mirrored = StorageResource(root="s3://bucket/eagle", mirror=str(tmp_path / "m"))
+    assert mirrored.report("t") == tmp_path / "m" / "t" / "report"
+    with pytest.raises(ValueError, match=r"storage root 'nope://x': fsspec cannot open it \(ValueError: Protocol not known: nope\)"):
+        StorageResource(root="nope://x").corpus("t")
+    local = StorageResource(root=str(tmp_path / "d"))  # a folder: its own paths, and nothing to sync
+    assert local.corpus("t") == tmp_path / "d" / "t" / "corpus"
+    assert local.fetch(local.corpus("t")) == [] and local.publish(local.corpus("t")) == []
