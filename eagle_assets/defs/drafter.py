@@ -143,6 +143,7 @@ def _trained(inference_server: InferenceServerResource, storage: StorageResource
     """(target preset, drafter folder, the trainer's summary) of the materialised drafter."""
     preset, _ = target_of(inference_server)
     out = storage.drafter(preset.name)
+    storage.fetch(out / "drafter-vllm", out / "drafter-sglang", out / SUMMARY_FILE)  # not the checkpoints
     if not (out / SUMMARY_FILE).is_file():
         raise ValueError(f"no trained drafter of {preset.name} to check ({out / SUMMARY_FILE} is missing): materialise drafter_checkpoint first")
     summary = read_json_object(out / SUMMARY_FILE, "the trainer's summary of the drafter", "materialise drafter_checkpoint again")

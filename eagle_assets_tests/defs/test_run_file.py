@@ -102,10 +102,11 @@ def test_the_default_preset_follows_the_target():
 
 def test_the_target_travels_in_run_config_that_each_stage_job_accepts():
     """`--target` reaches runs launched by any daemon as the inference_server resource's config."""
-    from eagle_assets.definitions import defs
+    from eagle_assets.defs import build_definitions
     from eagle_assets.defs.jobs import JOBS
     from eagle_assets.defs.runner import run_resources
 
+    defs = build_definitions(automation=False)  # bound from this test's environment, not an earlier one's
     resources, config = run_resources("tiny-kimi-k2.5")
     assert resources["inference_server"].target == "tiny-kimi-k2.5"
     assert config["resources"]["inference_server"]["config"]["target"] == "tiny-kimi-k2.5"
