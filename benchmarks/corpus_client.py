@@ -75,8 +75,9 @@ VLLM_BENCH_SERVE = (
 )
 
 
-def vllm_bench_command(engine_python: Path, base_url: str, model: str, tokenizer: str, dataset: Path,
-                       n: int, concurrency: int, max_tokens: int, result_dir: Path) -> list[str]:
+def vllm_bench_command(
+    engine_python: Path, base_url: str, model: str, tokenizer: str, dataset: Path, n: int, concurrency: int, max_tokens: int, result_dir: Path
+) -> list[str]:
     return [
         str(engine_python), "-c", VLLM_BENCH_SERVE,
         "--backend", "openai-chat", "--base-url", base_url, "--endpoint", "/v1/chat/completions",

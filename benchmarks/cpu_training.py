@@ -54,8 +54,11 @@ def main(argv: list[str] | None = None) -> None:
     if args.epochs is not None:
         overrides["epochs"] = args.epochs
     out = args.out or Path(tempfile.mkdtemp(prefix="cpu-training-"))
-    print(f"this CPU runs bf16 matmuls {precision.cpu_bf16_speedup():.1f}x as fast as fp32 "
-          f"(bf16 autocast pays from {precision.CPU_BF16_MIN_SPEEDUP}x); runs under {out}", flush=True)
+    print(
+        f"this CPU runs bf16 matmuls {precision.cpu_bf16_speedup():.1f}x as fast as fp32 "
+        f"(bf16 autocast pays from {precision.CPU_BF16_MIN_SPEEDUP}x); runs under {out}",
+        flush=True,
+    )
     results = {}
     for name, bf16 in (("fp32", False), ("bf16", True)):
         cfg = base.replace(out_dir=str(out / name), bf16=bf16, **overrides)
@@ -63,8 +66,10 @@ def main(argv: list[str] | None = None) -> None:
         print(f"{name}: done in {results[name]['wall_s']:.0f} s", flush=True)
 
     fp32, bf16 = results["fp32"], results["bf16"]
-    print(f"\n{fp32['steps']} steps, {fp32['train_samples']} samples, {fp32['train_tokens']:,} tokens x {fp32['epochs']} epochs, "
-          f"{fp32['val_samples']} held out, K={fp32['ttt_steps']}")
+    print(
+        f"\n{fp32['steps']} steps, {fp32['train_samples']} samples, {fp32['train_tokens']:,} tokens x {fp32['epochs']} epochs, "
+        f"{fp32['val_samples']} held out, K={fp32['ttt_steps']}"
+    )
     print(f"{'':<14} {'precision':<14} {'wall s':>8} {'tokens/s':>9} {'val loss':>9} {'val AL':>7}  p_k")
     for name, s in results.items():
         accept = " / ".join(f"{p:.2f}" for p in (s["val_accept"] or []))

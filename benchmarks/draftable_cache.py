@@ -33,10 +33,11 @@ PROJECT_ROOT = Path(__file__).resolve().parents[1]
 if str(PROJECT_ROOT) not in sys.path:
     sys.path.insert(0, str(PROJECT_ROOT))
 
+from train_throughput import BETAS, CLIP, LR, Shape, Timer, drafter_config, initial_weights, make_problem  # noqa: E402
+
 from eagle_assets.drafter.model import Eagle3Drafter  # noqa: E402
 from eagle_assets.drafter.parallelize import TrainObjective  # noqa: E402
 from eagle_assets.drafter.train import build_optimizer, optimizer_step  # noqa: E402
-from train_throughput import BETAS, CLIP, LR, Shape, Timer, drafter_config, initial_weights, make_problem  # noqa: E402
 
 # SmolLM2-135M-Instruct's drafter shape: 8,192 draft ids, at 7 TTT steps (the preset trains 3).
 SMOLLM2 = Shape("smollm2-135m", 576, 1536, 9, 3, 64, 49152, 8192, 7, 100000.0, 30)
@@ -68,8 +69,13 @@ def main(argv: list[str] | None = None) -> None:
     target_head, outside_head = p.lm_head[p.t2d].to(dtype), p.lm_head[~p.t2d].to(dtype)
     objective = TrainObjective(drafter, shape.ttt_steps)
     optimizer = build_optimizer(objective, LR, BETAS, 0.0, fused=use_bf16)
-    batch = {"aux": p.aux.to(dtype), "final": p.final.to(dtype), "input_ids": p.input_ids, "loss_mask": p.loss_mask,
-             "lengths": torch.full((args.batch,), args.seq_len, device=device)}
+    batch = {
+        "aux": p.aux.to(dtype),
+        "final": p.final.to(dtype),
+        "input_ids": p.input_ids,
+        "loss_mask": p.loss_mask,
+        "lengths": torch.full((args.batch,), args.seq_len, device=device),
+    }
     with_positions = {**batch, "positions": torch.arange(args.batch, device=device)}
     runs = {
         "recomputed": (batch, outside_head),
@@ -79,8 +85,19 @@ def main(argv: list[str] | None = None) -> None:
 
     def step(mode: str):
         data, outside = runs[mode]
-        return optimizer_step(objective, optimizer, None, [data], target_head, outside, ttt_steps=shape.ttt_steps,
-                              world_size=1, grad_clip=CLIP, use_bf16=use_bf16, device=device)
+        return optimizer_step(
+            objective,
+            optimizer,
+            None,
+            [data],
+            target_head,
+            outside,
+            ttt_steps=shape.ttt_steps,
+            world_size=1,
+            grad_clip=CLIP,
+            use_bf16=use_bf16,
+            device=device,
+        )
 
     trained = {}
     for mode in MODES:  # warm-up; the first "looked up" step fills the cache
@@ -89,12 +106,14 @@ def main(argv: list[str] | None = None) -> None:
     timers = {mode: Timer(device) for mode in MODES}
     for _ in range(args.rounds):
         for mode in MODES:
-            timers[mode].run(lambda: step(mode))
+            timers[mode].run(lambda mode=mode: step(mode))
     ms = {mode: timers[mode].mean_ms for mode in MODES}
 
     tokens = args.batch * args.seq_len
-    print(f"{shape.name} drafter, {device.type} ({'bf16 autocast' if use_bf16 else 'fp32'}, {torch.get_num_threads()} threads), "
-          f"{args.batch} x {args.seq_len} tokens, {shape.ttt_steps} TTT steps, {args.rounds} rounds")
+    print(
+        f"{shape.name} drafter, {device.type} ({'bf16 autocast' if use_bf16 else 'fp32'}, {torch.get_num_threads()} threads), "
+        f"{args.batch} x {args.seq_len} tokens, {shape.ttt_steps} TTT steps, {args.rounds} rounds"
+    )
     print(f"positions that train: {trained['recomputed']:.0f} of {tokens} with the mask, {trained['no mask']:.0f} without")
     print(f"{'step':<12} {'ms':>9} {'tokens/s':>10} {'vs recomputed':>14}")
     for mode in MODES:
@@ -102,8 +121,10 @@ def main(argv: list[str] | None = None) -> None:
     share = (ms["recomputed"] - ms["looked up"]) / ms["recomputed"]
     E = args.epochs
     projected = (ms["recomputed"] + (E - 1) * ms["looked up"]) / (E * ms["recomputed"])
-    print(f"the mask's matmul: {share:.0%} of a recomputed step; a {E}-epoch training takes "
-          f"{projected:.2f} of its time without the cache ({1 / projected:.2f}x faster)")
+    print(
+        f"the mask's matmul: {share:.0%} of a recomputed step; a {E}-epoch training takes "
+        f"{projected:.2f} of its time without the cache ({1 / projected:.2f}x faster)"
+    )
 
 
 if __name__ == "__main__":

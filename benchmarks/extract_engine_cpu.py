@@ -120,7 +120,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
             print(json.dumps(rows[-1]), flush=True)
     print(f"\n{'target':24} {'tokens':>7} {'hf tok/s':>9} {'engine tok/s':>13} {'engine/hf':>10} {'engine start':>13}")
     for r in rows:
-        print(f"{r['target']:24} {r['engine_tokens']:7d} {r['hf_tok_s']:9.0f} {r['engine_tok_s']:13.0f} {r['ratio']:9.2f}x {r['engine_start_s']:12.0f}s")
+        print(
+            f"{r['target']:24} {r['engine_tokens']:7d} {r['hf_tok_s']:9.0f} {r['engine_tok_s']:13.0f} {r['ratio']:9.2f}x {r['engine_start_s']:12.0f}s"
+        )
     if args.json:
         args.json.write_text(json.dumps(rows, indent=2))
     return rows

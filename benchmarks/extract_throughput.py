@@ -153,6 +153,7 @@ def layer_times(model, corpus: Path, settings: ExtractSettings, device: torch.de
                 marks[j].append([ev, None])
             else:
                 marks[j].append([time.perf_counter(), None])
+
         return hook
 
     def post(j):
@@ -163,6 +164,7 @@ def layer_times(model, corpus: Path, settings: ExtractSettings, device: torch.de
                 marks[j][-1][1] = ev
             else:
                 marks[j][-1][1] = time.perf_counter()
+
         return hook
 
     def one_pass() -> float:
@@ -238,21 +240,27 @@ def measure_moe(shape: MoeShape, device: torch.device, scratch: Path, num_shards
 
 
 def print_moe_table(rows: list[MoeRow], ours: float, forward: float, device: str, disk_bytes_s: float, hidden: int) -> None:
-    print(f"\nKimi-K2.5-shaped extraction on {device} (full width, {rows[0].layers} layers measured, per-layer times "
-          "extrapolated to 61; bf16 random weights)")
+    print(
+        f"\nKimi-K2.5-shaped extraction on {device} (full width, {rows[0].layers} layers measured, per-layer times "
+        "extrapolated to 61; bf16 random weights)"
+    )
     head = f"{'experts':<12} {'tok/s measured':>15} {'dense ms/1k tok':>16} {'MoE ms/1k tok':>14} {'rest ms/1k tok':>15} {'tok/s at 61 layers':>19}"
     print(head)
     print("-" * len(head))
     for r in rows:
-        print(f"{r.experts:<12} {r.forward_tok_s:>15,.0f} {r.dense_ms_per_1k:>16.2f} {r.moe_ms_per_1k:>14.2f} {r.rest_ms_per_1k:>15.2f} "
-              f"{r.extrapolated_tok_s:>19,.0f}")
+        print(
+            f"{r.experts:<12} {r.forward_tok_s:>15,.0f} {r.dense_ms_per_1k:>16.2f} {r.moe_ms_per_1k:>14.2f} {r.rest_ms_per_1k:>15.2f} "
+            f"{r.extrapolated_tok_s:>19,.0f}"
+        )
     disk_tok_s = disk_bytes_s / hidden_state_bytes_per_token(3, hidden)
     limit = min(forward, disk_tok_s)
     print(f"grouped / looped experts at 61 layers: {rows[0].extrapolated_tok_s / rows[1].extrapolated_tok_s:.2f}x")
-    print(f"our extraction over the {rows[0].layers} measured layers: {ours:,.0f} tok/s against a limit of {limit:,.0f} "
-          f"(bare forward {forward:,.0f}, disk {disk_bytes_s / 1e9:.2f} GB/s = {disk_tok_s:,.0f} tok/s of 3 aux + final states): "
-          f"{ours / limit:.2f} of it. At 61 layers the forward, not the disk, is the limit "
-          f"({rows[0].extrapolated_tok_s:,.0f} tok/s need {rows[0].extrapolated_tok_s * hidden_state_bytes_per_token(3, hidden) / 1e9:.2f} GB/s).")
+    print(
+        f"our extraction over the {rows[0].layers} measured layers: {ours:,.0f} tok/s against a limit of {limit:,.0f} "
+        f"(bare forward {forward:,.0f}, disk {disk_bytes_s / 1e9:.2f} GB/s = {disk_tok_s:,.0f} tok/s of 3 aux + final states): "
+        f"{ours / limit:.2f} of it. At 61 layers the forward, not the disk, is the limit "
+        f"({rows[0].extrapolated_tok_s:,.0f} tok/s need {rows[0].extrapolated_tok_s * hidden_state_bytes_per_token(3, hidden) / 1e9:.2f} GB/s)."
+    )
 
 
 def build_model(shape: Shape, device: torch.device):
@@ -322,6 +330,7 @@ def bare_forward(model, corpus: Path, settings: ExtractSettings, device: torch.d
                 ids, mask = ids.pin_memory(), None if mask is None else mask.pin_memory()
             inputs.append((ids, mask))
             tokens += sum(s.token_counts[a:b])
+
     def one_pass() -> float:
         sync(device)
         start = time.perf_counter()
@@ -476,8 +485,9 @@ def main(argv: list[str] | None = None) -> list[Row]:
         print_moe_table(moe_rows, ours, forward, name, disk, shape.hidden_size)
         print(f"total {time.perf_counter() - began:.0f} s")
         if args.json:
-            args.json.write_text(json.dumps({"rows": [asdict(r) for r in moe_rows], "ours_tok_s": ours, "forward_tok_s": forward,
-                                             "disk_bytes_s": disk}, indent=2))
+            args.json.write_text(
+                json.dumps({"rows": [asdict(r) for r in moe_rows], "ours_tok_s": ours, "forward_tok_s": forward, "disk_bytes_s": disk}, indent=2)
+            )
         return moe_rows
     try:
         disk = disk_write_bandwidth(scratch_root, int(disk_gb * 1e9))

@@ -70,8 +70,9 @@ def round_steps(run: ServedRun, baseline: ServedRun) -> float | None:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--drafter", type=Path, required=True, help="a drafter's vLLM export folder")
-    ap.add_argument("--parallel-drafter", type=Path,
-                    help="a drafter trained for parallel drafting (vLLM export) to serve instead of an untrained copy")
+    ap.add_argument(
+        "--parallel-drafter", type=Path, help="a drafter trained for parallel drafting (vLLM export) to serve instead of an untrained copy"
+    )
     ap.add_argument("-k", type=int, action="append", help="draft tokens per round (repeat); default 3")
     ap.add_argument("--num-prompts", type=int, default=16)
     ap.add_argument("--output-len", type=int, default=128)
@@ -81,13 +82,17 @@ def main(argv: list[str] | None = None) -> int:
         sys.exit(f"{a.drafter} lacks config.json or model.safetensors: pass a drafter's vLLM export folder (drafter-vllm/)")
     if a.parallel_drafter is not None:
         if not folder_drafts_in_parallel(a.parallel_drafter):
-            sys.exit(f"{a.parallel_drafter} is not a parallel drafter's vLLM export (no ptd_token_id in config.json): "
-                     "train one with ptd_token_id set (TrainConfig.ptd_token_id, quality_drafter.py --ptd-token-id)")
+            sys.exit(
+                f"{a.parallel_drafter} is not a parallel drafter's vLLM export (no ptd_token_id in config.json): "
+                "train one with ptd_token_id set (TrainConfig.ptd_token_id, quality_drafter.py --ptd-token-id)"
+            )
     ks = tuple(a.k or [3])
     sweep = SweepSettings(output_len=a.output_len, concurrencies=(1,), progress=False)
     prompts = mt_bench_prompts(a.num_prompts)
-    print(f"{a.num_prompts} MT-Bench first turns, {a.output_len} tokens each, greedy, concurrency 1, "
-          f"{'compiled' if a.compiled else 'eager'}", flush=True)
+    print(
+        f"{a.num_prompts} MT-Bench first turns, {a.output_len} tokens each, greedy, concurrency 1, {'compiled' if a.compiled else 'eager'}",
+        flush=True,
+    )
     with tempfile.TemporaryDirectory() as tmp:
         if a.parallel_drafter is not None:
             parallel = a.parallel_drafter.resolve()
@@ -113,12 +118,16 @@ def main(argv: list[str] | None = None) -> int:
             continue
         level = run.level(1)
         rounds[label] = round_steps(run, base)
-        print(f"{label:<22} {level.spec.al:>9.2f} {level.tokens_per_s:>7.1f} "
-              f"{level.tokens_per_s / base.level(1).tokens_per_s:>7.2f}x {rounds[label]:>21.2f}")
+        print(
+            f"{label:<22} {level.spec.al:>9.2f} {level.tokens_per_s:>7.1f} "
+            f"{level.tokens_per_s / base.level(1).tokens_per_s:>7.2f}x {rounds[label]:>21.2f}"
+        )
     for k in ks:
         step, par = rounds[f"step by step, K={k}"], rounds[f"parallel, K={k}"]
-        print(f"K={k}: a parallel round costs {par / step:.2f} of a step-by-step one; a parallel drafter matches a "
-              f"step-by-step one of AL A from AL {par / step:.2f} x A, and reaches 1.6x from AL {1.6 * par:.2f}")
+        print(
+            f"K={k}: a parallel round costs {par / step:.2f} of a step-by-step one; a parallel drafter matches a "
+            f"step-by-step one of AL A from AL {par / step:.2f} x A, and reaches 1.6x from AL {1.6 * par:.2f}"
+        )
     return 0
 
 

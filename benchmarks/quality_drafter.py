@@ -57,22 +57,46 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import torch  # noqa: E402
 
-from eagle_assets.run_presets import RUN_PRESETS  # noqa: E402
-
 from eagle_assets.drafter.run_config import TrainConfig  # noqa: E402
+from eagle_assets.run_presets import RUN_PRESETS  # noqa: E402
 
 # The asset configs' defaults for what a preset leaves unset (defs/*.py; this script must not
 # import Dagster). The drafter's are the trainer's own, as the asset's are; the others are
 # copies that eagle_assets_tests/test_quality_script.py keeps equal.
 ASSET_DEFAULTS: dict[str, dict] = {
-    "prompts": {"source": "magpie", "num_prompts": 48, "seed": 0, "user_turns": "all", "mix": {}, "answer_tokens": 256,
-                "max_conversation_tokens": None, "multi_turn_fraction": 0.25, "max_prompt_tokens": 96, "temperature": 1.0,
-                "user_openings": [], "user_topics": []},
+    "prompts": {
+        "source": "magpie",
+        "num_prompts": 48,
+        "seed": 0,
+        "user_turns": "all",
+        "mix": {},
+        "answer_tokens": 256,
+        "max_conversation_tokens": None,
+        "multi_turn_fraction": 0.25,
+        "max_prompt_tokens": 96,
+        "temperature": 1.0,
+        "user_openings": [],
+        "user_topics": [],
+    },
     "synthetic_corpus": {"temperature": 0.0, "max_tokens": 256, "shard_size": 64},
-    "drafter_checkpoint": {"ttt_steps": None} | {
-        f.name: f.default for f in dataclasses.fields(TrainConfig)
-        if f.name in ("drafter_intermediate_size", "epochs", "max_steps", "lr", "warmup_steps", "micro_batch_tokens", "grad_accum",
-                      "val_fraction", "val_interval", "checkpoint_every", "seed")
+    "drafter_checkpoint": {"ttt_steps": None}
+    | {
+        f.name: f.default
+        for f in dataclasses.fields(TrainConfig)
+        if f.name
+        in (
+            "drafter_intermediate_size",
+            "epochs",
+            "max_steps",
+            "lr",
+            "warmup_steps",
+            "micro_batch_tokens",
+            "grad_accum",
+            "val_fraction",
+            "val_interval",
+            "checkpoint_every",
+            "seed",
+        )
     },  # fmt: skip
     "benchmark_report": {"num_prompts": 8, "output_len": 64, "k": None},
 }
@@ -214,7 +238,9 @@ def stage_shards(a, data: Path) -> dict:
     aux = tuple(a.extract_aux_layer_ids or preset.default_aux_layer_ids)
     settings = ExtractSettings(aux_layer_ids=aux, num_shards=NUM_SHARDS, batch_tokens=65536, progress=False)
     start = time.perf_counter()
-    results = extract_all(model, str(data / "corpus"), data / "hidden_states", settings, tokenizer=tokenizer, target_fingerprint=target_fingerprint(path))
+    results = extract_all(
+        model, str(data / "corpus"), data / "hidden_states", settings, tokenizer=tokenizer, target_fingerprint=target_fingerprint(path)
+    )
     tokens = sum(sum(r.manifest.token_counts) for r in results)
     return {"tokens": tokens, "samples": sum(len(r.manifest.sample_ids) for r in results), "aux_layer_ids": list(aux),
             "draft_vocab_coverage": coverage, "coverage_by_draft_vocab_size": coverage_by_size,
@@ -316,7 +342,9 @@ def offline_part(a, data: Path) -> None:
     else:
         prompts, categories = mt_bench_prompts(settings.num_prompts), mt_bench_categories(settings.num_prompts)
     mine = list(range(i, len(prompts), n))
-    results = offline_results(pull(), data / a.drafter_dir / "drafter-vllm", [prompts[j] for j in mine], settings, log=lambda m: None, device=a.device)
+    results = offline_results(
+        pull(), data / a.drafter_dir / "drafter-vllm", [prompts[j] for j in mine], settings, log=lambda m: None, device=a.device
+    )
     rows = [{"index": j, "category": categories[j], "tokens": r.tokens, "accepted_per_step": r.accepted_per_step, "answer_end": r.answer_end}
             for j, r in zip(mine, results)]  # fmt: skip
     write_json(Path(a.offline_out), rows)
@@ -370,8 +398,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-batch", type=int, default=512, help="requests decoded together (the generator's slots)")
     ap.add_argument("--max-len", type=int, default=2048, help="longest prompt + answer the generator holds, in tokens")
     ap.add_argument("--deadline-s", type=float, default=None, help="stop generating after this many seconds (resumable)")
-    ap.add_argument("--corpus-budget-s", type=float, default=None,
-                    help="end the corpus stage (prompts, then answers) after this many seconds; the later stages use what it stored")
+    ap.add_argument(
+        "--corpus-budget-s",
+        type=float,
+        default=None,
+        help="end the corpus stage (prompts, then answers) after this many seconds; the later stages use what it stored",
+    )
     ap.add_argument("--num-prompts", type=int,
                     help="prompts to take instead of the preset's: the corpus budget covers prompts first, then "
                          "answers, so a short budget wants fewer prompts")  # fmt: skip
@@ -379,27 +411,39 @@ def main(argv: list[str] | None = None) -> int:
                     help="where the corpus's prompts come from (default the preset's): ShareGPT's human turns, Magpie prompts "
                          "the target writes, or a mix of both by --mix")  # fmt: skip
     ap.add_argument("--mix", type=_shares, help="shares for --prompt-source mix, e.g. sharegpt=0.75,magpie=0.25 (default the preset's)")
-    ap.add_argument("--no-topics", action="store_true",
-                    help="a corpus variant: the preset's openings without those that name a subject ({topic})")
-    ap.add_argument("--gen-dtype", default="float32", choices=["float32", "bfloat16"],
-                    help="the generator's dtype (bf16 is faster on a GPU; the answers then drift from fp32 greedy now and then)")
+    ap.add_argument("--no-topics", action="store_true", help="a corpus variant: the preset's openings without those that name a subject ({topic})")
+    ap.add_argument(
+        "--gen-dtype",
+        default="float32",
+        choices=["float32", "bfloat16"],
+        help="the generator's dtype (bf16 is faster on a GPU; the answers then drift from fp32 greedy now and then)",
+    )
     ap.add_argument("--device", default="cuda", help="cuda, or cpu for a smoke run of a small preset")
-    ap.add_argument("--cuda-graphs", action=argparse.BooleanOptionalAction, default=None,
-                    help="the generator replays its decode steps as CUDA graphs (default: on CUDA)")
+    ap.add_argument(
+        "--cuda-graphs",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="the generator replays its decode steps as CUDA graphs (default: on CUDA)",
+    )
     ap.add_argument("--offline-workers", type=int, default=1, help="processes sharing the offline stage's prompts (on one GPU)")
     ap.add_argument("--offline-num-prompts", type=int, help="offline and held_out: this many prompts instead of the preset benchmark's")
     ap.add_argument("--offline-output-len", type=int, help="offline and held_out: answers this long instead of the preset benchmark's")
     ap.add_argument("--offline-part", help=argparse.SUPPRESS)  # i/N: run as one offline worker
     ap.add_argument("--offline-out", help=argparse.SUPPRESS)
     ap.add_argument("--offline-set", default="mt_bench", choices=["mt_bench", "held_out"], help=argparse.SUPPRESS)
-    ap.add_argument("--drafter-dir", default="drafter",
-                    help="folder under --data for the train and offline stages (a variant of its own; its figures go there)")
+    ap.add_argument(
+        "--drafter-dir", default="drafter", help="folder under --data for the train and offline stages (a variant of its own; its figures go there)"
+    )
     ap.add_argument("--lr", type=float, help="train a variant: this peak learning rate instead of the preset's")
     ap.add_argument("--intermediate-size", type=int, help="train a variant: the drafter's MLP this wide (default the preset's)")
     ap.add_argument("--num-layers", type=int, default=1, help="train a variant: this many decoder layers (more than one serves in vLLM only)")
     ap.add_argument("--draft-vocab-size", type=int, help="train a variant: this many draft-vocabulary ids (default the target preset's)")
-    ap.add_argument("--target-temperature", type=float, default=1.0,
-                    help="train a variant: learn softmax(target logits / T) (below 1 sharpens towards the greedy token)")
+    ap.add_argument(
+        "--target-temperature",
+        type=float,
+        default=1.0,
+        help="train a variant: learn softmax(target logits / T) (below 1 sharpens towards the greedy token)",
+    )
     ap.add_argument("--unreached-weight", type=float, default=1.0,
                     help="train a variant: weigh positions whose earlier draft steps drafted wrong by this (0 = only the "
                          "chains serving verifies)")  # fmt: skip
@@ -412,8 +456,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="shards: extract these layers (e.g. 2,15,27,29,30) instead of the target's default aux ids, so "
                          "variants can train on subsets of them")  # fmt: skip
     ap.add_argument("--aux-layer-ids", type=_ids, help="train a variant: read these of the shards' layers (default the target's aux ids)")
-    ap.add_argument("--checkpoint-every", type=int,
-                    help="checkpoint this often (steps) instead of the preset's: less lost when a call's time limit cuts training")
+    ap.add_argument(
+        "--checkpoint-every", type=int, help="checkpoint this often (steps) instead of the preset's: less lost when a call's time limit cuts training"
+    )
     a = ap.parse_args(argv)
     if a.device == "cuda" and not torch.cuda.is_available():
         print("no CUDA device: on a CPU host run `eagle-assets run --preset ...`, or pass --device cpu", file=sys.stderr)

@@ -76,10 +76,8 @@ for p in (str(PROJECT_ROOT), str(BENCH_DIR)):
     if p not in sys.path:
         sys.path.insert(0, p)
 
-import torch  # noqa: E402
-
 import quality_drafter as qd  # noqa: E402  (benchmarks/quality_drafter.py)
-from eagle_assets.drafter.train import WarmupCosine  # noqa: E402
+import torch  # noqa: E402
 from specforge_glue import (  # noqa: E402
     SPECFORGE_VERSION,
     STEP_DECAY,
@@ -89,6 +87,8 @@ from specforge_glue import (  # noqa: E402
     specforge_config,
     specforge_state,
 )
+
+from eagle_assets.drafter.train import WarmupCosine  # noqa: E402
 
 STAGES = ("init", "ours", "specforge", "export", "check", "validate", "offline", "report")
 SIDES = ("ours", "specforge")
@@ -687,8 +687,10 @@ def stage_init(a, data: Path, work: Path) -> dict:
     write_json(work / "init" / "plan.json", plan)
     sf, why = import_specforge(training=False)
     schedule = schedule_check(sf, cfg, total) if sf is not None else {"skipped": why}
-    log(f"init: {plan['data']}; {total} steps ({cfg.epochs} epochs); SpecForge's schedule vs ours: "
-        + (f"max |lr difference| {schedule['max_abs_diff_over_peak_lr']:.2e} of the peak" if sf else why))
+    log(
+        f"init: {plan['data']}; {total} steps ({cfg.epochs} epochs); SpecForge's schedule vs ours: "
+        + (f"max |lr difference| {schedule['max_abs_diff_over_peak_lr']:.2e} of the peak" if sf else why)
+    )
     return {"plan": plan, "schedule": schedule, "drafter_config": config.to_dict(), "run": json.loads(cfg.to_json()),
             "target": str(target), "initial_weights_sha256": sha256(work / "init" / INITIAL_WEIGHTS)}  # fmt: skip
 
@@ -940,7 +942,7 @@ def stage_offline(a, work: Path, deadline: float, sides: list[str]) -> dict:
     results: dict = {}
     for side in sides:
         codes = []
-        for part, proc in procs[side]:
+        for _part, proc in procs[side]:
             try:
                 codes.append(proc.wait(timeout=max(1.0, deadline - time.time())))
             except subprocess.TimeoutExpired:
@@ -987,10 +989,17 @@ def differences(run: dict, schedule: dict, sf_summary: dict) -> list[str]:
         f"Gradient clip {run['grad_clip']} on the global norm on both.",
         f"Schedule: warm-up {run['warmup_steps']} steps then cosine to {run['min_lr_ratio']} x lr on both (BF16Optimizer's "
         "warmup_ratio chosen to give the same warm-up steps; its cosine floor eta_min, which it leaves at 0, set to ours)"
-        + (f"; largest per-step difference {schedule['max_abs_diff_over_peak_lr']:.1e} of the peak lr." if "max_abs_diff_over_peak_lr" in schedule else "."),
+        + (
+            f"; largest per-step difference {schedule['max_abs_diff_over_peak_lr']:.1e} of the peak lr."
+            if "max_abs_diff_over_peak_lr" in schedule
+            else "."
+        ),
         "Attention: ours a causal flash attention merged with each step's diagonal keys; SpecForge "
-        + ("sdpa with its dense TTT masks." if sf_summary.get("attention") == "sdpa" else
-           "flex_attention (compiled for sequences over 128 tokens, eager below)."),
+        + (
+            "sdpa with its dense TTT masks."
+            if sf_summary.get("attention") == "sdpa"
+            else "flex_attention (compiled for sequences over 128 tokens, eager below)."
+        ),
         f"Same micro-batches in the same order (our BatchPlanner over the same split, micro_batch_tokens "
         f"{run['micro_batch_tokens']}, grad_accum {run['grad_accum']}), same TTT steps ({run['ttt_steps']}), same initial "
         "weights (our trainer's seeded initialisation rounded to bf16), the target's frozen embedding on both.",
@@ -1036,8 +1045,10 @@ def build_report(a, work: Path, figures: dict) -> dict:
     o_rate, s_rate = report["ours"]["tokens_per_s"], report["specforge"]["tokens_per_s"]
     report["tokens_per_s_ratio"] = o_rate / s_rate if o_rate and s_rate else None
     o_al, s_al = report["ours"]["offline_al"], report["specforge"]["offline_al"]
-    report["goal"] = {"offline_al_at_least_specforge": None if o_al is None or s_al is None else o_al >= s_al,
-                      "speed_ratio_at_least_1.3": None if report["tokens_per_s_ratio"] is None else report["tokens_per_s_ratio"] >= 1.3}
+    report["goal"] = {
+        "offline_al_at_least_specforge": None if o_al is None or s_al is None else o_al >= s_al,
+        "speed_ratio_at_least_1.3": None if report["tokens_per_s_ratio"] is None else report["tokens_per_s_ratio"] >= 1.3,
+    }
     report["logits_check"] = figures.get("check")
     report["weights_mapped"] = {k: figures.get("export", {}).get(k) for k in ("mapped_tensors", "our_tensors", "mapping")}
     report["differences"] = differences(run, schedule, figures.get("specforge", {}).get("summary", {})) if run else []
@@ -1103,10 +1114,16 @@ def print_table(report: dict) -> None:
         ("held-out val AL", _f(o["val_al"]), _f(s["val_al"])),
         ("  p_1 .. p_K", pk(o["val_p_k"]), pk(s["val_p_k"])),
         ("train tokens/s", _f(o["tokens_per_s"], ",.0f"), _f(s["tokens_per_s"], ",.0f")),
-        ("  with outlier steps", _f(o["timing"].get("tokens_per_s_with_outliers"), ",.0f"),
-         _f(s["timing"].get("tokens_per_s_with_outliers"), ",.0f")),
-        ("  outlier / timed steps", f"{o['timing'].get('outlier_steps', 'n/a')} / {o['timing'].get('steps_timed', 'n/a')}",
-         f"{s['timing'].get('outlier_steps', 'n/a')} / {s['timing'].get('steps_timed', 'n/a')}"),
+        (
+            "  with outlier steps",
+            _f(o["timing"].get("tokens_per_s_with_outliers"), ",.0f"),
+            _f(s["timing"].get("tokens_per_s_with_outliers"), ",.0f"),
+        ),
+        (
+            "  outlier / timed steps",
+            f"{o['timing'].get('outlier_steps', 'n/a')} / {o['timing'].get('steps_timed', 'n/a')}",
+            f"{s['timing'].get('outlier_steps', 'n/a')} / {s['timing'].get('steps_timed', 'n/a')}",
+        ),
         ("steps / epochs", f"{o['steps']} / {o['epochs']}", f"{s['steps']} / {s['epochs']}" + ("" if s["trained"] else " (not trained)")),
     ]
     print(f"{'':24} {'ours':>22} {'SpecForge':>22}")
@@ -1114,7 +1131,9 @@ def print_table(report: dict) -> None:
         print(f"{name:24} {x:>22} {y:>22}")
     ratio, goal = report["tokens_per_s_ratio"], report["goal"]
     check = report.get("logits_check") or {}
-    print(f"tokens/s ours / SpecForge: {_f(ratio, '.2f') + 'x' if ratio else 'n/a'}; logits check: {'passed' if check.get('ok') else 'FAILED' if check else 'not run'}")
+    print(
+        f"tokens/s ours / SpecForge: {_f(ratio, '.2f') + 'x' if ratio else 'n/a'}; logits check: {'passed' if check.get('ok') else 'FAILED' if check else 'not run'}"
+    )
     met = goal["offline_al_at_least_specforge"] and goal["speed_ratio_at_least_1.3"]
     print(f"goal (offline AL >= SpecForge's at >= 1.3x its tokens/s): "
           f"{'met' if met else 'not met' if None not in goal.values() else 'undecided (a side is missing)'}")  # fmt: skip
@@ -1134,14 +1153,19 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--work", default="vs_specforge", help="folder under --data for this comparison (resumable state)")
     ap.add_argument("--device", default=None, help="cuda (default) or cpu (default with --smoke)")
     ap.add_argument("--stages", default=",".join(STAGES), help=f"comma-separated, from {', '.join(STAGES)}")
-    ap.add_argument("--deadline-s", type=float, default=None,
-                    help="stop after this many seconds (trainings checkpoint and stop; run again to continue)")
+    ap.add_argument(
+        "--deadline-s", type=float, default=None, help="stop after this many seconds (trainings checkpoint and stop; run again to continue)"
+    )
     ap.add_argument("--timing-skip-steps", type=int, default=None, help="untimed first steps of each training process (default 20; smoke 1)")
     ap.add_argument("--offline-workers", type=int, default=1, help="reference-decoder processes per drafter (on one GPU)")
     ap.add_argument("--offline-num-prompts", type=int, help="MT-Bench first turns (default the preset benchmark's: 80 for smollm2-quality)")
     ap.add_argument("--offline-output-len", type=int, help="tokens per answer (default the preset benchmark's: 128 for smollm2-quality)")
-    ap.add_argument("--specforge-attention", default="flex_attention", choices=["flex_attention", "sdpa"],
-                    help="SpecForge's attention backend in training (its trainer's default: flex_attention)")
+    ap.add_argument(
+        "--specforge-attention",
+        default="flex_attention",
+        choices=["flex_attention", "sdpa"],
+        help="SpecForge's attention backend in training (its trainer's default: flex_attention)",
+    )
     ap.add_argument("--smoke", action="store_true", help="CPU: tiny shards built here, every stage, 2 prompts")
     ap.add_argument("--worker", choices=SIDES, help=argparse.SUPPRESS)
     ap.add_argument("--worker-deadline", type=float, default=None, help=argparse.SUPPRESS)

@@ -22,9 +22,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import torch  # noqa: E402
+from profiling import print_profile  # noqa: E402  (benchmarks/profiling.py, beside this script)
 
 from eagle_assets.corpus.slot_decoder import SlotDecoder  # noqa: E402
-from profiling import print_profile  # noqa: E402  (benchmarks/profiling.py, beside this script)
 
 
 def smollm2_shaped(layers: int):

@@ -156,9 +156,7 @@ def ours_from_specforge(state: dict[str, torch.Tensor], config: DrafterConfig) -
     wrong = [f"{k} {tuple(mapped[k].shape)} vs ours {expected[k]}" for k in sorted(set(mapped) & set(expected))
              if tuple(mapped[k].shape) != tuple(expected[k])]  # fmt: skip
     if unknown or missing or wrong:
-        raise ValueError(
-            f"SpecForge's weights do not map onto our drafter: no place for {unknown}, unfilled {missing}, shapes {wrong}"
-        )
+        raise ValueError(f"SpecForge's weights do not map onto our drafter: no place for {unknown}, unfilled {missing}, shapes {wrong}")
     return mapped
 
 

@@ -48,12 +48,14 @@ PROJECT_ROOT = Path(__file__).resolve().parents[1]
 if str(PROJECT_ROOT) not in sys.path:
     sys.path.insert(0, str(PROJECT_ROOT))
 
+from profiling import print_profile  # noqa: E402  (benchmarks/profiling.py, beside this script)
+from specforge_glue import SPECFORGE_VERSION, STEP_DECAY, import_specforge, specforge_config, specforge_state  # noqa: E402
+
 from eagle_assets.drafter.config import DrafterConfig  # noqa: E402
 from eagle_assets.drafter.model import Eagle3Drafter  # noqa: E402
 from eagle_assets.drafter.parallelize import TrainObjective, parallelize  # noqa: E402
 from eagle_assets.drafter.train import build_optimizer, optimizer_step, setup_distributed  # noqa: E402
-from profiling import print_profile  # noqa: E402  (benchmarks/profiling.py, beside this script)
-from specforge_glue import SPECFORGE_VERSION, STEP_DECAY, import_specforge, specforge_config, specforge_state  # noqa: E402
+
 LR, CLIP, BETAS = 1e-4, 0.5, (0.9, 0.999)  # SpecForge's AdamW defaults, used on both sides
 
 
@@ -86,11 +88,20 @@ SMOKE = Shape("smoke", 64, 128, 4, 2, 16, 512, 128, 3, 10000.0, 8)
 def drafter_config(shape: Shape, max_len: int) -> DrafterConfig:
     L = shape.target_layers
     return DrafterConfig(
-        hidden_size=shape.hidden, intermediate_size=shape.intermediate, num_attention_heads=shape.heads,
-        num_key_value_heads=shape.kv_heads, head_dim=shape.head_dim, rms_norm_eps=1e-5,
-        rope_theta=shape.rope_theta, rope_scaling=None, max_position_embeddings=max(8192, max_len),
-        vocab_size=shape.vocab, draft_vocab_size=shape.draft_vocab, target_hidden_size=shape.hidden,
-        aux_layer_ids=(2, L // 2, L - 3), target_num_layers=L,
+        hidden_size=shape.hidden,
+        intermediate_size=shape.intermediate,
+        num_attention_heads=shape.heads,
+        num_key_value_heads=shape.kv_heads,
+        head_dim=shape.head_dim,
+        rms_norm_eps=1e-5,
+        rope_theta=shape.rope_theta,
+        rope_scaling=None,
+        max_position_embeddings=max(8192, max_len),
+        vocab_size=shape.vocab,
+        draft_vocab_size=shape.draft_vocab,
+        target_hidden_size=shape.hidden,
+        aux_layer_ids=(2, L // 2, L - 3),
+        target_num_layers=L,
     )
 
 
@@ -111,9 +122,7 @@ class Problem:
     t2d: torch.Tensor  # (V,) bool
 
 
-def make_problem(
-    shape: Shape, seq_len: int, batch: int, seed: int, device: torch.device, batch_seed: int | None = None
-) -> Problem:
+def make_problem(shape: Shape, seq_len: int, batch: int, seed: int, device: torch.device, batch_seed: int | None = None) -> Problem:
     """Deterministic: each implementation regenerates its own identical copy (so that the peak
     memory of one never includes the other's tensors). `seed` fixes the target (vocabulary,
     lm_head, embedding), `batch_seed` (default `seed`) the batch.
@@ -215,8 +224,16 @@ def measure_matmul_peak(device: torch.device, smoke: bool) -> tuple[float, str]:
 def step_flops(shape: Shape, seq_len: int, batch: int) -> float:
     """Model FLOPs of one training step: 3x the forward matmuls that train (forward + backward),
     1x the frozen teacher head (full-vocabulary logits, forward only). Both sides do this work."""
-    H, D, nh, nkv, inter, N, V, K = (shape.hidden, shape.head_dim, shape.heads, shape.kv_heads,
-                                     shape.intermediate, shape.draft_vocab, shape.vocab, shape.ttt_steps)
+    H, D, nh, nkv, inter, N, V, K = (
+        shape.hidden,
+        shape.head_dim,
+        shape.heads,
+        shape.kv_heads,
+        shape.intermediate,
+        shape.draft_vocab,
+        shape.vocab,
+        shape.ttt_steps,
+    )
     tokens = batch * seq_len
     per_token_step = (
         2 * (2 * H) * (nh * D + 2 * nkv * D)  # q, k, v from [embedding ; hidden]
@@ -233,9 +250,7 @@ def step_flops(shape: Shape, seq_len: int, batch: int) -> float:
 # ----------------------------------------------------------------------------- ours
 
 
-def run_ours(
-    shape: Shape, seq_len: int, batch: int, steps: int, warmup: int, device: torch.device, seed: int, profile: int = 0
-) -> dict:
+def run_ours(shape: Shape, seq_len: int, batch: int, steps: int, warmup: int, device: torch.device, seed: int, profile: int = 0) -> dict:
     """Time our optimiser step on one device; returns tokens/s, step ms, peak GiB and losses.
     profile > 0: then profile one more step and print its `profile` costliest operators."""
     reset_memory(device)
@@ -254,15 +269,31 @@ def run_ours(
     del p.lm_head
     objective = TrainObjective(drafter, shape.ttt_steps)
     optimizer = build_optimizer(objective, LR, BETAS, 0.0, fused=device.type == "cuda")
-    batch_dict = {"aux": p.aux, "final": p.final, "input_ids": p.input_ids, "loss_mask": p.loss_mask,
-                  "lengths": torch.full((batch,), seq_len, device=device)}
+    batch_dict = {
+        "aux": p.aux,
+        "final": p.final,
+        "input_ids": p.input_ids,
+        "loss_mask": p.loss_mask,
+        "lengths": torch.full((batch,), seq_len, device=device),
+    }
     if not use_bf16:
         batch_dict["aux"], batch_dict["final"] = p.aux.float(), p.final.float()
         target_head, outside_head = target_head.float(), outside_head.float()
 
     def step():
-        return optimizer_step(objective, optimizer, None, [batch_dict], target_head, outside_head,
-                              ttt_steps=shape.ttt_steps, world_size=1, grad_clip=CLIP, use_bf16=use_bf16, device=device)
+        return optimizer_step(
+            objective,
+            optimizer,
+            None,
+            [batch_dict],
+            target_head,
+            outside_head,
+            ttt_steps=shape.ttt_steps,
+            world_size=1,
+            grad_clip=CLIP,
+            use_bf16=use_bf16,
+            device=device,
+        )
 
     losses = []
     for _ in range(warmup):
@@ -275,9 +306,16 @@ def run_ours(
         losses.append(float(totals[0]) / (batch * seq_len))
     if profile:
         print_profile(step, device, profile)
-    result = {"impl": "ours", "seq_len": seq_len, "step_ms": timer.mean_ms,
-              "tokens_per_s": batch * seq_len / (timer.mean_ms / 1e3), "peak_gib": peak_gib(device),
-              "loss_first": losses[0], "loss_last": losses[-1], "losses": losses}
+    result = {
+        "impl": "ours",
+        "seq_len": seq_len,
+        "step_ms": timer.mean_ms,
+        "tokens_per_s": batch * seq_len / (timer.mean_ms / 1e3),
+        "peak_gib": peak_gib(device),
+        "loss_first": losses[0],
+        "loss_last": losses[-1],
+        "losses": losses,
+    }
     return result  # the model, optimiser and inputs go with this frame
 
 
@@ -298,13 +336,13 @@ def build_specforge(sf: dict, shape: Shape, seq_len: int, device: torch.device, 
     draft.embed_tokens.weight.requires_grad_(False)  # frozen, as SpecForge's trainer loads it
     draft = draft.to(device=device, dtype=torch.bfloat16)  # its trainer keeps bf16 weights (d2t/t2d keep theirs) ...
     model = sf["OnlineEagle3Model"](draft, length=shape.ttt_steps, attention_backend="flex_attention")
-    optimizer = sf["BF16Optimizer"](draft, lr=LR, max_grad_norm=CLIP, total_steps=10_000, warmup_ratio=0.0,
-                                    lr_scheduler="constant")  # ... and fp32 masters in its optimiser
+    optimizer = sf["BF16Optimizer"](
+        draft, lr=LR, max_grad_norm=CLIP, total_steps=10_000, warmup_ratio=0.0, lr_scheduler="constant"
+    )  # ... and fp32 masters in its optimiser
     return model, optimizer
 
 
-def run_specforge(sf: dict, shape: Shape, seq_len: int, batch: int, steps: int, warmup: int,
-                  device: torch.device, seed: int) -> dict:
+def run_specforge(sf: dict, shape: Shape, seq_len: int, batch: int, steps: int, warmup: int, device: torch.device, seed: int) -> dict:
     reset_memory(device)
     p = make_problem(shape, seq_len, batch, seed, device)
     model, optimizer = build_specforge(sf, shape, seq_len, device, seed, p)
@@ -317,8 +355,13 @@ def run_specforge(sf: dict, shape: Shape, seq_len: int, batch: int, steps: int, 
 
     def step():
         plosses, *_ = model(
-            input_ids=input_ids, attention_mask=attention_mask, loss_mask=loss_mask, target=None,
-            hidden_states=p.aux, target_hidden_for_compact=final, target_head_weight=p.lm_head,
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            loss_mask=loss_mask,
+            target=None,
+            hidden_states=p.aux,
+            target_hidden_for_compact=final,
+            target_head_weight=p.lm_head,
         )
         loss = sum(STEP_DECAY**i * pl for i, pl in enumerate(plosses))
         loss.backward()
@@ -333,9 +376,16 @@ def run_specforge(sf: dict, shape: Shape, seq_len: int, batch: int, steps: int, 
     timer = Timer(device)
     for _ in range(steps):
         losses.append(float(timer.run(step)))
-    result = {"impl": "specforge", "seq_len": seq_len, "step_ms": timer.mean_ms,
-              "tokens_per_s": batch * seq_len / (timer.mean_ms / 1e3), "peak_gib": peak_gib(device),
-              "loss_first": losses[0], "loss_last": losses[-1], "losses": losses}
+    result = {
+        "impl": "specforge",
+        "seq_len": seq_len,
+        "step_ms": timer.mean_ms,
+        "tokens_per_s": batch * seq_len / (timer.mean_ms / 1e3),
+        "peak_gib": peak_gib(device),
+        "loss_first": losses[0],
+        "loss_last": losses[-1],
+        "losses": losses,
+    }
     return result
 
 
@@ -367,16 +417,29 @@ def scaling_worker(args) -> None:
     model = parallelize(objective, args.parallelism[0], device, ignored_params={drafter.embed_tokens.weight})
     fused = use_bf16 and args.parallelism[0] == "ddp"
     optimizer = build_optimizer(model, LR, BETAS, 0.0, fused=fused)
-    batch_dict = {"aux": shared.aux if use_bf16 else shared.aux.float(),
-                  "final": shared.final if use_bf16 else shared.final.float(),
-                  "input_ids": shared.input_ids, "loss_mask": shared.loss_mask,
-                  "lengths": torch.full((batch,), T, device=device)}
+    batch_dict = {
+        "aux": shared.aux if use_bf16 else shared.aux.float(),
+        "final": shared.final if use_bf16 else shared.final.float(),
+        "input_ids": shared.input_ids,
+        "loss_mask": shared.loss_mask,
+        "lengths": torch.full((batch,), T, device=device),
+    }
     del shared
 
     def step():
-        return optimizer_step(model, optimizer, None, [batch_dict], target_head, outside_head,
-                              ttt_steps=shape.ttt_steps, world_size=env.world_size, grad_clip=CLIP,
-                              use_bf16=use_bf16, device=device)
+        return optimizer_step(
+            model,
+            optimizer,
+            None,
+            [batch_dict],
+            target_head,
+            outside_head,
+            ttt_steps=shape.ttt_steps,
+            world_size=env.world_size,
+            grad_clip=CLIP,
+            use_bf16=use_bf16,
+            device=device,
+        )
 
     for _ in range(args.warmup):
         step()
@@ -390,9 +453,14 @@ def scaling_worker(args) -> None:
         dist.all_reduce(stats, op=dist.ReduceOp.MAX)  # the slowest rank sets the pace
     if env.rank == 0:
         step_ms = float(stats[0])
-        out = {"parallelism": args.parallelism[0], "nproc": env.world_size, "seq_len": T, "step_ms": step_ms,
-               "tokens_per_s": env.world_size * batch * T / (step_ms / 1e3),
-               "peak_gib": float(stats[1]) if device.type == "cuda" else None}
+        out = {
+            "parallelism": args.parallelism[0],
+            "nproc": env.world_size,
+            "seq_len": T,
+            "step_ms": step_ms,
+            "tokens_per_s": env.world_size * batch * T / (step_ms / 1e3),
+            "peak_gib": float(stats[1]) if device.type == "cuda" else None,
+        }
         Path(args.worker_out).write_text(json.dumps(out))
     if env.owns_group:
         dist.destroy_process_group()
@@ -408,10 +476,29 @@ def run_scaling(args, device: torch.device) -> list[dict]:
                 continue
             with tempfile.TemporaryDirectory() as tmp:
                 out = Path(tmp) / "result.json"
-                cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={n}",
-                       str(Path(__file__).resolve()), "--worker", "--worker-out", str(out),
-                       "--parallelism", mode, "--seq-lens", str(args.seq_lens[0]), "--batch", str(args.batch),
-                       "--steps", str(args.steps), "--warmup", str(args.warmup), "--seed", str(args.seed)]
+                cmd = [
+                    sys.executable,
+                    "-m",
+                    "torch.distributed.run",
+                    "--standalone",
+                    f"--nproc_per_node={n}",
+                    str(Path(__file__).resolve()),
+                    "--worker",
+                    "--worker-out",
+                    str(out),
+                    "--parallelism",
+                    mode,
+                    "--seq-lens",
+                    str(args.seq_lens[0]),
+                    "--batch",
+                    str(args.batch),
+                    "--steps",
+                    str(args.steps),
+                    "--warmup",
+                    str(args.warmup),
+                    "--seed",
+                    str(args.seed),
+                ]
                 if args.smoke:
                     cmd.append("--smoke")
                 print(f"  torchrun: {mode} x{n} ...", flush=True)
@@ -431,13 +518,17 @@ def _fmt(x, spec: str, none: str = "n/a") -> str:
 
 
 def print_comparison(rows: list[dict], peak: float, peak_what: str, shape: Shape, batch: int) -> None:
-    print(f"\nTraining step, {shape.name} drafter (H={shape.hidden}, I={shape.intermediate}, heads {shape.heads}/"
-          f"{shape.kv_heads}, V={shape.vocab}, N={shape.draft_vocab}, TTT {shape.ttt_steps}), batch {batch}")
+    print(
+        f"\nTraining step, {shape.name} drafter (H={shape.hidden}, I={shape.intermediate}, heads {shape.heads}/"
+        f"{shape.kv_heads}, V={shape.vocab}, N={shape.draft_vocab}, TTT {shape.ttt_steps}), batch {batch}"
+    )
     print(f"MFU against the measured peak: {peak / 1e12:.3g} TFLOP/s ({peak_what})")
-    print("loss: per position, the 0.8^i-weighted sum over TTT steps (SpecForge's normalisation), "
-          "first step (same weights, same batch) and last timed step.\n"
-          "  Expected first-step difference ~1/T: at the sequence end SpecForge also trains the row whose\n"
-          "  target is the last position (it pairs loss_mask[t+i] with token t+2+i); ours needs token t+2+i.")
+    print(
+        "loss: per position, the 0.8^i-weighted sum over TTT steps (SpecForge's normalisation), "
+        "first step (same weights, same batch) and last timed step.\n"
+        "  Expected first-step difference ~1/T: at the sequence end SpecForge also trains the row whose\n"
+        "  target is the last position (it pairs loss_mask[t+i] with token t+2+i); ours needs token t+2+i."
+    )
     header = f"{'T':>6} {'impl':>10} {'tokens/s':>11} {'step ms':>9} {'peak GiB':>9} {'MFU':>6} {'loss first':>11} {'loss last':>10}"
     print(header)
     print("-" * len(header))
@@ -452,14 +543,18 @@ def print_comparison(rows: list[dict], peak: float, peak_what: str, shape: Shape
                 continue
             mfu = flops / (r["step_ms"] / 1e3) / peak
             r["mfu"] = mfu
-            print(f"{T:>6} {name:>10} {r['tokens_per_s']:>11.0f} {r['step_ms']:>9.2f} {_fmt(r['peak_gib'], '9.2f'):>9} "
-                  f"{mfu:>6.1%} {r['loss_first']:>11.5f} {r['loss_last']:>10.5f}")
+            print(
+                f"{T:>6} {name:>10} {r['tokens_per_s']:>11.0f} {r['step_ms']:>9.2f} {_fmt(r['peak_gib'], '9.2f'):>9} "
+                f"{mfu:>6.1%} {r['loss_first']:>11.5f} {r['loss_last']:>10.5f}"
+            )
         if "ours" in impls and "specforge" in impls:
             o, s = impls["ours"], impls["specforge"]
-            mem = (f"{o['peak_gib'] / s['peak_gib']:.2f}x" if o["peak_gib"] and s["peak_gib"] else "n/a")
+            mem = f"{o['peak_gib'] / s['peak_gib']:.2f}x" if o["peak_gib"] and s["peak_gib"] else "n/a"
             rel = abs(o["loss_first"] - s["loss_first"]) / max(abs(s["loss_first"]), 1e-12)
-            print(f"{T:>6} {'ours/SF':>10} {o['tokens_per_s'] / s['tokens_per_s']:>10.2f}x "
-                  f"{o['step_ms'] / s['step_ms']:>8.2f}x {mem:>9} {'':>6} {'rel diff':>11} {rel:>10.2e}")
+            print(
+                f"{T:>6} {'ours/SF':>10} {o['tokens_per_s'] / s['tokens_per_s']:>10.2f}x "
+                f"{o['step_ms'] / s['step_ms']:>8.2f}x {mem:>9} {'':>6} {'rel diff':>11} {rel:>10.2e}"
+            )
 
 
 def print_scaling(results: list[dict]) -> None:
@@ -473,14 +568,18 @@ def print_scaling(results: list[dict]) -> None:
     for r in results:
         b = base.get(r["parallelism"])
         eff = r["tokens_per_s"] / (r["nproc"] * b["tokens_per_s"]) if b else None
-        print(f"{r['parallelism']:>6} {r['nproc']:>5} {r['seq_len']:>6} {r['tokens_per_s']:>11.0f} "
-              f"{r['tokens_per_s'] / r['nproc']:>10.0f} {r['step_ms']:>9.2f} {_fmt(r['peak_gib'], '9.2f'):>9} "
-              f"{_fmt(eff, '10.1%'):>10}")
+        print(
+            f"{r['parallelism']:>6} {r['nproc']:>5} {r['seq_len']:>6} {r['tokens_per_s']:>11.0f} "
+            f"{r['tokens_per_s'] / r['nproc']:>10.0f} {r['step_ms']:>9.2f} {_fmt(r['peak_gib'], '9.2f'):>9} "
+            f"{_fmt(eff, '10.1%'):>10}"
+        )
     modes = {r["parallelism"]: r for r in results if r["nproc"] == max(x["nproc"] for x in results)}
     if "ddp" in modes and "fsdp2" in modes:
         d, f = modes["ddp"], modes["fsdp2"]
-        print(f"FSDP2 / DDP at {d['nproc']} process(es): {f['tokens_per_s'] / d['tokens_per_s']:.2f}x tokens/s"
-              + (f", {f['peak_gib'] / d['peak_gib']:.2f}x peak memory" if d["peak_gib"] and f["peak_gib"] else ""))
+        print(
+            f"FSDP2 / DDP at {d['nproc']} process(es): {f['tokens_per_s'] / d['tokens_per_s']:.2f}x tokens/s"
+            + (f", {f['peak_gib'] / d['peak_gib']:.2f}x peak memory" if d["peak_gib"] and f["peak_gib"] else "")
+        )
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -544,8 +643,16 @@ def main(argv=None) -> dict:
     print_comparison(rows, peak, peak_what, shape, args.batch)
     scaling = run_scaling(args, device) if args.nproc else []
     print_scaling(scaling)
-    report = {"device": name, "torch": torch.__version__, "shape": asdict(shape), "peak_flops": peak,
-              "peak_what": peak_what, "step": rows, "scaling": scaling, "specforge": sf["where"] if sf else why}
+    report = {
+        "device": name,
+        "torch": torch.__version__,
+        "shape": asdict(shape),
+        "peak_flops": peak,
+        "peak_what": peak_what,
+        "step": rows,
+        "scaling": scaling,
+        "specforge": sf["where"] if sf else why,
+    }
     if args.json:
         args.json.write_text(json.dumps(report, indent=2))
     return report

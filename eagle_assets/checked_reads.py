@@ -65,8 +65,7 @@ def read_safetensors_layout(path: str | Path, fix: str = SAFETENSORS_FIX) -> tup
         header_bytes = int.from_bytes(prefix, "little")
         if len(prefix) < 8 or header_bytes > size - 8:
             raise ValueError(
-                f"{path}: not a safetensors file, or truncated (its first 8 bytes announce a {header_bytes}-byte "
-                f"header in a {size}-byte file): {fix}"
+                f"{path}: not a safetensors file, or truncated (its first 8 bytes announce a {header_bytes}-byte header in a {size}-byte file): {fix}"
             )
         try:
             header = json.loads(f.read(header_bytes))
@@ -83,8 +82,7 @@ def read_safetensors_layout(path: str | Path, fix: str = SAFETENSORS_FIX) -> tup
         begin, end = entry["data_offsets"]
         if end > data_bytes:
             raise ValueError(
-                f"{path}: truncated: tensor {name!r} ends {end} bytes into the data, the file holds {data_bytes} "
-                f"after its header: {fix}"
+                f"{path}: truncated: tensor {name!r} ends {end} bytes into the data, the file holds {data_bytes} after its header: {fix}"
             )
         bits = SAFETENSORS_DTYPE_BITS.get(entry.get("dtype"))
         if bits is None:
@@ -105,8 +103,7 @@ def read_safetensors_layout(path: str | Path, fix: str = SAFETENSORS_FIX) -> tup
         covered = end
     if covered != data_bytes:
         raise ValueError(
-            f"{path}: the tensors' data cover {covered} of the {data_bytes} bytes after the header "
-            f"(bytes appended, overlapping or missing): {fix}"
+            f"{path}: the tensors' data cover {covered} of the {data_bytes} bytes after the header (bytes appended, overlapping or missing): {fix}"
         )
     return header, 8 + header_bytes
 

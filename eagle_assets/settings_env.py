@@ -27,15 +27,15 @@ VARIABLES: dict[str, str] = {
     "EAGLE_ASSETS_PRESET": "run preset for assets never built before (default smollm2-default)",
     "EAGLE_ASSETS_PROMPTS_URL": "folder the new_prompt_files sensor watches (unset: none)",
     "EAGLE_ASSETS_PROMPT_ROOTS": "comma-separated folders or URL prefixes a run's prompts.file_url may read, besides "
-                                 "EAGLE_ASSETS_DATA and EAGLE_ASSETS_PROMPTS_URL; * allows any",
+    "EAGLE_ASSETS_DATA and EAGLE_ASSETS_PROMPTS_URL; * allows any",
     "EAGLE_ASSETS_RETRAIN_CRON": "when the retrain schedule runs, a cron string (default 0 3 * * 0)",
     "EAGLE_ASSETS_TARGET": "target preset name or model folder of the Dagster resources (default the embedded SmolLM2)",
     "EAGLE_ASSETS_SERVER_URL": "an OpenAI-compatible server to use instead of launching vLLM (unset: launch)",
     "EAGLE_ASSETS_SERVER_API_KEY": "that server's API key (or EAGLE_ASSETS_SERVER_API_KEY_FILE, a file holding it)",
     "EAGLE_ASSETS_SPECULATIVE_URL": "with EAGLE_ASSETS_SERVER_URL: a server of yours serving the target with the drafter's export, "
-                                    "for the drafter's checks and the benchmark (unset: they say how to serve one)",
+    "for the drafter's checks and the benchmark (unset: they say how to serve one)",
     "EAGLE_ASSETS_EXTRACTION_URL": "a server of yours extracting hidden states (`eagle-assets serve --extract`), for "
-                                   "hidden_state_shards (unset: launched when the states come from the engine)",
+    "hidden_state_shards (unset: launched when the states come from the engine)",
     "EAGLE_ASSETS_SERVE_COMPILED": "1 serves the pipeline's CPU servers compiled (default 0)",
     "EAGLE_ASSETS_NPROC_PER_NODE": "training processes per node, at least 1 (default 1)",
     "EAGLE_ASSETS_COMPILE": "drafter kernels compiled: auto (on CUDA), 1 (always) or 0 (never)",
@@ -112,8 +112,10 @@ def env_choice(name: str, default: str, choices: Iterable[str]) -> str:
     return value
 
 
-MOUNT_FIX = ("give a folder of a filesystem every process reads as files (local, or mounted on every node: an S3 bucket "
-             "through mountpoint-s3 or s3fs-fuse, NFS, Lustre)")
+MOUNT_FIX = (
+    "give a folder of a filesystem every process reads as files (local, or mounted on every node: an S3 bucket "
+    "through mountpoint-s3 or s3fs-fuse, NFS, Lustre)"
+)
 
 
 def env_path(name: str, default: str | Path | None) -> Path | None:

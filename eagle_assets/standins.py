@@ -145,7 +145,8 @@ REMOTE_TOKENIZER_MODULE = "tokenization_standin"
 # trust_remote_code. transformers 5.19 registers a built-in tokenizer for kimi_k25 and falls
 # back to it without remote code, reading tokenizer.json; so the vocabulary goes under a file
 # name only this class reads, and the fallback finds nothing to load.
-REMOTE_TOKENIZER_CODE = '''"""SmolLM2's tokenizer under a class of its own: remote code, like Kimi-K2.5's TikToken tokenizer."""
+REMOTE_TOKENIZER_CODE = (
+    '''"""SmolLM2's tokenizer under a class of its own: remote code, like Kimi-K2.5's TikToken tokenizer."""
 
 from transformers import PreTrainedTokenizerFast
 
@@ -155,7 +156,9 @@ class StandinTokenizer(PreTrainedTokenizerFast):
 
     def __init__(self, vocab_file=None, **kwargs):
         super().__init__(tokenizer_file=vocab_file, **kwargs)
-''' % REMOTE_TOKENIZER_FILE
+'''
+    % REMOTE_TOKENIZER_FILE
+)
 
 
 def text_config():
@@ -164,9 +167,7 @@ def text_config():
 
     rope = {k: v for k, v in HUB_ROPE_SCALING.items() if k != "type"}
     rope.update(rope_type="yarn", rope_theta=ROPE_THETA)
-    return DeepseekV3Config(
-        **TEXT_SHAPE, rope_parameters=rope, max_position_embeddings=MAX_POSITION_EMBEDDINGS, initializer_range=INIT_STD
-    )
+    return DeepseekV3Config(**TEXT_SHAPE, rope_parameters=rope, max_position_embeddings=MAX_POSITION_EMBEDDINGS, initializer_range=INIT_STD)
 
 
 def hub_text_config(saved: dict) -> dict:
@@ -440,7 +441,9 @@ def vision_tensors(seed: int) -> dict[str, torch.Tensor]:
     # one-layer one with a small vocabulary stands in for it here.
     text = {**TEXT_SHAPE, "num_hidden_layers": 1, "vocab_size": 64, "model_type": "deepseek_v3"}
     torch.manual_seed(seed)
-    cfg = Kimi_K25Config(text_config=text, vision_config=VISION_CONFIG, projection_hidden_size=VISION_CONFIG["hidden_size"], tie_word_embeddings=False)
+    cfg = Kimi_K25Config(
+        text_config=text, vision_config=VISION_CONFIG, projection_hidden_size=VISION_CONFIG["hidden_size"], tie_word_embeddings=False
+    )
     model = Kimi_K25ForConditionalGeneration(cfg).to(torch.bfloat16)
     with tempfile.TemporaryDirectory() as tmp:
         model.save_pretrained(tmp, safe_serialization=True)

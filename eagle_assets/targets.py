@@ -271,9 +271,7 @@ def check_target_config(cfg: dict, source: str | Path) -> None:
     for names in TARGET_SHAPE_KEYS:
         if not any(text.get(n) for n in names):
             where = "" if text is cfg else " in text_config"
-            raise ValueError(
-                f"{source}: no {' or '.join(names)}{where}, so not a complete Hugging Face model config: {TARGET_CONFIG_FIX}"
-            )
+            raise ValueError(f"{source}: no {' or '.join(names)}{where}, so not a complete Hugging Face model config: {TARGET_CONFIG_FIX}")
 
 
 def read_target_config(path: str | Path) -> dict:

@@ -63,24 +63,52 @@ CASES = [
     Case("run_target_missing", (*CLI, "run", "--target", "/nonexistent/model"), ("--target '/nonexistent/model'", "target pull"), env=run_env()),
     Case("run_file_misspelt", (*CLI, "run", "--config", "{run_misspelt}"), ("drafter_checkpoint.epoch: no such setting", "epochs"), env=run_env()),
     Case("run_file_bad_value", (*CLI, "run", "--config", "{run_bad_value}"), ("benchmark_report.num_prompts", "valid integer"), env=run_env()),
-    Case("server_url_no_scheme", (*CLI, "run"), ("EAGLE_ASSETS_SERVER_URL", "'localhost:8000'"),
-         env=run_env(EAGLE_ASSETS_SERVER_URL="localhost:8000")),
+    Case(
+        "server_url_no_scheme", (*CLI, "run"), ("EAGLE_ASSETS_SERVER_URL", "'localhost:8000'"), env=run_env(EAGLE_ASSETS_SERVER_URL="localhost:8000")
+    ),
     Case("data_is_a_device", (*CLI, "run"), ("EAGLE_ASSETS_DATA", "/dev/null"), env=run_env(EAGLE_ASSETS_DATA="/dev/null")),
     Case("data_under_a_file", (*CLI, "run"), ("EAGLE_ASSETS_DATA", "a file"), env=run_env(EAGLE_ASSETS_DATA="{a_file}/data")),
-    Case("data_unknown_protocol", (*CLI, "run"), ("EAGLE_ASSETS_DATA='nope://x'", "Protocol not known: nope"), env=run_env(EAGLE_ASSETS_DATA="nope://x")),
-    Case("cache_is_a_url", (*CLI, "preflight"), ("EAGLE_ASSETS_CACHE='s3://bucket/cache' is a URL", "mounted"), env={"EAGLE_ASSETS_CACHE": "s3://bucket/cache"}),
+    Case(
+        "data_unknown_protocol",
+        (*CLI, "run"),
+        ("EAGLE_ASSETS_DATA='nope://x'", "Protocol not known: nope"),
+        env=run_env(EAGLE_ASSETS_DATA="nope://x"),
+    ),
+    Case(
+        "cache_is_a_url",
+        (*CLI, "preflight"),
+        ("EAGLE_ASSETS_CACHE='s3://bucket/cache' is a URL", "mounted"),
+        env={"EAGLE_ASSETS_CACHE": "s3://bucket/cache"},
+    ),
     Case("cache_is_a_device", (*CLI, "preflight"), ("EAGLE_ASSETS_CACHE", "/dev/null"), env={"EAGLE_ASSETS_CACHE": "/dev/null"}),
     Case("cache_is_a_file", (*CLI, "target", "pull"), ("EAGLE_ASSETS_CACHE", "a file"), env={"EAGLE_ASSETS_CACHE": "{a_file}"}),
-    Case("runs_is_a_device", (*CLI, "serve", "--stop", "--port", "8000"), ("EAGLE_ASSETS_RUNS", "/dev/null"),
-         env={"EAGLE_ASSETS_RUNS": "/dev/null"}),
-    Case("vllm_venv_under_a_device", (*CLI, "preflight"), ("EAGLE_ASSETS_VLLM_VENV", "/dev/null/venv"),
-         env={"EAGLE_ASSETS_VLLM_VENV": "/dev/null/venv"}),
-    Case("sglang_venv_is_a_file", (*CLI, "preflight", "--engine", "sglang"), ("EAGLE_ASSETS_SGLANG_VENV", "a file"),
-         env={"EAGLE_ASSETS_SGLANG_VENV": "{a_file}"}),
-    Case("server_key_file_missing", SERVED, ("EAGLE_ASSETS_SERVER_API_KEY_FILE", "/nonexistent/key"), code=2,
-         env={"EAGLE_ASSETS_SERVER_API_KEY_FILE": "/nonexistent/key"}),
-    Case("server_key_file_empty", SERVED, ("EAGLE_ASSETS_SERVER_API_KEY_FILE", "is empty"), code=2,
-         env={"EAGLE_ASSETS_SERVER_API_KEY_FILE": "{empty_file}"}),
+    Case("runs_is_a_device", (*CLI, "serve", "--stop", "--port", "8000"), ("EAGLE_ASSETS_RUNS", "/dev/null"), env={"EAGLE_ASSETS_RUNS": "/dev/null"}),
+    Case(
+        "vllm_venv_under_a_device",
+        (*CLI, "preflight"),
+        ("EAGLE_ASSETS_VLLM_VENV", "/dev/null/venv"),
+        env={"EAGLE_ASSETS_VLLM_VENV": "/dev/null/venv"},
+    ),
+    Case(
+        "sglang_venv_is_a_file",
+        (*CLI, "preflight", "--engine", "sglang"),
+        ("EAGLE_ASSETS_SGLANG_VENV", "a file"),
+        env={"EAGLE_ASSETS_SGLANG_VENV": "{a_file}"},
+    ),
+    Case(
+        "server_key_file_missing",
+        SERVED,
+        ("EAGLE_ASSETS_SERVER_API_KEY_FILE", "/nonexistent/key"),
+        code=2,
+        env={"EAGLE_ASSETS_SERVER_API_KEY_FILE": "/nonexistent/key"},
+    ),
+    Case(
+        "server_key_file_empty",
+        SERVED,
+        ("EAGLE_ASSETS_SERVER_API_KEY_FILE", "is empty"),
+        code=2,
+        env={"EAGLE_ASSETS_SERVER_API_KEY_FILE": "{empty_file}"},
+    ),
     # ---- command-line arguments ----------------------------------------------------------
     Case("plan_rate_inf", (*PLAN, "--generation-tok-s", "inf"), ("--generation-tok-s", "inf")),
     Case("plan_rate_nan", (*PLAN, "--generation-tok-s", "nan"), ("--generation-tok-s", "nan")),
@@ -112,7 +140,9 @@ CASES = [
     Case("drafter_dtype_float128", (*CLI, "preflight", "--drafter", "{drafter_float128}"), ("{drafter_float128}/config.json", "float128")),
     Case("drafter_tensor_dtype_bf17", (*CLI, "preflight", "--drafter", "{drafter_bf17}"), ("{drafter_bf17}/model.safetensors", "BF17")),
     Case("drafter_config_not_json", (*CLI, "preflight", "--drafter", "{drafter_not_json}"), ("{drafter_not_json}/config.json", "not valid JSON")),
-    Case("drafter_weights_truncated", (*CLI, "preflight", "--drafter", "{drafter_truncated}"), ("{drafter_truncated}/model.safetensors", "truncated")),
+    Case(
+        "drafter_weights_truncated", (*CLI, "preflight", "--drafter", "{drafter_truncated}"), ("{drafter_truncated}/model.safetensors", "truncated")
+    ),
     Case("prompt_not_text", (*SERVED, "--prompts", "{prompt_number}"), ("{prompt_number} line 2", "`prompt` must be text"), code=2),
     Case("prompt_lone_surrogate", (*SERVED, "--prompts", "{prompt_surrogate}"), ("{prompt_surrogate} line 3", "lone surrogate"), code=2),
     Case("prompt_not_utf8", (*SERVED, "--prompts", "{prompt_latin1}"), ("{prompt_latin1} line 1", "not UTF-8"), code=2),
@@ -257,9 +287,7 @@ def test_a_run_may_read_prompt_files_only_under_the_allowed_roots(tmp_path, monk
     with dg.instance_for_test() as instance:
         refused = dg.materialize([prompts], resources=resources, run_config=config, instance=instance, raise_on_error=False)
         assert not refused.success
-        message = str(refused.all_events[-1]) + "".join(
-            e.event_specific_data.error.message for e in refused.all_events if e.is_step_failure
-        )
+        message = str(refused.all_events[-1]) + "".join(e.event_specific_data.error.message for e in refused.all_events if e.is_step_failure)
         assert f"prompts.file_url '{outside}' lies outside the folders a run may read" in message
         assert "EAGLE_ASSETS_PROMPT_ROOTS" in message
         for sneaky in (str(tmp_path / "data" / ".." / "elsewhere" / "prompts.jsonl"), "/etc/passwd"):

@@ -11,7 +11,6 @@ from typer.testing import CliRunner
 from eagle_assets.cli import app
 
 
-
 @pytest.fixture
 def target(tiny_target):
     return tiny_target

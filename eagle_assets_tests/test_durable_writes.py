@@ -20,7 +20,7 @@ import pytest
 from eagle_assets.paths import PROJECT_ROOT
 
 STRACE = shutil.which("strace")
-CALL = re.compile(r'^\d+\s+(fsync|fdatasync|rename|renameat|renameat2)\((.*)\)\s+=\s+0$')
+CALL = re.compile(r"^\d+\s+(fsync|fdatasync|rename|renameat|renameat2)\((.*)\)\s+=\s+0$")
 
 
 def syscalls(log: Path) -> list[tuple[str, tuple[str, ...]]]:
@@ -30,7 +30,7 @@ def syscalls(log: Path) -> list[tuple[str, tuple[str, ...]]]:
         m = CALL.match(line)
         if m:
             name, args = m.groups()
-            paths = re.findall(r'<([^>]*)>', args) if name.startswith(("fsync", "fdatasync")) else re.findall(r'"([^"]*)"', args)
+            paths = re.findall(r"<([^>]*)>", args) if name.startswith(("fsync", "fdatasync")) else re.findall(r'"([^"]*)"', args)
             out.append(("rename" if name.startswith("rename") else "fsync", tuple(paths)))
     return out
 

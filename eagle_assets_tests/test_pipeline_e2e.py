@@ -21,7 +21,6 @@ from eagle_assets.bench.served import SweepSettings, mt_bench_prompts, run_serve
 from eagle_assets.drafter.export import export_vllm, load_drafter
 from eagle_assets.drafter.model import Eagle3Drafter
 from eagle_assets.engines.serving import launch_vllm
-from eagle_assets.engines.vllm_launch import speculative_config
 from eagle_assets.run_presets import RUN_PRESETS
 from eagle_assets.targets import EMBEDDED_TARGET
 

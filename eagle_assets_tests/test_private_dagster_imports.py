@@ -45,7 +45,9 @@ def private_imports(root: Path) -> dict[tuple[str, str, str], int]:
 
 def test_the_private_dagster_imports_are_exactly_the_pinned_ones():
     found = set(private_imports(PACKAGE))
-    assert not found - PRIVATE_IMPORTS, f"new private Dagster imports: use Dagster's public API, or justify and pin them: {sorted(found - PRIVATE_IMPORTS)}"
+    assert not found - PRIVATE_IMPORTS, (
+        f"new private Dagster imports: use Dagster's public API, or justify and pin them: {sorted(found - PRIVATE_IMPORTS)}"
+    )
     assert not PRIVATE_IMPORTS - found, f"pinned private imports no longer made: drop them from PRIVATE_IMPORTS: {sorted(PRIVATE_IMPORTS - found)}"
 
 

@@ -25,7 +25,9 @@ def test_unset_and_empty_give_the_default(monkeypatch):
     assert (env_int(NAME, 4, min=1), env_flag(NAME, True), env_choice(NAME, "a", ["a", "b"])) == (4, True, "a")
 
 
-@pytest.mark.parametrize("value, on", [("1", True), ("TRUE", True), ("yes", True), ("On", True), ("0", False), ("false", False), ("no", False), ("off", False)])
+@pytest.mark.parametrize(
+    "value, on", [("1", True), ("TRUE", True), ("yes", True), ("On", True), ("0", False), ("false", False), ("no", False), ("off", False)]
+)
 def test_flags_take_the_usual_spellings(monkeypatch, value, on):
     monkeypatch.setenv(NAME, value)
     assert env_flag(NAME) is on
@@ -54,7 +56,11 @@ def test_a_folder_setting_refuses_files_and_what_lies_under_them(monkeypatch, tm
     a_file.write_text("")
     monkeypatch.setenv(NAME, str(tmp_path / "new" / "folder"))
     assert env_path(NAME, tmp_path) == tmp_path / "new" / "folder"  # created by whoever writes into it
-    for value, kind in ((a_file, "is not a folder (a file)"), (a_file / "below", f"{a_file} above it is a file"), ("/dev/null", "a character device")):
+    for value, kind in (
+        (a_file, "is not a folder (a file)"),
+        (a_file / "below", f"{a_file} above it is a file"),
+        ("/dev/null", "a character device"),
+    ):
         monkeypatch.setenv(NAME, str(value))
         with pytest.raises(SettingError, match=re.escape(kind)):
             env_path(NAME, tmp_path)

@@ -82,4 +82,3 @@ def test_without_the_engine_plugin_vllm_refuses_the_drafter_beside_mla(standin_g
         with launch_vllm(KIMI_STANDIN, drafter=_base(data) / "drafter" / "drafter-vllm", k=3, log=lambda m: None):
             pass
     assert "No common block size" in str(failed.value), str(failed.value)
-

@@ -117,8 +117,10 @@ def test_configs_are_in_the_hubs_form(standin_paths):
     assert kimi["architectures"] == ["KimiK25ForConditionalGeneration"] and kimi["model_type"] == "kimi_k25"
     assert kimi["text_config"] == {**text, "model_type": "kimi_k2"}
     assert (standin_paths[KIMI_STANDIN] / "preprocessor_config.json").is_file()
-    assert all(0 <= kimi[k] < TEXT_SHAPE["vocab_size"] for k in ("image_token_id", "video_token_id", "vision_start_token_id", "vision_end_token_id",
-                                                           "media_placeholder_token_id"))
+    assert all(
+        0 <= kimi[k] < TEXT_SHAPE["vocab_size"]
+        for k in ("image_token_id", "video_token_id", "vision_start_token_id", "vision_end_token_id", "media_placeholder_token_id")
+    )
 
 
 def test_folders_resolve_to_the_stand_in_presets(standin_paths):
@@ -156,8 +158,10 @@ def test_greedy_answers_are_varied_and_peaked(deepseek, prompt_ids, one_thread):
     untrained = new_language_model(seed=0).to(torch.bfloat16).float().eval()
     untrained_answers = greedy_answers(untrained, prompt_ids, 48, batch_size=len(prompt_ids), pad_id=EOS)
     untrained_gaps = top2_margins(untrained, prompt_ids, untrained_answers)
-    print(f"distinct-token share {distinct_share(answers):.3f} (untrained {distinct_share(untrained_answers):.3f}); "
-          f"median top-2 gap {gaps.median():.3f} (untrained {untrained_gaps.median():.3f})")
+    print(
+        f"distinct-token share {distinct_share(answers):.3f} (untrained {distinct_share(untrained_answers):.3f}); "
+        f"median top-2 gap {gaps.median():.3f} (untrained {untrained_gaps.median():.3f})"
+    )
     assert distinct_share(untrained_answers) < DISTINCT_SHARE_FLOOR
     assert untrained_gaps.median() * 4 < gaps.median()
 

@@ -34,10 +34,10 @@ from eagle_assets.bench.greedy_check import GreedyCheck, check_against, greedy_t
 from eagle_assets.bench.interleaved import ServedTarget, round_prompts, run_interleaved
 from eagle_assets.bench.k_choice import confirmation_configs, fixed_k_label, recommended_schedule, run_schedule, schedule_label
 from eagle_assets.bench.parity import AcceptanceNumbers, ParityTolerance, TrainingFacts
+from eagle_assets.bench.progress import Measurements, files_digest
 from eagle_assets.bench.reference_decoder import Result, speculative_generate
 from eagle_assets.bench.replay_reference import replay_reference
 from eagle_assets.bench.report import BenchmarkReport, build_report, write_report
-from eagle_assets.bench.progress import Measurements, files_digest
 from eagle_assets.bench.served import (
     PromptSet,
     ServedRequestError,
@@ -159,8 +159,9 @@ def served_configs(settings: BenchmarkSettings, drafter_dir: Path) -> list[tuple
     return configs
 
 
-def interleaving(settings: BenchmarkSettings, drafter_dir: Path,
-                 why_not_at_once: Callable[[list[dict | None]], str | None] | None) -> tuple[BenchmarkSettings, str | None]:
+def interleaving(
+    settings: BenchmarkSettings, drafter_dir: Path, why_not_at_once: Callable[[list[dict | None]], str | None] | None
+) -> tuple[BenchmarkSettings, str | None]:
     """The settings with `interleave_rounds` decided, and the report's note on how the
     configurations were served. As asked, or (None) `DEFAULT_INTERLEAVE_ROUNDS` where
     `why_not_at_once(specs)` finds no reason their servers cannot all be up together (no such
@@ -377,7 +378,7 @@ def run_benchmark(
 
 
 def offline_reference_source(asked: str, target_path: Path, can_extract: bool) -> str:
-    """"hf" or "engine" for the offline reference: as asked, else (auto) "hf" where the target's
+    """ "hf" or "engine" for the offline reference: as asked, else (auto) "hf" where the target's
     weights, read in fp32, fit in half this host's available memory, else "engine"."""
     if asked == "engine" and not can_extract:
         raise ValueError("offline_reference 'engine' needs an extraction server, and none was given: serve the target with "

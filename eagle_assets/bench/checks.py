@@ -111,8 +111,7 @@ def round_speedups(runs: Sequence[ServedRun], baseline: str = BASELINE) -> dict[
             if b is None or not lv.round_tokens_per_s or len(b.round_tokens_per_s) != len(lv.round_tokens_per_s):
                 continue
             if min(b.round_tokens_per_s) > 0:
-                out.setdefault(run.label, {})[lv.concurrency] = tuple(
-                    x / y for x, y in zip(lv.round_tokens_per_s, b.round_tokens_per_s))
+                out.setdefault(run.label, {})[lv.concurrency] = tuple(x / y for x, y in zip(lv.round_tokens_per_s, b.round_tokens_per_s))
     return out
 
 
@@ -179,13 +178,15 @@ def speedup_check(
     if ratio is None:
         have = sorted({r.label for r in runs})
         return CheckResult(
-            name, False,
+            name,
+            False,
             f"no {label!r} and {baseline!r} measurements at concurrency {concurrency} to compare (runs: {have})",
             {"label": label, "baseline": baseline, "concurrency": concurrency},
         )
     passed = ratio > min_speedup
     return CheckResult(
-        name, passed,
+        name,
+        passed,
         f"{label} runs at {ratio:.2f}x the {baseline}'s output tokens/s at concurrency {concurrency} "
         f"({'above' if passed else 'not above'} {min_speedup:g}x)",
         {"speedup": ratio, "label": label, "baseline": baseline, "concurrency": concurrency, "min_speedup": min_speedup},
@@ -229,14 +230,17 @@ def parent_al_check(al: float, parent_al: float | None, slack: float = 0.0) -> C
     name = "al_not_below_parent"
     if parent_al is None:
         return CheckResult(
-            name, True, "no parent AL on these prompts to compare with (benchmark_report config parent_al)",
+            name,
+            True,
+            "no parent AL on these prompts to compare with (benchmark_report config parent_al)",
             {"al": al if math.isfinite(al) else None},
         )
     if not math.isfinite(al):
         return CheckResult(name, False, "the drafter's AL is not a number (no drafts measured)", {"al": None, "parent_al": parent_al})
     passed = al >= parent_al - slack
     return CheckResult(
-        name, passed,
+        name,
+        passed,
         f"AL {al:.3f} vs parent {parent_al:.3f}: {'not below' if passed else 'REGRESSED below'} the parent"
         + (f" (slack {slack:g})" if slack else ""),
         {"al": al, "parent_al": parent_al, "slack": slack},

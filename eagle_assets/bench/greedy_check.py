@@ -72,7 +72,7 @@ class GreedyCheck:
 
     @property
     def verdict(self) -> str:
-        """"equal", "near_ties" (every departure at a near tie) or "defect"."""
+        """ "equal", "near_ties" (every departure at a near tie) or "defect"."""
         if self.defects:
             return "defect"
         return "near_ties" if self.divergences else "equal"
@@ -84,11 +84,15 @@ class GreedyCheck:
         parts = [f"prompt {d.prompt} at token {d.index} (margin {d.margin:.2e})" if d.margin is not None else
                  f"prompt {d.prompt} at token {d.index} (margin unknown)" for d in self.divergences]  # fmt: skip
         if self.defects:
-            return (f"{head}; DEFECT: the engine departs from the target's greedy choice where the target is not near a tie "
-                    f"(margin above {self.threshold:g} nats in {self.served_dtype}): {'; '.join(parts)}. The engine verifies "
-                    "against something other than the target: check the engine's attention path for this architecture.")
-        return (f"{head}; the others part at near ties of the target (top-2 logit margin at most {self.threshold:g} nats in "
-                f"{self.served_dtype}, which the engine's two computations of the logits may flip): {'; '.join(parts)}.")
+            return (
+                f"{head}; DEFECT: the engine departs from the target's greedy choice where the target is not near a tie "
+                f"(margin above {self.threshold:g} nats in {self.served_dtype}): {'; '.join(parts)}. The engine verifies "
+                "against something other than the target: check the engine's attention path for this architecture."
+            )
+        return (
+            f"{head}; the others part at near ties of the target (top-2 logit margin at most {self.threshold:g} nats in "
+            f"{self.served_dtype}, which the engine's two computations of the logits may flip): {'; '.join(parts)}."
+        )
 
     def to_dict(self) -> dict:
         return {

@@ -197,6 +197,15 @@ def confirmation_dict(runs: Sequence[ServedRun]) -> dict | None:
         "schedule": confirmation.schedule.text(),
         "confirmed": confirmation.confirmed,
         "margin": SCHEDULE_MARGIN,
-        "levels": [{"concurrency": lv.concurrency, "k": lv.k, "speedup": lv.speedup, "fastest": lv.fastest,
-                    "fastest_speedup": lv.fastest_speedup, "confirmed": lv.confirmed} for lv in confirmation.levels],  # fmt: skip
+        "levels": [
+            {
+                "concurrency": lv.concurrency,
+                "k": lv.k,
+                "speedup": lv.speedup,
+                "fastest": lv.fastest,
+                "fastest_speedup": lv.fastest_speedup,
+                "confirmed": lv.confirmed,
+            }
+            for lv in confirmation.levels
+        ],  # fmt: skip
     }

@@ -49,10 +49,7 @@ SPEC_COUNTERS = (DRAFTS, DRAFT_TOKENS, ACCEPTED, ACCEPTED_PER_POS)
 
 METRIC_DEFINITIONS: dict[str, str] = {
     "AL": "acceptance length: tokens emitted per target verification step = 1 + accepted / drafts",
-    "draft_acceptance_rate": (
-        "accepted draft tokens / proposed draft tokens (vLLM's 'avg draft acceptance rate'; "
-        "AL 2.05 at K=7 shows as 15%)"
-    ),
+    "draft_acceptance_rate": ("accepted draft tokens / proposed draft tokens (vLLM's 'avg draft acceptance rate'; AL 2.05 at K=7 shows as 15%)"),
     "p_k": "per-position acceptance: drafts whose k-th token was accepted / drafts (k = 1..K)",
     "speedup": (
         "output tokens/s with speculation / without, same prompts, same engine, same run (without: the mean "
@@ -303,8 +300,7 @@ def spec_stats_between(before: SpecCounters, after: SpecCounters) -> SpecStats |
     )
     if min((delta.drafts, delta.draft_tokens, delta.accepted, *delta.accepted_per_pos)) < 0:
         raise ValueError(
-            f"spec-decode counters went down between scrapes ({before} -> {after}): the server "
-            "restarted during the run. Rerun the level."
+            f"spec-decode counters went down between scrapes ({before} -> {after}): the server restarted during the run. Rerun the level."
         )
     return delta
 

@@ -77,8 +77,8 @@ class AcceptanceNumbers:
         """From any object with `al`, `per_position_acceptance` and `num_drafts` (the reference
         decoder's result has them)."""
         return cls(
-            float(getattr(result, "al")),
-            tuple(float(p) for p in getattr(result, "per_position_acceptance")),
+            float(result.al),
+            tuple(float(p) for p in result.per_position_acceptance),
             getattr(result, "num_drafts", None),
             source,
         )
@@ -87,7 +87,7 @@ class AcceptanceNumbers:
     def from_results(cls, results: Sequence[object], k: int, source: str = "offline reference") -> "AcceptanceNumbers":
         """Pooled over several prompts' results, each with `accepted_per_step` (accepted drafts per
         verification step): AL = 1 + all accepted / all steps, p_k = steps accepting >= k / all steps."""
-        return cls.from_steps([a for r in results for a in getattr(r, "accepted_per_step")], k, source)
+        return cls.from_steps([a for r in results for a in r.accepted_per_step], k, source)
 
     @classmethod
     def from_steps(cls, accepted_per_step: Sequence[int], k: int, source: str = "offline reference") -> "AcceptanceNumbers":
@@ -449,9 +449,14 @@ def judge_parity(
 
     if not parity_ok:
         specific = wiring_findings(facts, engine, trained_aux_layer_ids, target_num_layers, target_vocab_size)
-        where = f" The drafter config shows: {'; '.join(specific)}." if specific else (
-            " Nothing in the drafter config stands out; check each item below on the engine actually installed."
-            if facts else " Pass the drafter folder to check its config values."
+        where = (
+            f" The drafter config shows: {'; '.join(specific)}."
+            if specific
+            else (
+                " Nothing in the drafter config stands out; check each item below on the engine actually installed."
+                if facts
+                else " Pass the drafter folder to check its config values."
+            )
         )
         return Verdict(
             "engine_wiring",

@@ -20,7 +20,15 @@ from matplotlib.figure import Figure
 from eagle_assets.bench.served import ServedRun
 
 # One colour per series name, so the same configuration looks the same in every plot.
-COLOURS = {"offline": "#4c72b0", "served": "#dd8452", "baseline": "#555555", "baseline (end)": "#aaaaaa", "baseline (control)": "#aaaaaa", "eagle3": "#dd8452", "ngram": "#55a868"}
+COLOURS = {
+    "offline": "#4c72b0",
+    "served": "#dd8452",
+    "baseline": "#555555",
+    "baseline (end)": "#aaaaaa",
+    "baseline (control)": "#aaaaaa",
+    "eagle3": "#dd8452",
+    "ngram": "#55a868",
+}
 _FALLBACK = ("#8172b3", "#c44e52", "#937860", "#da8bc3", "#8c8c8c")
 
 
@@ -70,8 +78,7 @@ def plot_throughput(runs: Sequence[ServedRun], path: str | Path, title: str = ""
     ax = fig.add_subplot()
     for i, run in enumerate(runs):
         levels = sorted(run.levels, key=lambda lv: lv.concurrency)
-        ax.plot([lv.concurrency for lv in levels], [lv.tokens_per_s for lv in levels], marker="o",
-                label=run.label, color=_colour(run.label, i))
+        ax.plot([lv.concurrency for lv in levels], [lv.tokens_per_s for lv in levels], marker="o", label=run.label, color=_colour(run.label, i))
     ax.set_xscale("log", base=2)
     concurrencies = sorted({lv.concurrency for r in runs for lv in r.levels})
     ax.set_xticks(concurrencies, [str(c) for c in concurrencies])

@@ -191,9 +191,7 @@ def speculative_generate(
     return Result(tokens=tokens, accepted_per_step=accepted, k=k, drafts=proposed)
 
 
-def _propose(
-    drafter: Eagle3Drafter, dcache, slot_aux: torch.Tensor, slot_tokens: torch.Tensor, start: int, k: int
-) -> list[int]:
+def _propose(drafter: Eagle3Drafter, dcache, slot_aux: torch.Tensor, slot_tokens: torch.Tensor, start: int, k: int) -> list[int]:
     """Chain-draft k target ids from the pending slots at positions start..start+T-1."""
     T = slot_tokens.shape[1]
     positions = torch.arange(start, start + T, device=slot_tokens.device)[None]  # (1, T)

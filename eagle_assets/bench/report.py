@@ -144,7 +144,9 @@ class BenchmarkReport:
                 "speedups": {k: {str(c): v for c, v in by_c.items()} for k, by_c in self.speedups.items()},
                 "host_drift": {str(c): v for c, v in host_drift(self.runs).items()},
                 "round_speedups": {k: {str(c): list(v) for c, v in by_c.items()} for k, by_c in round_speedups(self.runs).items()},
-                "against_ngram": {str(c): {"ratio": r, "rounds": list(rounds)} for c, (r, rounds) in against(self.runs, self.spec_label, NGRAM).items()},
+                "against_ngram": {
+                    str(c): {"ratio": r, "rounds": list(rounds)} for c, (r, rounds) in against(self.runs, self.spec_label, NGRAM).items()
+                },
                 "control": {str(c): {"ratio": r, "rounds": list(rounds)} for c, (r, rounds) in against(self.runs, CONTROL, BASELINE).items()},
                 "k_schedule": self.k_schedule_dict(),
                 "definitions": dict(self.definitions),
@@ -250,8 +252,14 @@ def build_report(
     served = AcceptanceNumbers.from_spec_stats(pooled, f"served {engine}") if pooled and pooled.drafts else None
     if parity is None and offline is not None and served is not None:
         parity = judge_parity(
-            offline, served, tolerance, drafter=drafter_path, engine=engine,
-            trained_aux_layer_ids=trained_aux_layer_ids, target_num_layers=target_num_layers, training=training,
+            offline,
+            served,
+            tolerance,
+            drafter=drafter_path,
+            engine=engine,
+            trained_aux_layer_ids=trained_aux_layer_ids,
+            target_num_layers=target_num_layers,
+            training=training,
         )
     checks = [speedup_check(runs, spec_label, BASELINE, 1, min_speedup), parity_check(parity)]
     if greedy_check is not None:
@@ -302,13 +310,23 @@ def _level_rows(report: BenchmarkReport) -> list[list[str]]:
             if lv is None:
                 continue
             spec = lv.spec
-            rows.append([
-                str(c), run.label, _f(lv.tokens_per_s, "{:.1f}"), _f(lv.requests_per_s, "{:.3f}"),
-                _ms(lv.ttft_s["mean"]), _ms(lv.ttft_s["p50"]), _ms(lv.ttft_s["p90"]),
-                _ms(lv.itl_s["mean"]), _ms(lv.itl_s["p50"]), _ms(lv.itl_s["p90"]),
-                _f(spec.al if spec else None), _f(spec.draft_acceptance_rate if spec else None, "{:.1%}"),
-                _f(report.speedups.get(run.label, {}).get(c), "{:.2f}x") if run.label not in BASELINES else baseline_cell,
-            ])
+            rows.append(
+                [
+                    str(c),
+                    run.label,
+                    _f(lv.tokens_per_s, "{:.1f}"),
+                    _f(lv.requests_per_s, "{:.3f}"),
+                    _ms(lv.ttft_s["mean"]),
+                    _ms(lv.ttft_s["p50"]),
+                    _ms(lv.ttft_s["p90"]),
+                    _ms(lv.itl_s["mean"]),
+                    _ms(lv.itl_s["p50"]),
+                    _ms(lv.itl_s["p90"]),
+                    _f(spec.al if spec else None),
+                    _f(spec.draft_acceptance_rate if spec else None, "{:.1%}"),
+                    _f(report.speedups.get(run.label, {}).get(c), "{:.2f}x") if run.label not in BASELINES else baseline_cell,
+                ]
+            )
     return rows
 
 
@@ -329,8 +347,10 @@ def to_markdown(report: BenchmarkReport, plots: Mapping[str, str] | None = None)
         f"- engine: {report.engine}; served configurations: {', '.join(r.label for r in report.runs) or 'none'}",
     ]
     if first:
-        out.append(f"- load: {first.num_prompts} prompts, greedy, exactly {first.output_len} output tokens each, "
-                   f"concurrency {', '.join(str(lv.concurrency) for lv in first.levels)}")
+        out.append(
+            f"- load: {first.num_prompts} prompts, greedy, exactly {first.output_len} output tokens each, "
+            f"concurrency {', '.join(str(lv.concurrency) for lv in first.levels)}"
+        )
     if report.prompt_set:
         out.append(f"- prompts: {report.prompt_set}")
     ks = [f"{r.label} {'by batch size' if run_schedule(r) else k}" for r in report.runs if (k := draft_tokens_per_step(r)) is not None]
@@ -352,8 +372,12 @@ def to_markdown(report: BenchmarkReport, plots: Mapping[str, str] | None = None)
         out += [f"## Greedy output under speculation: `{g.verdict}`", "", g.sentence(), ""]
 
     if report.checks:
-        out += ["## Checks", "", _table(["check", "result", "detail"],
-                [[c.name, "pass" if c.passed else "FAIL", c.description] for c in report.checks]), ""]
+        out += [
+            "## Checks",
+            "",
+            _table(["check", "result", "detail"], [[c.name, "pass" if c.passed else "FAIL", c.description] for c in report.checks]),
+            "",
+        ]
 
     out += ["## Acceptance", ""]
     if report.offline or report.served:
@@ -393,15 +417,36 @@ def to_markdown(report: BenchmarkReport, plots: Mapping[str, str] | None = None)
     out += ["## Throughput and latency per concurrency", ""]
     if base is None:
         out += ["No `baseline` run: speedups cannot be computed.", ""]
-    out += [_table(
-        ["conc.", "config", "tok/s", "req/s", "TTFT mean ms", "TTFT p50", "TTFT p90",
-         "ITL mean ms", "ITL p50", "ITL p90", "AL", "draft acc.", "speedup"],
-        _level_rows(report)), ""]
+    out += [
+        _table(
+            [
+                "conc.",
+                "config",
+                "tok/s",
+                "req/s",
+                "TTFT mean ms",
+                "TTFT p50",
+                "TTFT p90",
+                "ITL mean ms",
+                "ITL p50",
+                "ITL p90",
+                "AL",
+                "draft acc.",
+                "speedup",
+            ],
+            _level_rows(report),
+        ),
+        "",
+    ]
     if report.speedups:
         labels = list(report.speedups)
         cs = sorted({c for v in report.speedups.values() for c in v})
-        out += ["### Speedup over no speculation", "",
-                _table(["concurrency", *labels], [[str(c), *[_f(report.speedups[l].get(c), "{:.2f}x") for l in labels]] for c in cs]), ""]
+        out += [
+            "### Speedup over no speculation",
+            "",
+            _table(["concurrency", *labels], [[str(c), *[_f(report.speedups[l].get(c), "{:.2f}x") for l in labels]] for c in cs]),
+            "",
+        ]
     if drift_lines := host_drift_lines(report):
         out += ["### Host drift", "", "No speculation was served first and again last; its tokens/s last over first:", "",
                 *[f"- {line}" for line in drift_lines], ""]  # fmt: skip
@@ -547,10 +592,12 @@ def summary_text(report: BenchmarkReport) -> str:
     if report.greedy_check:
         lines.append(f"greedy output: {report.greedy_check.verdict} - {report.greedy_check.sentence()}")
     if report.offline or report.served:
+
         def fmt(x: AcceptanceNumbers | None) -> str:
             if x is None:
                 return "-"
             return f"AL {_f(x.al)}  p_k [{', '.join(_f(p) for p in x.per_position_acceptance)}]"
+
         if report.training:
             lines.append(f"trained: {fmt(report.training.validation)} (held-out corpus answers, replayed)")
         lines.append(f"offline: {fmt(report.offline)}")
@@ -564,8 +611,11 @@ def summary_text(report: BenchmarkReport) -> str:
         for r in report.runs:
             lv = r.level(c)
             s = report.speedups.get(r.label, {}).get(c)
-            cells.append(f"{'-' if lv is None else f'{lv.tokens_per_s:.1f}':>9} ({_f(s, '{:.2f}x'):>5})"
-                         if r.label not in BASELINES else f"{'-' if lv is None else f'{lv.tokens_per_s:.1f}':>16}")
+            cells.append(
+                f"{'-' if lv is None else f'{lv.tokens_per_s:.1f}':>9} ({_f(s, '{:.2f}x'):>5})"
+                if r.label not in BASELINES
+                else f"{'-' if lv is None else f'{lv.tokens_per_s:.1f}':>16}"
+            )
         lines.append(f"{c:>4}  " + "  ".join(cells))
     if drift_lines := host_drift_lines(report):
         lines.append("host drift (no speculation, last / first): " + "; ".join(drift_lines))
@@ -589,8 +639,10 @@ def summary_text(report: BenchmarkReport) -> str:
                                  for lv in confirmation.levels))  # fmt: skip
     for ch in report.checks:
         lines.append(f"[{'pass' if ch.passed else 'FAIL'}] {ch.name}: {ch.description}")
-    lines.append("AL = 1 + accepted/drafts; draft acceptance = accepted/drafted; speedup = tok/s with / without speculation"
-                 + (" (without: the mean of its first and last run)" if report.run(BASELINE_END) else ""))
+    lines.append(
+        "AL = 1 + accepted/drafts; draft acceptance = accepted/drafted; speedup = tok/s with / without speculation"
+        + (" (without: the mean of its first and last run)" if report.run(BASELINE_END) else "")
+    )
     return "\n".join(lines)
 
 

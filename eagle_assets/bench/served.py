@@ -419,8 +419,7 @@ async def _one_request(
                 spec_details = sglext["spec_tokens_details"]
             usage = chunk.get("usage") or {}
             has_text = any(
-                any((c.get("delta") or {}).get(k) for k in ("content", "reasoning_content", "reasoning"))
-                for c in chunk.get("choices") or ()
+                any((c.get("delta") or {}).get(k) for k in ("content", "reasoning_content", "reasoning")) for c in chunk.get("choices") or ()
             )
             if not chunk.get("choices"):
                 # A usage-only chunk (the last one) carries no tokens; it fixes the count when the
@@ -479,9 +478,7 @@ async def _request_with_retries(
             if gone is not None:
                 raise gone from None
             if attempt == settings.request_attempts:
-                raise ServedRequestError(
-                    f"prompt {prompt_index}: {url} failed {attempt} times; last: {error}", base_url
-                ) from None
+                raise ServedRequestError(f"prompt {prompt_index}: {url} failed {attempt} times; last: {error}", base_url) from None
             log.warning("prompt %d: %s failed (%s); retrying", prompt_index, url, error)
             await asyncio.sleep(_backoff(settings, attempt))
     raise AssertionError("unreachable")
@@ -561,8 +558,7 @@ def refuse_too_few_prompts(num_prompts: int, concurrencies: Sequence[int], what:
         raise ValueError(f"{what}: give at least 1 prompt")
     if num_prompts < top:
         raise ValueError(
-            f"{what} cannot keep {top} requests in flight (concurrencies {list(concurrencies)}): give at least "
-            f"{top} prompts or lower the concurrency"
+            f"{what} cannot keep {top} requests in flight (concurrencies {list(concurrencies)}): give at least {top} prompts or lower the concurrency"
         )
 
 
@@ -647,7 +643,12 @@ def level_result(
     al = f", AL {spec.al:.2f} over {spec.drafts} drafts" if spec and spec.drafts else ""
     log.info(
         "concurrency %d: %d requests, %.1f output tok/s, TTFT p50 %.3f s, ITL p50 %.4f s%s",
-        concurrency, level.num_requests, level.tokens_per_s, level.ttft_s["p50"], level.itl_s["p50"], al,
+        concurrency,
+        level.num_requests,
+        level.tokens_per_s,
+        level.ttft_s["p50"],
+        level.itl_s["p50"],
+        al,
     )
     return level
 
@@ -703,8 +704,15 @@ def run_served(
 ) -> ServedRun:
     """`run_sweep` for one engine configuration, packaged as a `ServedRun` named `label`."""
     started = time.time()
-    log.info("served sweep %r on %s (%s): %d prompts x %d tokens at concurrency %s",
-             label, base_url, model, len(prompts), settings.output_len, list(settings.concurrencies))
+    log.info(
+        "served sweep %r on %s (%s): %d prompts x %d tokens at concurrency %s",
+        label,
+        base_url,
+        model,
+        len(prompts),
+        settings.output_len,
+        list(settings.concurrencies),
+    )
     levels = run_sweep(base_url, model, prompts, settings=settings, api_key=api_key, on_level=on_level)
     return ServedRun(
         label=label,
@@ -757,14 +765,20 @@ def _main(argv: list[str] | None = None) -> int:
     ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 8])
     ap.add_argument("--smoke", action="store_true", help="2 prompts, 16 tokens, concurrency 1 and 2")
     ap.add_argument("--api-key-file", metavar="PATH", help="a file holding the server's API key")
-    ap.add_argument("--api-key-env", metavar="NAME", default="EAGLE_ASSETS_SERVER_API_KEY",
-                    help="the environment variable holding the key (or NAME_FILE, a file holding it)")
+    ap.add_argument(
+        "--api-key-env",
+        metavar="NAME",
+        default="EAGLE_ASSETS_SERVER_API_KEY",
+        help="the environment variable holding the key (or NAME_FILE, a file holding it)",
+    )
     ap.add_argument("--api-key", help=argparse.SUPPRESS)  # refused below: a key on the command line
     ap.add_argument("--out", help="write the ServedRun as JSON here")
     args = ap.parse_args(argv)
     if args.api_key is not None:
-        ap.error("--api-key puts the key on the command line, where `ps` shows it to every user of this host: "
-                 "give --api-key-file PATH, or set it in the variable --api-key-env names (default EAGLE_ASSETS_SERVER_API_KEY)")
+        ap.error(
+            "--api-key puts the key on the command line, where `ps` shows it to every user of this host: "
+            "give --api-key-file PATH, or set it in the variable --api-key-env names (default EAGLE_ASSETS_SERVER_API_KEY)"
+        )
     try:
         api_key = read_api_key(args.api_key_file, args.api_key_env)
     except ValueError as exc:
@@ -786,8 +800,10 @@ def _main(argv: list[str] | None = None) -> int:
             al = "  no drafts"
         else:
             al = f"  AL {lv.spec.al:.2f}  draft acceptance {lv.spec.draft_acceptance_rate:.1%}"
-        print(f"c={lv.concurrency:<3} {lv.tokens_per_s:8.1f} tok/s  TTFT p50 {lv.ttft_s['p50'] * 1e3:7.1f} ms  "
-              f"ITL p50 {lv.itl_s['p50'] * 1e3:6.1f} ms{al}")
+        print(
+            f"c={lv.concurrency:<3} {lv.tokens_per_s:8.1f} tok/s  TTFT p50 {lv.ttft_s['p50'] * 1e3:7.1f} ms  "
+            f"ITL p50 {lv.itl_s['p50'] * 1e3:6.1f} ms{al}"
+        )
     if args.out:
         print(f"wrote {write_json_atomic(args.out, run.to_dict())}")
     return 0

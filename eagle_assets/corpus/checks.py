@@ -25,16 +25,21 @@ def check_error_rate(store: CorpusStore, max_error_rate: float = 0.02) -> CheckR
     kinds = Counter(f.get("error_type", "?") for f in failures)
     passed = rate <= max_error_rate and total > 0
     commonest = "; ".join(f"{kind} x{n}" for kind, n in kinds.most_common(3))
-    return passed, {
-        "summary": (f"{len(failures)} of {total} samples failed ({rate:.1%}, {'within' if passed else 'above'} the "
-                    f"{max_error_rate:.1%} allowed)" + (f": {commonest}" if commonest else "")),  # fmt: skip
-        "error_rate": round(rate, 6),
-        "max_error_rate": max_error_rate,
-        "stored": store.num_rows,
-        "failed": len(failures),
-        "error_types": dict(kinds),
-        "first_errors": [f"{f.get('origin') or f['sample_id']}: {f['error'][:300]}" for f in failures[:3]],
-    }
+    return (
+        passed,
+        {
+            "summary": (
+                f"{len(failures)} of {total} samples failed ({rate:.1%}, {'within' if passed else 'above'} the "
+                f"{max_error_rate:.1%} allowed)" + (f": {commonest}" if commonest else "")
+            ),  # fmt: skip
+            "error_rate": round(rate, 6),
+            "max_error_rate": max_error_rate,
+            "stored": store.num_rows,
+            "failed": len(failures),
+            "error_types": dict(kinds),
+            "first_errors": [f"{f.get('origin') or f['sample_id']}: {f['error'][:300]}" for f in failures[:3]],
+        },
+    )
 
 
 def check_reasoning_capture(store: CorpusStore, target_reasons: bool) -> CheckResult:
@@ -53,10 +58,7 @@ def check_reasoning_capture(store: CorpusStore, target_reasons: bool) -> CheckRe
         meta["note"] = "the target has no reasoning parser: nothing to capture"
         return True, meta
     if missing:
-        meta["hint"] = (
-            "start the server with the target's --reasoning-parser; if it is set, check that the "
-            "prompts do not switch thinking off"
-        )
+        meta["hint"] = "start the server with the target's --reasoning-parser; if it is set, check that the prompts do not switch thinking off"
     return not missing and bool(flags["sample_id"]), meta
 
 
@@ -73,9 +75,7 @@ def check_no_duplicate_ids(store: CorpusStore) -> CheckResult:
     }
 
 
-def check_token_round_trip(
-    store: CorpusStore, tokenizer: Any, thinking: ThinkingFormat | None = None, max_rows: int | None = None
-) -> CheckResult:
+def check_token_round_trip(store: CorpusStore, tokenizer: Any, thinking: ThinkingFormat | None = None, max_rows: int | None = None) -> CheckResult:
     """Every row's input_ids and loss_mask equal what the chat template makes of its messages."""
     template = ChatTemplate(tokenizer, thinking)
     checked, problems = 0, []

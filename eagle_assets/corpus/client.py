@@ -173,14 +173,12 @@ class InferenceClient:
             ) from None
         if response.status_code != 200:
             raise ServerUnreachable(
-                f"{url} answered HTTP {response.status_code}: {response.text[:300]}. "
-                "Is this an OpenAI-compatible server, and is the API key right?"
+                f"{url} answered HTTP {response.status_code}: {response.text[:300]}. Is this an OpenAI-compatible server, and is the API key right?"
             )
         names = [m.get("id") for m in response.json().get("data", [])]
         if self.settings.model not in names:
             raise ServerUnreachable(
-                f"{self.settings.base_url} serves {names}, not {self.settings.model!r}; set the "
-                "model name to the server's --served-model-name."
+                f"{self.settings.base_url} serves {names}, not {self.settings.model!r}; set the model name to the server's --served-model-name."
             )
         return names
 
@@ -226,8 +224,7 @@ class InferenceClient:
             choice = payload["choices"][0]
         except (json.JSONDecodeError, KeyError, IndexError, TypeError):
             raise InferenceError(
-                f"{url} answered HTTP {status} without a choice: {response.text[:300]}; "
-                "is this an OpenAI-compatible endpoint?"
+                f"{url} answered HTTP {status} without a choice: {response.text[:300]}; is this an OpenAI-compatible endpoint?"
             ) from None
         usage = payload.get("usage") or {}
         message = choice.get("message")

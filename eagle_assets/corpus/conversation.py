@@ -117,9 +117,7 @@ class ChatTemplate:
         self.end_of_turn_id: int = _as_ids(tokenizer(self.end_of_turn, add_special_tokens=False))[0]
 
     def render(self, messages: Sequence[Mapping], add_generation_prompt: bool = False) -> str:
-        return self.tokenizer.apply_chat_template(
-            list(messages), tokenize=False, add_generation_prompt=add_generation_prompt
-        )
+        return self.tokenizer.apply_chat_template(list(messages), tokenize=False, add_generation_prompt=add_generation_prompt)
 
     def user_prefix(self, history: Sequence[Mapping] = ()) -> str:
         """Template text up to where the next user message starts (Magpie-style synthesis).
@@ -152,9 +150,7 @@ class ChatTemplate:
         text = self.render(train)
         spans = self._assistant_char_spans(train, text)
         try:
-            enc = self.tokenizer.apply_chat_template(
-                train, tokenize=True, return_dict=True, tokenizer_kwargs={"return_offsets_mapping": True}
-            )
+            enc = self.tokenizer.apply_chat_template(train, tokenize=True, return_dict=True, tokenizer_kwargs={"return_offsets_mapping": True})
             offsets = enc["offset_mapping"]
         except (NotImplementedError, KeyError, TypeError, ValueError):
             offsets = None  # a tokenizer without offsets (e.g. tiktoken-based): token prefixes
@@ -183,7 +179,7 @@ class ChatTemplate:
                 raise ConversationError(
                     f"the chat template renders the conversation before assistant turn {i} "
                     f"differently from the whole conversation (first difference at character {at}: "
-                    f"prefix {prefix[max(0, at - 40):at + 40]!r} vs whole {text[max(0, at - 40):at + 40]!r}); "
+                    f"prefix {prefix[max(0, at - 40) : at + 40]!r} vs whole {text[max(0, at - 40) : at + 40]!r}); "
                     "its assistant tokens cannot be located"
                 )
             if self.end_of_turn in m["content"]:
@@ -193,9 +189,7 @@ class ChatTemplate:
                 )
             end = text.find(self.end_of_turn, len(prefix))
             if end < 0:
-                raise ConversationError(
-                    f"assistant turn {i} is not closed by {self.end_of_turn!r} in the rendered template"
-                )
+                raise ConversationError(f"assistant turn {i} is not closed by {self.end_of_turn!r} in the rendered template")
             spans.append((len(prefix), end + len(self.end_of_turn)))
         return spans
 
@@ -204,9 +198,7 @@ class ChatTemplate:
         for i, m in enumerate(train):
             if m["role"] != "assistant":
                 continue
-            prefix = _as_ids(
-                self.tokenizer.apply_chat_template(train[:i], tokenize=True, add_generation_prompt=True, return_dict=False)
-            )
+            prefix = _as_ids(self.tokenizer.apply_chat_template(train[:i], tokenize=True, add_generation_prompt=True, return_dict=False))
             if ids[: len(prefix)] != prefix:
                 raise ConversationError(
                     f"the tokens before assistant turn {i} are not a token prefix of the whole "
@@ -239,8 +231,8 @@ class ChatTemplate:
             at = next((k for k, (a, b) in enumerate(zip(mask, rebuilt.loss_mask)) if a != b), min(len(mask), len(stored)))
             return (
                 f"sample {sid}: stored loss_mask differs from the assistant spans at token {at} "
-                f"({self.tokenizer.decode(stored[max(0, at - 8):at + 8])!r}): stored "
-                f"{mask[max(0, at - 8):at + 8]} vs rebuilt {rebuilt.loss_mask[max(0, at - 8):at + 8]}"
+                f"({self.tokenizer.decode(stored[max(0, at - 8) : at + 8])!r}): stored "
+                f"{mask[max(0, at - 8) : at + 8]} vs rebuilt {rebuilt.loss_mask[max(0, at - 8) : at + 8]}"
             )
         return None
 
@@ -251,9 +243,7 @@ class ChatTemplate:
             raise TokenMismatchError(problem)
 
 
-def describe_difference(
-    a: Sequence[int], b: Sequence[int], tokenizer: Any, names: tuple[str, str] = ("prefix", "whole"), context: int = 12
-) -> str:
+def describe_difference(a: Sequence[int], b: Sequence[int], tokenizer: Any, names: tuple[str, str] = ("prefix", "whole"), context: int = 12) -> str:
     """Where two token sequences first differ, with the decoded text around it on both sides."""
     at = next((k for k, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
     lo = max(0, at - context)
@@ -269,9 +259,7 @@ def describe_difference(
     )
 
 
-def tokenize_conversation(
-    messages: Sequence[Mapping], tokenizer: Any, thinking: ThinkingFormat | None = None
-) -> TokenizedConversation:
+def tokenize_conversation(messages: Sequence[Mapping], tokenizer: Any, thinking: ThinkingFormat | None = None) -> TokenizedConversation:
     """Token ids and loss mask of a raw conversation (see `ChatTemplate.tokenize`)."""
     return ChatTemplate(tokenizer, thinking).tokenize(messages)
 

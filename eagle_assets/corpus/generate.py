@@ -163,7 +163,7 @@ DEFAULT_MAX_FAILED_SHARE = 0.05
 
 
 def commonest_errors(errors: Iterable[tuple[str, str]], n: int = 3) -> str:
-    """"RetriesExhausted x8 (e.g. ...); RequestRejected x1 (e.g. ...)": the `n` commonest kinds of
+    """ "RetriesExhausted x8 (e.g. ...); RequestRejected x1 (e.g. ...)": the `n` commonest kinds of
     (kind, message) errors, most frequent first, each with its first message."""
     counts: Counter[str] = Counter()
     first: dict[str, str] = {}
@@ -184,9 +184,7 @@ def failed_share_problem(failed: int, attempted: int, max_share: float | None, w
             f"commonest errors: {commonest_errors(errors)}")  # fmt: skip
 
 
-async def _answer(
-    client: InferenceClient, template: ChatTemplate, prompt: Prompt, sid: str, sampling: SamplingParams, target: str
-) -> dict:
+async def _answer(client: InferenceClient, template: ChatTemplate, prompt: Prompt, sid: str, sampling: SamplingParams, target: str) -> dict:
     """Run every turn of one prompt and build its corpus row."""
     messages: list[dict] = [{"role": "system", "content": prompt.system}] if prompt.system is not None else []
     finish, truncated, captured = None, False, True
@@ -249,14 +247,12 @@ async def generate_corpus_async(
     previous = store.meta.get("target")
     if previous is not None and previous != target:
         raise ValueError(
-            f"the corpus at {store.url} was generated for target {previous}, this run is for {target}; "
-            "write this target's corpus to a new folder"
+            f"the corpus at {store.url} was generated for target {previous}, this run is for {target}; write this target's corpus to a new folder"
         )
     samplings = store.meta.get("sampling", [])
     if sampling.as_dict() not in samplings:
         samplings = [*samplings, sampling.as_dict()]
-    store.update_meta(target=target, sampling=samplings, thinking=asdict(template.thinking),
-                      template_handles_reasoning=template.handles_reasoning)
+    store.update_meta(target=target, sampling=samplings, thinking=asdict(template.thinking), template_handles_reasoning=template.handles_reasoning)
 
     stats = CorpusStats()
     done = store.done_ids()
@@ -420,8 +416,12 @@ def _main(argv: Sequence[str] | None = None) -> int:
     from eagle_assets.corpus.target import load_tokenizer, target_fingerprint
 
     server = ClientSettings(
-        args.server, args.model, concurrency=args.concurrency, max_retries=args.retries,
-        backoff_s=args.backoff, timeout_s=args.timeout,
+        args.server,
+        args.model,
+        concurrency=args.concurrency,
+        max_retries=args.retries,
+        backoff_s=args.backoff,
+        timeout_s=args.timeout,
     )
     prompts = load_prompt_file(args.prompts, limit=args.limit)
     try:

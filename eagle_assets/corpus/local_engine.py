@@ -166,7 +166,9 @@ class LocalGenerationClient:
         max_tokens = int(params.get("max_tokens") or 256)
         if self.max_positions and len(ids) + max_tokens > self.max_positions:
             what = "the model's" if self.engine == "generate" else "the client's max_len of"
-            raise RequestRejected(self.settings.base_url, 400, f"{len(ids)} prompt + {max_tokens} new tokens exceed {what} {self.max_positions} positions")
+            raise RequestRejected(
+                self.settings.base_url, 400, f"{len(ids)} prompt + {max_tokens} new tokens exceed {what} {self.max_positions} positions"
+            )
         stop = tuple(dict.fromkeys([*self.eos_ids, *params.get("stop_token_ids", [])]))
         future = asyncio.get_running_loop().create_future()
         temperature = float(params.get("temperature", 1.0))
@@ -270,8 +272,8 @@ class LocalGenerationClient:
         input_ids = torch.full((len(group), width), self.pad_id, dtype=torch.long)
         attention = torch.zeros((len(group), width), dtype=torch.long)
         for i, r in enumerate(group):  # left padding: every prompt ends where generation starts
-            input_ids[i, width - len(r.ids):] = torch.tensor(r.ids)
-            attention[i, width - len(r.ids):] = 1
+            input_ids[i, width - len(r.ids) :] = torch.tensor(r.ids)
+            attention[i, width - len(r.ids) :] = 1
         sampling = {"do_sample": True, "temperature": r0.temperature, "top_p": r0.top_p, "top_k": 0} if r0.temperature > 0 else {"do_sample": False}
         out = self.model.generate(
             input_ids=input_ids.to(device),

@@ -260,7 +260,7 @@ def json_array_records(f: TextIO) -> Iterator[tuple[int, int, Any]]:
 
 
 def _sniff_json(path: str, storage_options: Mapping[str, Any]) -> str:
-    """"json_array" when the file's first character (after whitespace) is `[`, else "jsonl"."""
+    """ "json_array" when the file's first character (after whitespace) is `[`, else "jsonl"."""
     with fsspec.open(path, "rt", encoding="utf-8-sig", errors="surrogateescape", compression="infer", **storage_options) as f:
         while chunk := f.read(4096):
             if stripped := chunk.lstrip():

@@ -131,7 +131,7 @@ def load_mt_bench(path: str | Path = MT_BENCH_PATH) -> list[Prompt]:
     """The 80 MT-Bench questions (two turns each), for evaluation only."""
     out = []
     with open(path, encoding="utf-8") as f:
-        for n, line in enumerate(f, 1):
+        for line in f:
             if line.strip():
                 q = json.loads(line)
                 out.append(Prompt.make(q["turns"], source="mt_bench", origin=f"mt_bench question {q['question_id']}"))
@@ -204,10 +204,7 @@ def _row_to_prompt(row: Mapping[str, Any], where: str) -> Prompt:
         if not isinstance(turns, (list, tuple)) or not turns:
             raise PromptFileError(f"{where}: `turns` must be a non-empty list of user messages (strings)")
         return Prompt.make([_text(t, where, f"`turns` item {k}") for k, t in enumerate(turns)], source=source, origin=where)
-    raise PromptFileError(
-        f"{where}: the row has neither `messages` (an OpenAI chat list) nor `prompt` (a string); "
-        f"its keys are {sorted(row)}"
-    )
+    raise PromptFileError(f"{where}: the row has neither `messages` (an OpenAI chat list) nor `prompt` (a string); its keys are {sorted(row)}")
 
 
 def load_prompt_file(
@@ -388,9 +385,7 @@ def _request_seed(seed: int, index: int, turn: int) -> int:
     return int(stable_id("magpie", seed, index, turn)[:8], 16)
 
 
-async def _candidate(
-    client: InferenceClient, template: ChatTemplate, s: MagpieSettings, index: int
-) -> tuple[str, list[str]]:
+async def _candidate(client: InferenceClient, template: ChatTemplate, s: MagpieSettings, index: int) -> tuple[str, list[str]]:
     """(verdict, turns): verdict "ok", "empty" or "too_long"; turns sampled so far."""
     multi = random.Random(_request_seed(s.seed, index, -1)).random() < s.multi_turn_fraction
     history: list[dict] = [{"role": "system", "content": s.system_prompt}] if s.system_prompt is not None else []
@@ -443,9 +438,7 @@ async def synthesize_prompts_async(
     while len(kept) < s.num_prompts and index < budget:
         # Ask for a little more than is missing: some candidates will be dropped.
         batch = min(budget - index, max(client.settings.concurrency, int((s.num_prompts - len(kept)) * 1.25) + 1))
-        results = await asyncio.gather(
-            *(_candidate(client, template, s, i) for i in range(index, index + batch)), return_exceptions=True
-        )
+        results = await asyncio.gather(*(_candidate(client, template, s, i) for i in range(index, index + batch)), return_exceptions=True)
         for i, result in zip(range(index, index + batch), results):
             stats.requested += 1
             if isinstance(result, BaseException):

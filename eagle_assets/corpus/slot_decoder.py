@@ -122,9 +122,7 @@ class SlotDecoder:
 
     # ---------------------------------------------------------------- the interface
     @torch.inference_mode()
-    def prefill(
-        self, slot_ids: Sequence[int], prompts: Sequence[Sequence[int]], temperature: Sequence[float], top_p: Sequence[float]
-    ) -> list[int]:
+    def prefill(self, slot_ids: Sequence[int], prompts: Sequence[Sequence[int]], temperature: Sequence[float], top_p: Sequence[float]) -> list[int]:
         """Load prompts into free slots; returns each one's first generated token."""
         lengths = [len(p) for p in prompts]
         if min(lengths) < 1 or max(lengths) >= self.max_len:
@@ -189,9 +187,7 @@ class SlotDecoder:
             # Grouped-query heads ride in the query-length axis: [b, kv_heads, groups, d] against
             # [b, kv_heads, span, d], so keys and values are read once, never repeated.
             q = q.view(b, self.kv_heads, groups, self.head_dim)
-            out = F.scaled_dot_product_attention(
-                q, self.keys[i, :, :, :span], self.values[i, :, :, :span], attn_mask=visible, scale=self.scale
-            )
+            out = F.scaled_dot_product_attention(q, self.keys[i, :, :, :span], self.values[i, :, :, :span], attn_mask=visible, scale=self.scale)
             return out.reshape(b, 1, self.heads * self.head_dim)
 
         hidden = self._layers(self.model.model.embed_tokens(self.tokens[:, None]), self.positions[:, None], attend)

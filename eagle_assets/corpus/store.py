@@ -198,8 +198,7 @@ class CorpusStore:
         shards, meta = manifest.get("shards"), manifest.get("meta", {})
         if not (isinstance(shards, list) and all(map(_is_shard_entry, shards)) and isinstance(meta, dict)):
             raise CorpusStoreError(
-                f"{where}: its shard list is not a list of {{file, num_rows, sample_ids}} entries, or its meta "
-                f"not an object: {fix}"
+                f"{where}: its shard list is not a list of {{file, num_rows, sample_ids}} entries, or its meta not an object: {fix}"
             )
         manifest["meta"] = meta
         return manifest
@@ -284,8 +283,7 @@ class CorpusStore:
             self._read_table(name)
         elif (digest := self._sha256(name)) != sha256:
             raise CorpusStoreError(
-                f"{self.url}/{name} was modified after it was written: its SHA-256 is {digest[:16]}..., "
-                f"the manifest recorded {sha256[:16]}..."
+                f"{self.url}/{name} was modified after it was written: its SHA-256 is {digest[:16]}..., the manifest recorded {sha256[:16]}..."
             )
 
     def _repaired(self, what: str) -> None:

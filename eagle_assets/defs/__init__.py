@@ -18,11 +18,11 @@ ASSETS = [prompts, synthetic_corpus, vocab_mapping, hidden_state_shards, drafter
 
 def build_definitions(automation: bool | None = None) -> dg.Definitions:
     """The project's Definitions. `automation` (default: EAGLE_ASSETS_AUTOMATION=1) gives each
-    asset an automation condition and a running automation sensor, which then take over from
-    the retraining schedule and its follow-up sensor (defs/sensors.py). The executor comes from
-    EAGLE_ASSETS_EXECUTOR (defs/jobs.py): the stage jobs', and that of the runs the UI, the
-    schedule and the sensors start for any other selection of assets. The resources' fields set
-from the environment are EnvVars, read by each run as it starts (defs/resources.py)."""
+        asset an automation condition and a running automation sensor, which then take over from
+        the retraining schedule and its follow-up sensor (defs/sensors.py). The executor comes from
+        EAGLE_ASSETS_EXECUTOR (defs/jobs.py): the stage jobs', and that of the runs the UI, the
+        schedule and the sensors start for any other selection of assets. The resources' fields set
+    from the environment are EnvVars, read by each run as it starts (defs/resources.py)."""
     automation = automation_enabled() if automation is None else automation
     executor = executor_from_env()
     return dg.Definitions(

@@ -92,8 +92,12 @@ class BenchmarkConfig(dg.Config):
         dg.AssetCheckSpec("speedup", asset="benchmark_report", description="Tokens/s with the drafter above tokens/s without, at concurrency 1."),
         dg.AssetCheckSpec("parity", asset="benchmark_report", description="Served AL and per-position acceptance agree with the offline reference."),
         dg.AssetCheckSpec("parent_al", asset="benchmark_report", description="AL at least the parent drafter's when warm-started."),
-        dg.AssetCheckSpec("greedy_output", asset="benchmark_report", description="Greedy output under speculation equals plain greedy, "
-                          "or parts from it only where the target's two best tokens are nearly tied."),
+        dg.AssetCheckSpec(
+            "greedy_output",
+            asset="benchmark_report",
+            description="Greedy output under speculation equals plain greedy, "
+            "or parts from it only where the target's two best tokens are nearly tied.",
+        ),
     ],
 )
 def benchmark_report(context: dg.AssetExecutionContext, config: BenchmarkConfig, inference_server: InferenceServerResource, storage: StorageResource):

@@ -17,8 +17,8 @@ from eagle_assets.corpus.prompts import MagpieSettings, ensure_training_prompts,
 from eagle_assets.corpus.store import CorpusStore
 from eagle_assets.corpus.target import load_tokenizer, target_fingerprint
 from eagle_assets.defs.common import GROUP, check_result, hash_tree, metadata, stage_version, target_of
-from eagle_assets.resources.inference_server import InferenceServerResource
 from eagle_assets.paths import data_dir
+from eagle_assets.resources.inference_server import InferenceServerResource
 from eagle_assets.resources.storage import StorageResource
 from eagle_assets.settings_env import env_list, env_str
 
@@ -225,9 +225,16 @@ class CorpusConfig(dg.Config):
     code_version=stage_version("corpus", "defs/corpus.py", CorpusConfig),
     check_specs=[
         dg.AssetCheckSpec("error_rate", asset="synthetic_corpus", blocking=True, description="Failed samples stay under max_error_rate."),
-        dg.AssetCheckSpec("reasoning_captured", asset="synthetic_corpus", blocking=True, description="Every sample carries reasoning when the target reasons."),
+        dg.AssetCheckSpec(
+            "reasoning_captured", asset="synthetic_corpus", blocking=True, description="Every sample carries reasoning when the target reasons."
+        ),
         dg.AssetCheckSpec("unique_ids", asset="synthetic_corpus", blocking=True, description="No sample id twice."),
-        dg.AssetCheckSpec("token_round_trip", asset="synthetic_corpus", blocking=True, description="Stored ids equal apply_chat_template of the rebuilt conversation."),
+        dg.AssetCheckSpec(
+            "token_round_trip",
+            asset="synthetic_corpus",
+            blocking=True,
+            description="Stored ids equal apply_chat_template of the rebuilt conversation.",
+        ),
     ],
 )
 def synthetic_corpus(

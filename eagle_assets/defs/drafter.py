@@ -8,6 +8,7 @@ from typing import Optional
 
 import dagster as dg
 
+from eagle_assets.checked_reads import read_json_object
 from eagle_assets.defs.common import GROUP, check_result, hash_tree, metadata, stage_version, target_of
 from eagle_assets.defs.hidden_states import hidden_state_shards, vocab_mapping
 from eagle_assets.drafter.config import folder_drafts_in_parallel, folder_num_layers, vllm_only_reason
@@ -19,8 +20,6 @@ from eagle_assets.hidden_states.reader import stored_aux_layer_ids
 from eagle_assets.resources.inference_server import NEEDS_DRAFTER_SERVER, InferenceServerResource
 from eagle_assets.resources.storage import StorageResource
 from eagle_assets.resources.trainer import TrainerResource
-from eagle_assets.checked_reads import read_json_object
-
 
 DRAFTER_KEY = dg.AssetKey("drafter_checkpoint")
 
@@ -152,10 +151,17 @@ def _trained(inference_server: InferenceServerResource, storage: StorageResource
 
 @dg.multi_asset_check(
     specs=[
-        dg.AssetCheckSpec("serves_in_vllm", asset="drafter_checkpoint", blocking=True,
-                          description="The vLLM export loads in the real vLLM server and its greedy output equals the run without speculation."),  # fmt: skip
-        dg.AssetCheckSpec("samples_under_speculation", asset="drafter_checkpoint",
-                          description="Requests sampled at temperature 1e-4 with the drafter write the greedy answer: the engine gives every draft position the request's sampling settings. A fault of the engine, not the drafter: it warns and does not block."),  # fmt: skip
+        dg.AssetCheckSpec(
+            "serves_in_vllm",
+            asset="drafter_checkpoint",
+            blocking=True,
+            description="The vLLM export loads in the real vLLM server and its greedy output equals the run without speculation.",
+        ),  # fmt: skip
+        dg.AssetCheckSpec(
+            "samples_under_speculation",
+            asset="drafter_checkpoint",
+            description="Requests sampled at temperature 1e-4 with the drafter write the greedy answer: the engine gives every draft position the request's sampling settings. A fault of the engine, not the drafter: it warns and does not block.",
+        ),  # fmt: skip
     ],
 )
 def drafter_serves(context: dg.AssetCheckExecutionContext, inference_server: InferenceServerResource, storage: StorageResource):

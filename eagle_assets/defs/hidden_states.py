@@ -45,7 +45,11 @@ class VocabConfig(dg.Config):
     group_name=GROUP,
     deps=[synthetic_corpus],
     code_version=stage_version("hidden_states/vocab.py", "defs/hidden_states.py", VocabConfig),
-    check_specs=[dg.AssetCheckSpec("consistent", asset="vocab_mapping", blocking=True, description="d2t and t2d describe the same draft vocabulary within the target's.")],
+    check_specs=[
+        dg.AssetCheckSpec(
+            "consistent", asset="vocab_mapping", blocking=True, description="d2t and t2d describe the same draft vocabulary within the target's."
+        )
+    ],
 )
 def vocab_mapping(context: dg.AssetExecutionContext, config: VocabConfig, inference_server: InferenceServerResource, storage: StorageResource):
     """The draft vocabulary: the N most frequent target tokens in the corpus's assistant turns,
@@ -111,7 +115,7 @@ def extraction_settings(config: HiddenStatesConfig, preset) -> ExtractSettings:
 
 
 def hidden_states_source(config: HiddenStatesConfig, preset, path) -> str:
-    """"engine" or "hf" for this target (`hidden_states/source.py`)."""
+    """ "engine" or "hf" for this target (`hidden_states/source.py`)."""
     return choose_source(config.source, preset, hf_loadable(path, preset.trust_remote_code))
 
 
@@ -132,9 +136,15 @@ def engine_max_model_len(preset, corpus: str) -> int:
     deps=[synthetic_corpus],
     partitions_def=shard_partitions,
     code_version=stage_version("hidden_states", "formats.py", "defs/hidden_states.py", HiddenStatesConfig),
-    check_specs=[dg.AssetCheckSpec("matches_corpus", asset="hidden_state_shards", blocking=True, description="The shard holds exactly its corpus samples, token for token.")],
+    check_specs=[
+        dg.AssetCheckSpec(
+            "matches_corpus", asset="hidden_state_shards", blocking=True, description="The shard holds exactly its corpus samples, token for token."
+        )
+    ],
 )
-def hidden_state_shards(context: dg.AssetExecutionContext, config: HiddenStatesConfig, inference_server: InferenceServerResource, storage: StorageResource):
+def hidden_state_shards(
+    context: dg.AssetExecutionContext, config: HiddenStatesConfig, inference_server: InferenceServerResource, storage: StorageResource
+):
     """The target's auxiliary hidden states and its normed final state for every corpus token,
     one partition per shard (bf16 safetensors + JSON manifest), written atomically. They come
     from the serving engine (vLLM's extract_hidden_states: the target as it is served, one

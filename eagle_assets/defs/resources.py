@@ -16,13 +16,12 @@ from urllib.parse import urlsplit
 import dagster as dg
 
 from eagle_assets.hub_target import hub_folder, is_hub_id, is_pulled
+from eagle_assets.paths import data_location
 from eagle_assets.resources.inference_server import InferenceServerResource
 from eagle_assets.resources.storage import StorageResource
 from eagle_assets.resources.trainer import TrainerResource
-from eagle_assets.paths import data_location
 from eagle_assets.settings_env import env_flag, env_holds, env_int, env_str
 from eagle_assets.targets import EMBEDDED_TARGET, PRESETS
-
 
 HTTP_URL = "an http:// or https:// URL with a host"
 
@@ -41,10 +40,8 @@ def default_resources(deferred: bool = False) -> dict:
         "inference_server": InferenceServerResource(
             target=bound("EAGLE_ASSETS_TARGET", env_str("EAGLE_ASSETS_TARGET", EMBEDDED_TARGET, check=is_target, expect=TARGET_EXPECTED)),
             url=bound("EAGLE_ASSETS_SERVER_URL", env_str("EAGLE_ASSETS_SERVER_URL", None, check=_is_http_url, expect=HTTP_URL)),
-            speculative_url=bound("EAGLE_ASSETS_SPECULATIVE_URL",
-                                  env_str("EAGLE_ASSETS_SPECULATIVE_URL", None, check=_is_http_url, expect=HTTP_URL)),
-            extraction_url=bound("EAGLE_ASSETS_EXTRACTION_URL",
-                                 env_str("EAGLE_ASSETS_EXTRACTION_URL", None, check=_is_http_url, expect=HTTP_URL)),
+            speculative_url=bound("EAGLE_ASSETS_SPECULATIVE_URL", env_str("EAGLE_ASSETS_SPECULATIVE_URL", None, check=_is_http_url, expect=HTTP_URL)),
+            extraction_url=bound("EAGLE_ASSETS_EXTRACTION_URL", env_str("EAGLE_ASSETS_EXTRACTION_URL", None, check=_is_http_url, expect=HTTP_URL)),
             # The name of the variable, never its value: the key is read when a request is made
             # (from the variable, or from the file EAGLE_ASSETS_SERVER_API_KEY_FILE names); an
             # EnvVar field would drop the file and make the key part of the resource's config.

@@ -181,7 +181,7 @@ def _hidden_settings(config: dict) -> HiddenStatesConfig:
 
 
 def extraction_source(resources: dict, config: dict, log: Callable[[str], None]) -> str:
-    """"engine" or "hf": where hidden-state runs with this run config take their states from."""
+    """ "engine" or "hf": where hidden-state runs with this run config take their states from."""
     preset, path = resolve_target(resources["inference_server"].target, log=log)
     return hidden_states_source(_hidden_settings(config), preset, path)
 

@@ -126,8 +126,12 @@ def default_schedules() -> list[dg.ScheduleDefinition]:
     """The project's schedules, with the cron and fallback preset from the environment."""
     return [
         build_retrain_schedule(
-            cron=env_str("EAGLE_ASSETS_RETRAIN_CRON", DEFAULT_CRON, check=is_valid_cron,
-                         expect="a cron string of five fields, e.g. '0 3 * * 0' (Sundays 03:00)"),
+            cron=env_str(
+                "EAGLE_ASSETS_RETRAIN_CRON",
+                DEFAULT_CRON,
+                check=is_valid_cron,
+                expect="a cron string of five fields, e.g. '0 3 * * 0' (Sundays 03:00)",
+            ),
             fallback_preset=env_choice("EAGLE_ASSETS_PRESET", "smollm2-default", RUN_PRESETS),
         )
     ]

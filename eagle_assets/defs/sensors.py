@@ -144,11 +144,7 @@ def stale_condition() -> dg.AutomationCondition:
     AC = dg.AutomationCondition
     trigger = AC.newly_missing() | AC.code_version_changed() | AC.any_deps_match(AC.data_version_changed())
     return (
-        AC.in_latest_time_window()
-        & trigger.since_last_handled()
-        & ~AC.any_deps_missing()
-        & ~AC.any_deps_in_progress()
-        & ~AC.in_progress()
+        AC.in_latest_time_window() & trigger.since_last_handled() & ~AC.any_deps_missing() & ~AC.any_deps_in_progress() & ~AC.in_progress()
     ).with_label("stale")
 
 

@@ -211,7 +211,7 @@ def resolved_config(asset_graph: AssetGraph, key: dg.AssetKey, config: dict) -> 
 
 def settings_change(asset_graph: AssetGraph, instance: dg.DagsterInstance, key: dg.AssetKey, partition: str | None,
                     settings: Mapping[str, dict]) -> str | None:  # fmt: skip
-    """"settings changed: a 1 -> 2" when the wanted settings differ from the last build's."""
+    """ "settings changed: a 1 -> 2" when the wanted settings differ from the last build's."""
     before = last_run_config(instance, key, partition)
     if before is None:
         return None

@@ -103,9 +103,7 @@ def restore_rng_state(state: dict) -> None:
     py = state["python"]
     random.setstate((py["version"], tuple(py["state"]), py["gauss"]))
     npd = state["numpy"]
-    np.random.set_state(
-        (npd["kind"], np.asarray(npd["keys"], dtype=np.uint32), npd["pos"], npd["has_gauss"], npd["gauss"])
-    )
+    np.random.set_state((npd["kind"], np.asarray(npd["keys"], dtype=np.uint32), npd["pos"], npd["has_gauss"], npd["gauss"]))
     torch.set_rng_state(_unb64(state["torch"]))
     if state.get("cuda") and torch.cuda.is_available():
         saved = [_unb64(s) for s in state["cuda"]]
@@ -165,10 +163,7 @@ def _flatten_optimizer(optimizer_state: dict) -> tuple[dict[str, torch.Tensor], 
                 tensors[f"state/{fqn}/{name}"] = value.detach().cpu().contiguous()
             else:
                 scalars.setdefault(fqn, {})[name] = value
-    groups = [
-        {k: (list(v) if isinstance(v, tuple) else v) for k, v in g.items()}
-        for g in optimizer_state["param_groups"]
-    ]
+    groups = [{k: (list(v) if isinstance(v, tuple) else v) for k, v in g.items()} for g in optimizer_state["param_groups"]]
     return tensors, {"param_groups": groups, "scalars": scalars}
 
 
@@ -246,10 +241,7 @@ def list_checkpoints(root: str | os.PathLike) -> list[tuple[int, Path]]:
     return sorted(found)
 
 
-CHECKPOINT_FIX = (
-    "delete that checkpoint folder: a resume then starts from the newest checkpoint that passes these checks "
-    "(or afresh when none does)"
-)
+CHECKPOINT_FIX = "delete that checkpoint folder: a resume then starts from the newest checkpoint that passes these checks (or afresh when none does)"
 
 
 def checkpoint_problem(path: str | os.PathLike) -> str | None:
@@ -351,6 +343,9 @@ def load_checkpoint(path: str | os.PathLike) -> Checkpoint:
     model_state = load_file(str(path / MODEL_FILE))
     optimizer_state = _unflatten_optimizer(load_file(str(path / OPTIMIZER_FILE)), state.pop("optimizer"))
     return Checkpoint(
-        path=path, step=int(state["step"]), model_state=model_state,
-        optimizer_state=optimizer_state, trainer_state=state,
+        path=path,
+        step=int(state["step"]),
+        model_state=model_state,
+        optimizer_state=optimizer_state,
+        trainer_state=state,
     )

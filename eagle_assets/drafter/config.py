@@ -127,14 +127,9 @@ class DrafterConfig:
                 f"{self.target_num_layers} layers: ids go from 0 (embeddings) to L (last layer output)"
             )
         if self.num_attention_heads % self.num_key_value_heads:
-            raise ValueError(
-                f"num_attention_heads={self.num_attention_heads} is not a multiple of "
-                f"num_key_value_heads={self.num_key_value_heads}"
-            )
+            raise ValueError(f"num_attention_heads={self.num_attention_heads} is not a multiple of num_key_value_heads={self.num_key_value_heads}")
         if self.draft_vocab_size > self.vocab_size:
-            raise ValueError(
-                f"draft_vocab_size={self.draft_vocab_size} exceeds the target vocab_size={self.vocab_size}"
-            )
+            raise ValueError(f"draft_vocab_size={self.draft_vocab_size} exceeds the target vocab_size={self.vocab_size}")
         if self.num_hidden_layers < 1:
             raise ValueError(f"num_hidden_layers={self.num_hidden_layers}: a drafter has at least one decoder layer")
         if self.ptd_token_id is not None and not 0 <= self.ptd_token_id < self.vocab_size:
@@ -492,4 +487,3 @@ def _refuse_unsupported(cfg: dict, eagle: dict, layer_id_numbering: str = "vllm"
             "(pre-norm state fed back). Exports omit the key so that engines feed back the pre-norm state.",
             stacklevel=3,
         )
-

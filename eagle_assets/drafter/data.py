@@ -37,7 +37,6 @@ import torch
 
 from eagle_assets.formats import SHARD_MANIFEST_FILE, SHARD_STATES_FILE
 
-
 # ----------------------------------------------------------------------------- split
 
 
@@ -106,8 +105,7 @@ class SampleRef:
 class ShardDataset:
     """All samples of a set of shard folders, addressed by a flat position."""
 
-    def __init__(self, shard_dirs: Sequence[str | Path], max_seq_len: int | None = None,
-                 aux_layer_ids: Sequence[int] | None = None):
+    def __init__(self, shard_dirs: Sequence[str | Path], max_seq_len: int | None = None, aux_layer_ids: Sequence[int] | None = None):
         """`aux_layer_ids`: serve only these of the shards' aux layers (None = all), in ascending order."""
         self.folders = discover_shards(shard_dirs)
         self.shards = [_open_reader(f) for f in self.folders]
@@ -120,7 +118,9 @@ class ShardDataset:
         for folder, reader in zip(self.folders, self.shards):
             m = reader.manifest
             if (tuple(m.aux_layer_ids), m.hidden_size, m.target_fingerprint) != (
-                self.stored_aux_layer_ids, self.hidden_size, self.target_fingerprint,
+                self.stored_aux_layer_ids,
+                self.hidden_size,
+                self.target_fingerprint,
             ):
                 raise ValueError(
                     f"shard {folder} does not match {self.folders[0]}: aux ids {m.aux_layer_ids} vs "
@@ -137,10 +137,7 @@ class ShardDataset:
             m = reader.manifest
             for row, (sid, n) in enumerate(zip(m.sample_ids, m.token_counts)):
                 if sid in seen:
-                    raise ValueError(
-                        f"sample {sid} is in both {seen[sid]} and {folder}; a sample belongs to one "
-                        "shard. Pass each shard folder once."
-                    )
+                    raise ValueError(f"sample {sid} is in both {seen[sid]} and {folder}; a sample belongs to one shard. Pass each shard folder once.")
                 seen[sid] = folder
                 if n < 2:  # nothing to predict: the drafter needs a next token
                     continue
@@ -153,9 +150,12 @@ class ShardDataset:
             raise ValueError(
                 f"aux_layer_ids {list(wanted)} cannot be read from shards holding aux layers {list(stored)} "
                 f"({self.folders[0].parent}): "
-                + (f"layers {missing} were not extracted; extract hidden states at them (hidden_state_shards' "
-                   "aux_layer_ids) or choose among the stored ones" if missing else
-                   f"give them distinct and ascending, e.g. {sorted(set(wanted))}")
+                + (
+                    f"layers {missing} were not extracted; extract hidden states at them (hidden_state_shards' "
+                    "aux_layer_ids) or choose among the stored ones"
+                    if missing
+                    else f"give them distinct and ascending, e.g. {sorted(set(wanted))}"
+                )
             )
         h = self.hidden_size
         # Stored columns are ascending id blocks of width H; the engines concatenate the chosen

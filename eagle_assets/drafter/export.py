@@ -49,22 +49,29 @@ def exported_weights(config: DrafterConfig) -> tuple[str, ...]:
 
 # SGLang 0.5.23's LlamaForCausalLMEagle3 parameters for a one-layer drafter without fc bias,
 # norm_before_fc or fc_norm (sglang/srt/models/llama_eagle3.py), and its load_weights renames.
-_SGLANG_PARAMS = frozenset({
-    "model.embed_tokens.weight",
-    "model.fc.weight",
-    "model.layers.0.self_attn.qkv_proj.weight",
-    "model.layers.0.self_attn.o_proj.weight",
-    "model.layers.0.mlp.gate_up_proj.weight",
-    "model.layers.0.mlp.down_proj.weight",
-    "model.layers.0.input_layernorm.weight",
-    "model.layers.0.post_attention_layernorm.weight",
-    "model.layers.0.hidden_norm.weight",
-    "model.norm.weight",
-    "lm_head.weight",
-})
+_SGLANG_PARAMS = frozenset(
+    {
+        "model.embed_tokens.weight",
+        "model.fc.weight",
+        "model.layers.0.self_attn.qkv_proj.weight",
+        "model.layers.0.self_attn.o_proj.weight",
+        "model.layers.0.mlp.gate_up_proj.weight",
+        "model.layers.0.mlp.down_proj.weight",
+        "model.layers.0.input_layernorm.weight",
+        "model.layers.0.post_attention_layernorm.weight",
+        "model.layers.0.hidden_norm.weight",
+        "model.norm.weight",
+        "lm_head.weight",
+    }
+)
 _SGLANG_LEGACY = {"midlayer": "layers.0", "aux_norm_low": "fc_norm.0", "aux_norm_mid": "fc_norm.1", "aux_norm_high": "fc_norm.2"}
-_SGLANG_STACKED = ((".qkv_proj", ".q_proj"), (".qkv_proj", ".k_proj"), (".qkv_proj", ".v_proj"),
-                   (".gate_up_proj", ".gate_proj"), (".gate_up_proj", ".up_proj"))
+_SGLANG_STACKED = (
+    (".qkv_proj", ".q_proj"),
+    (".qkv_proj", ".k_proj"),
+    (".qkv_proj", ".v_proj"),
+    (".gate_up_proj", ".gate_proj"),
+    (".gate_up_proj", ".up_proj"),
+)
 
 
 def _sglang_target(name: str) -> str | None:
@@ -132,9 +139,7 @@ def _export_tensors(state: dict[str, torch.Tensor], config: DrafterConfig, dtype
     missing = [n for n in (*weights, "d2t", "t2d") if n not in state]
     unknown = sorted(set(state) - set(weights) - {"d2t", "t2d"})
     if missing or unknown:
-        raise ValueError(
-            f"drafter state does not match an EAGLE-3 drafter: missing {missing}, unexpected {unknown}"
-        )
+        raise ValueError(f"drafter state does not match an EAGLE-3 drafter: missing {missing}, unexpected {unknown}")
     check_vocab_mapping(state["d2t"], state["t2d"], config.draft_vocab_size, config.vocab_size)
     expected = exported_shapes(config)
     wrong = [f"{k} {tuple(state[k].shape)} (config says {expected[k]})" for k in expected if tuple(state[k].shape) != expected[k]]

@@ -214,7 +214,6 @@ def accumulate_matmul(acc: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> No
     acc += (a @ b).to(acc.dtype)
 
 
-
 @fused
 def logit_stats(chunk: torch.Tensor):
     """(C, N) logits -> (log-sum-exp, max, argmax), each (C,), statistics in fp32."""

@@ -253,11 +253,8 @@ class TrainConfig:
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(data) - known)
         if unknown:
-            raise ValueError(
-                f"{source}: unknown TrainConfig key(s) {unknown}; known keys: {sorted(known)}"
-            )
-        required = [f.name for f in dataclasses.fields(cls) if f.default is dataclasses.MISSING
-                    and f.default_factory is dataclasses.MISSING]
+            raise ValueError(f"{source}: unknown TrainConfig key(s) {unknown}; known keys: {sorted(known)}")
+        required = [f.name for f in dataclasses.fields(cls) if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
         missing = [k for k in required if k not in data]
         if missing:
             raise ValueError(f"{source}: missing required TrainConfig key(s) {missing}")

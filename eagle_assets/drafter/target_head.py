@@ -33,8 +33,7 @@ def _weight_map(folder: Path) -> dict[str, str]:
     files = sorted(folder.glob("*.safetensors"))
     if not files:
         raise FileNotFoundError(
-            f"{folder} holds no *.safetensors and no {INDEX_FILE}: give the target's HF folder "
-            "(safetensors weights; .bin checkpoints are not read)"
+            f"{folder} holds no *.safetensors and no {INDEX_FILE}: give the target's HF folder (safetensors weights; .bin checkpoints are not read)"
         )
     mapping: dict[str, str] = {}
     for f in files:
@@ -54,8 +53,7 @@ def _read(folder: Path, mapping: dict[str, str], name: str) -> torch.Tensor:
         t = sf.get_tensor(name)
     if not t.is_floating_point():
         raise ValueError(
-            f"{name} in {folder / mapping[name]} is {t.dtype}: a quantised embedding or head is not "
-            "supported; dequantise these two tensors first"
+            f"{name} in {folder / mapping[name]} is {t.dtype}: a quantised embedding or head is not supported; dequantise these two tensors first"
         )
     return t
 

@@ -220,9 +220,13 @@ def resolve_drafter_config(cfg: TrainConfig, target_config: dict, aux_layer_ids,
 
             p = get_preset(cfg.drafter)
             target_config = {
-                "hidden_size": p.hidden_size, "num_hidden_layers": p.num_layers, "vocab_size": p.vocab_size,
-                "num_attention_heads": p.num_attention_heads, "num_key_value_heads": p.num_key_value_heads,
-                "intermediate_size": p.intermediate_size, "rope_theta": p.rope_theta,
+                "hidden_size": p.hidden_size,
+                "num_hidden_layers": p.num_layers,
+                "vocab_size": p.vocab_size,
+                "num_attention_heads": p.num_attention_heads,
+                "num_key_value_heads": p.num_key_value_heads,
+                "intermediate_size": p.intermediate_size,
+                "rope_theta": p.rope_theta,
                 "max_position_embeddings": p.max_position_embeddings,
             }
         config = DrafterConfig.from_target_config(target_config, aux_layer_ids=aux_layer_ids, draft_vocab_size=draft_vocab_size,
@@ -237,16 +241,17 @@ def _check_fit(config: DrafterConfig, ds: ShardDataset, d2t: torch.Tensor, t2d: 
         problems.append(
             f"the drafter reads aux layers {list(config.aux_layer_ids)} but training reads {list(ds.aux_layer_ids)} "
             f"(the shards hold {list(ds.stored_aux_layer_ids)}): "
-            + ("set the run's aux_layer_ids to the drafter's (the shards hold them)"
-               if set(config.aux_layer_ids) <= set(ds.stored_aux_layer_ids) else
-               "extract hidden states at the drafter's layer ids (or drop the ids from the drafter config)")
+            + (
+                "set the run's aux_layer_ids to the drafter's (the shards hold them)"
+                if set(config.aux_layer_ids) <= set(ds.stored_aux_layer_ids)
+                else "extract hidden states at the drafter's layer ids (or drop the ids from the drafter config)"
+            )
         )
     if config.target_hidden_size != ds.hidden_size:
         problems.append(f"the drafter expects target states of width {config.target_hidden_size}, the shards hold {ds.hidden_size}")
     if config.draft_vocab_size != d2t.shape[0] or config.vocab_size != t2d.shape[0]:
         problems.append(
-            f"the drafter has draft/target vocab {config.draft_vocab_size}/{config.vocab_size}, the vocab mapping "
-            f"{d2t.shape[0]}/{t2d.shape[0]}"
+            f"the drafter has draft/target vocab {config.draft_vocab_size}/{config.vocab_size}, the vocab mapping {d2t.shape[0]}/{t2d.shape[0]}"
         )
     if problems:
         raise ValueError(f"{where} does not fit the data:\n  - " + "\n  - ".join(problems))
@@ -278,9 +283,7 @@ def build_drafter(cfg: TrainConfig, ds: ShardDataset, d2t: torch.Tensor, t2d: to
     return drafter
 
 
-def build_optimizer(
-    model: torch.nn.Module, lr: float, betas: tuple[float, float], weight_decay: float, fused: bool = False
-) -> torch.optim.Optimizer:
+def build_optimizer(model: torch.nn.Module, lr: float, betas: tuple[float, float], weight_decay: float, fused: bool = False) -> torch.optim.Optimizer:
     """AdamW over the trainable parameters; weight decay on matrices only (norm weights keep theirs).
 
     `fused` (CUDA, replicated parameters) runs the update as one kernel per parameter group.
@@ -328,10 +331,15 @@ def optimizer_step(
             with autocast_context(use_bf16, device.type):
                 out = model(batch, target_head, outside_head)
             out.loss_sum.backward()
-        totals += torch.cat([
-            out.loss_sum.detach().reshape(1), out.num_tokens.reshape(1),
-            out.step_loss_sum, out.step_tokens, out.step_correct,
-        ]).float()
+        totals += torch.cat(
+            [
+                out.loss_sum.detach().reshape(1),
+                out.num_tokens.reshape(1),
+                out.step_loss_sum,
+                out.step_tokens,
+                out.step_correct,
+            ]
+        ).float()
     _all_reduce(totals)
     # DDP and FSDP2 average gradients over ranks; the loss is a global per-position mean.
     scale = world_size / totals[1].clamp(min=1.0)
@@ -362,10 +370,7 @@ def _full_state(model, optimizer) -> tuple[dict, dict]:
     opts = StateDictOptions(full_state_dict=True, cpu_offload=True)
     msd = get_model_state_dict(model, options=opts)
     osd = get_optimizer_state_dict(model, optimizer, options=opts) if optimizer is not None else None
-    drafter_state = {
-        k[len("drafter."):]: v for k, v in msd.items()
-        if k.startswith("drafter.") and not k.startswith("drafter.embed_tokens.")
-    }
+    drafter_state = {k[len("drafter.") :]: v for k, v in msd.items() if k.startswith("drafter.") and not k.startswith("drafter.embed_tokens.")}
     return drafter_state, osd
 
 
@@ -448,13 +453,13 @@ class Trainer:
             agreed = _all_reduce(torch.tensor([0.0 if self.use_bf16 else 1.0]))
             self.use_bf16 = bool(agreed.item() == 0)
         if cfg.bf16 and env.device.type == "cpu":
-            self.log(f"precision: this CPU runs bf16 matmuls {precision.cpu_bf16_speedup():.1f}x as fast as fp32, so training "
-                     f"runs in " + ("bf16 autocast" if self.use_bf16 else f"fp32 (bf16 pays from {precision.CPU_BF16_MIN_SPEEDUP}x)"))
+            self.log(
+                f"precision: this CPU runs bf16 matmuls {precision.cpu_bf16_speedup():.1f}x as fast as fp32, so training "
+                f"runs in " + ("bf16 autocast" if self.use_bf16 else f"fp32 (bf16 pays from {precision.CPU_BF16_MIN_SPEEDUP}x)")
+            )
         head_dtype = torch.bfloat16 if self.use_bf16 else torch.float32
         self.target_head = draft_head(lm_head, mapping.d2t).to(env.device, head_dtype)  # (N, Ht)
-        self.outside_head = (
-            outside_head(lm_head, mapping.t2d).to(env.device, head_dtype) if cfg.mask_undraftable else None
-        )  # (V-N, Ht)
+        self.outside_head = outside_head(lm_head, mapping.t2d).to(env.device, head_dtype) if cfg.mask_undraftable else None  # (V-N, Ht)
         del embedding, lm_head
 
         self.spec = BatchingSpec(
@@ -529,9 +534,7 @@ class Trainer:
         from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
 
         st = c.trainer_state
-        set_optimizer_state_dict(
-            self.model, self.optimizer, c.optimizer_state, options=StateDictOptions(full_state_dict=True)
-        )
+        set_optimizer_state_dict(self.model, self.optimizer, c.optimizer_state, options=StateDictOptions(full_state_dict=True))
         self.scheduler.load_state_dict({**st["scheduler"], "lr_lambdas": [None] * len(self.optimizer.param_groups)})
         self.step = int(st["step"])
         self.sampler = SamplerState.from_dict(st["sampler"])
@@ -580,9 +583,17 @@ class Trainer:
     def train_step(self, micro_batches: list[dict]) -> torch.Tensor:
         self.last_lr = self.optimizer.param_groups[0]["lr"]  # the rate this step uses
         return optimizer_step(
-            self.model, self.optimizer, self.scheduler, micro_batches, self.target_head, self.outside_head,
-            ttt_steps=self.cfg.ttt_steps, world_size=self.env.world_size, grad_clip=self.cfg.grad_clip,
-            use_bf16=self.use_bf16, device=self.env.device,
+            self.model,
+            self.optimizer,
+            self.scheduler,
+            micro_batches,
+            self.target_head,
+            self.outside_head,
+            ttt_steps=self.cfg.ttt_steps,
+            world_size=self.env.world_size,
+            grad_clip=self.cfg.grad_clip,
+            use_bf16=self.use_bf16,
+            device=self.env.device,
         )
 
     # ------------------------------------------------------------------ validation
@@ -591,9 +602,7 @@ class Trainer:
         """Held-out loss, per-step accuracy, and the per-position acceptance and AL of chain
         drafting replayed along the held-out answers (`ttt.replay_drafting`)."""
         K = self.cfg.ttt_steps
-        per_rank = validation_batches(
-            self.ds.lengths(self.val_ids), self.val_ids, self.spec, self.env.world_size, self.cfg.val_max_batches
-        )
+        per_rank = validation_batches(self.ds.lengths(self.val_ids), self.val_ids, self.spec, self.env.world_size, self.cfg.val_max_batches)
         if not self.val_ids:
             return {}
         mine = per_rank[self.env.rank]
@@ -605,9 +614,16 @@ class Trainer:
             with autocast_context(self.use_bf16, self.env.device.type):
                 out = self.model(batch, self.target_head, self.outside_head, with_correct_rows=True)
             rounds = replay_drafting(out.correct_rows, batch["loss_mask"], batch.get("lengths")).to(totals.device)
-            row = torch.cat([
-                out.loss_sum.reshape(1), out.num_tokens.reshape(1), out.step_loss_sum, out.step_tokens, out.step_correct, rounds,
-            ]).float()
+            row = torch.cat(
+                [
+                    out.loss_sum.reshape(1),
+                    out.num_tokens.reshape(1),
+                    out.step_loss_sum,
+                    out.step_tokens,
+                    out.step_correct,
+                    rounds,
+                ]
+            ).float()
             totals += row * (1.0 if counts else 0.0)
         self.model.train()
         _all_reduce(totals)
@@ -668,8 +684,7 @@ class Trainer:
                         )
                     self._scalars(self.step, metrics)
                     if self.bar is not None:
-                        self.bar.set_postfix(loss=f"{metrics['loss']:.4f}", acc0=f"{metrics['acc'][0]:.3f}",
-                                             tok_s=f"{metrics['tokens_per_s']:.0f}")
+                        self.bar.set_postfix(loss=f"{metrics['loss']:.4f}", acc0=f"{metrics['acc'][0]:.3f}", tok_s=f"{metrics['tokens_per_s']:.0f}")
                     window_tokens, window_start = 0, now
                 if cfg.val_interval and self.step % cfg.val_interval == 0 and not last:
                     last_val = self._validate_and_log()

@@ -102,9 +102,7 @@ def _flash_backward(dout, q, k, v, out, lse, scale, state):
         return torch.ops.aten._scaled_dot_product_flash_attention_backward(
             dout, q, k, v, out, lse, cum_q, cum_k, max_q, max_k, 0.0, True, seed, offset, scale=scale
         )
-    return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
-        dout, q, k, v, out, lse, 0.0, True, scale=scale
-    )
+    return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(dout, q, k, v, out, lse, 0.0, True, scale=scale)
 
 
 class _MergedFlashAttention(torch.autograd.Function):
@@ -477,10 +475,9 @@ def ttt_loss(
     h_all = torch.stack(h_posts).reshape(steps * B * T, H)  # (K*B*T, H), rows (i, b, t)
     del h_posts
     t_idx = torch.arange(T, device=device)
-    tgt_index = torch.stack([
-        (torch.arange(B, device=device)[:, None] * T + (t_idx[None, :] + 1 + i).clamp(max=T - 1))
-        for i in range(steps)
-    ]).reshape(-1)  # (K*B*T,) flat index of the target position t+1+i
+    tgt_index = torch.stack(
+        [(torch.arange(B, device=device)[:, None] * T + (t_idx[None, :] + 1 + i).clamp(max=T - 1)) for i in range(steps)]
+    ).reshape(-1)  # (K*B*T,) flat index of the target position t+1+i
     row_step = torch.arange(steps, device=device).repeat_interleave(B * T)
     # Only rows that train reach the draft-vocabulary head: a masked row (prompt token, padding,
     # undraftable target, past the end) contributes nothing to the loss or the gradients, and
@@ -489,8 +486,18 @@ def ttt_loss(
     keep = row_mask.nonzero().squeeze(1)  # (M,) rows (i, b, t) that train
     chunk = loss_chunk_rows or max(1, (64 << 20) // cfg.draft_vocab_size)
     loss_sum, step_loss, step_correct, row_correct = _FusedSoftCE.apply(
-        h_all.index_select(0, keep), model.lm_head.weight, stats.logits, stats.lse, stats.argmax,
-        tgt_index[keep], row_mask[keep], row_step[keep], step_weight, chunk, keep % (B * T), B * T,
+        h_all.index_select(0, keep),
+        model.lm_head.weight,
+        stats.logits,
+        stats.lse,
+        stats.argmax,
+        tgt_index[keep],
+        row_mask[keep],
+        row_step[keep],
+        step_weight,
+        chunk,
+        keep % (B * T),
+        B * T,
         float(unreached_weight),
     )
     step_tokens = masks.sum(dim=(1, 2))
@@ -664,11 +671,20 @@ def _bench(argv: list[str] | None = None) -> None:
         args.vocab, args.draft_vocab, args.seq, args.steps, args.iters = 512, 128, 96, 3, 2
     device = torch.device("cuda" if torch.cuda.is_available() and not args.smoke else "cpu")
     cfg = DrafterConfig(
-        hidden_size=args.hidden, intermediate_size=args.intermediate, num_attention_heads=args.heads,
-        num_key_value_heads=args.kv_heads, head_dim=args.hidden // args.heads, rms_norm_eps=1e-5,
-        rope_theta=500000.0, rope_scaling=None, max_position_embeddings=max(8192, args.seq + args.steps),
-        vocab_size=args.vocab, draft_vocab_size=args.draft_vocab, target_hidden_size=args.hidden,
-        aux_layer_ids=(2, 16, 29), num_hidden_layers=args.layers,
+        hidden_size=args.hidden,
+        intermediate_size=args.intermediate,
+        num_attention_heads=args.heads,
+        num_key_value_heads=args.kv_heads,
+        head_dim=args.hidden // args.heads,
+        rms_norm_eps=1e-5,
+        rope_theta=500000.0,
+        rope_scaling=None,
+        max_position_embeddings=max(8192, args.seq + args.steps),
+        vocab_size=args.vocab,
+        draft_vocab_size=args.draft_vocab,
+        target_hidden_size=args.hidden,
+        aux_layer_ids=(2, 16, 29),
+        num_hidden_layers=args.layers,
     )
     torch.manual_seed(0)
     model = Eagle3Drafter(cfg).to(device)
@@ -707,12 +723,16 @@ def _bench(argv: list[str] | None = None) -> None:
         sec = (time.perf_counter() - start) / args.iters
         peak = torch.cuda.max_memory_allocated() / 2**30 if device.type == "cuda" else float("nan")
         grad = model.fc.weight.grad.float().clone()
-        print(f"{name:>6}: {sec * 1e3:9.1f} ms/iter  {B * T / sec:10.0f} tokens/s  peak {peak:6.2f} GiB  "
-              f"loss {out.loss.item():.5f}  acc {[round(a, 3) for a in out.step_accuracy.tolist()]}")
+        print(
+            f"{name:>6}: {sec * 1e3:9.1f} ms/iter  {B * T / sec:10.0f} tokens/s  peak {peak:6.2f} GiB  "
+            f"loss {out.loss.item():.5f}  acc {[round(a, 3) for a in out.step_accuracy.tolist()]}"
+        )
         return sec, out, grad
 
-    print(f"device {device}, layers {cfg.num_hidden_layers}, hidden {cfg.hidden_size}, T {T}, batch {B}, steps {args.steps}, "
-          f"draft vocab {cfg.draft_vocab_size}, vocab {cfg.vocab_size}")
+    print(
+        f"device {device}, layers {cfg.num_hidden_layers}, hidden {cfg.hidden_size}, T {T}, batch {B}, steps {args.steps}, "
+        f"draft vocab {cfg.draft_vocab_size}, vocab {cfg.vocab_size}"
+    )
     fast_s, fast, fast_grad = timed(ttt_loss, "fused")
     if args.skip_dense:
         return

@@ -78,8 +78,10 @@ class KSchedule:
 
     def describe(self) -> str:
         """In words: "K 3 at batch sizes 1-2, 0 from 3 up"."""
+
         def span(first: int, last: int) -> str:
             return f"from {first} up" if last >= OPEN_END else f"at batch size {first}" if first == last else f"at batch sizes {first}-{last}"
+
         return ", ".join(f"{'K ' if i == 0 else ''}{k} {span(first, last)}" for i, (first, last, k) in enumerate(self.ranges))
 
     @classmethod

@@ -20,7 +20,9 @@ _PROCESS_PREFIX = re.compile(r"^\((?:[A-Za-z_][\w.]*)(?: pid=\d+)?\)\s?")
 _ERROR_LINE = re.compile(r"^(?:ERROR|CRITICAL)\s+\d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)? \[[^\]]*\] ?(?P<msg>.*)$")
 _LOG_LINE = re.compile(r"^(?:DEBUG|INFO|WARNING|ERROR|CRITICAL)\s+\d\d-\d\d \d\d:\d\d:\d\d")
 _FRAME = re.compile(r'^\s+File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<func>.+)$')
-_EXCEPTION = re.compile(r"^(?P<type>[A-Za-z_][\w.]*(?:Error|Exception|Exit|Interrupt|Failure|Warning)|[A-Za-z_][\w.]*\.\w+Error)(?::\s?(?P<msg>.*))?$")
+_EXCEPTION = re.compile(
+    r"^(?P<type>[A-Za-z_][\w.]*(?:Error|Exception|Exit|Interrupt|Failure|Warning)|[A-Za-z_][\w.]*\.\w+Error)(?::\s?(?P<msg>.*))?$"
+)
 _NOISE_FRAMES = ("uvloop", "/asyncio/", "contextlib.py", "/pydantic/", "runpy", "/concurrent/futures/", "/multiprocessing/", "<string>")
 
 
@@ -34,8 +36,7 @@ def _fatal_traceback_starts(clean: list[str]) -> list[int]:
     return [
         i
         for i, line in enumerate(clean)
-        if line.startswith("Traceback (most recent call last)")
-        and not (i > 0 and clean[i - 1].startswith("Exception ignored"))
+        if line.startswith("Traceback (most recent call last)") and not (i > 0 and clean[i - 1].startswith("Exception ignored"))
     ]
 
 

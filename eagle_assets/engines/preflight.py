@@ -46,10 +46,7 @@ def wrong_engine_export(drafter_config: dict, config_path: Path, engine: str) ->
     if marker is None or marker == engine:
         return None
     if marker not in ENGINE_NAMES:
-        return (
-            f"{config_path}: {NUMBERING_KEY} is {marker!r}, which names no engine (our exports write 'vllm' "
-            "or 'sglang'): re-export the drafter"
-        )
+        return f"{config_path}: {NUMBERING_KEY} is {marker!r}, which names no engine (our exports write 'vllm' or 'sglang'): re-export the drafter"
     right = config_path.parent.parent / f"drafter-{engine}"
     if right.is_dir():
         where = f"pass {right}"
@@ -89,7 +86,9 @@ class PreflightReport:
         for f in self.findings:
             lines.append(f"{f.level.upper():7} [{f.code}] {f.message}")
         verdict = "OK" if self.ok else "REFUSED"
-        facts = ", ".join(f"{k}={v}" for k, v in self.engine.items() if k in ("vllm_version", "model_class", "supports_eagle3", "engine_aux_layer_ids"))
+        facts = ", ".join(
+            f"{k}={v}" for k, v in self.engine.items() if k in ("vllm_version", "model_class", "supports_eagle3", "engine_aux_layer_ids")
+        )
         lines.append(f"preflight: {verdict} in {self.seconds:.1f} s" + (f" ({facts})" if facts else ""))
         return "\n".join(lines)
 
@@ -167,9 +166,17 @@ def check_drafter(target_cfg: dict, drafter: Path, report: PreflightReport, engi
         ids = list(defaults)
     bad = [i for i in ids if not 0 <= int(i) <= layers]
     if bad:
-        report.add("error", "aux_ids_range", f"aux layer ids {bad} are out of range for a {layers}-layer target (valid: 0..{layers}, HF hidden_states numbering)")
+        report.add(
+            "error",
+            "aux_ids_range",
+            f"aux layer ids {bad} are out of range for a {layers}-layer target (valid: 0..{layers}, HF hidden_states numbering)",
+        )
     if cfg.get("norm_output") or eagle.get("norm_output"):
-        report.add("error", "norm_output", "norm_output: true makes the engines feed back the post-norm state; drafters are trained on the pre-norm state. Remove the key.")
+        report.add(
+            "error",
+            "norm_output",
+            "norm_output: true makes the engines feed back the post-norm state; drafters are trained on the pre-norm state. Remove the key.",
+        )
     if cfg.get("attention_bias"):
         report.add("error", "attention_bias", "attention_bias: true adds qkv and o_proj biases in vLLM that SGLang never loads. Remove the key.")
     if cfg.get("tie_word_embeddings"):
@@ -199,12 +206,20 @@ def check_drafter(target_cfg: dict, drafter: Path, report: PreflightReport, engi
         report.add("error", "draft_vocab", f"draft_vocab_size {draft_vocab} exceeds the target vocabulary {vocab}")
     d2t = tensors.get("d2t")
     if d2t is None and draft_vocab != vocab:
-        report.add("error", "d2t_missing", f"drafter has no d2t while draft_vocab_size {draft_vocab} != target vocab {vocab}: vLLM would map every draft id to itself (zeros)")
+        report.add(
+            "error",
+            "d2t_missing",
+            f"drafter has no d2t while draft_vocab_size {draft_vocab} != target vocab {vocab}: vLLM would map every draft id to itself (zeros)",
+        )
     elif d2t is not None and d2t["shape"] != [draft_vocab]:
         report.add("error", "d2t_length", f"d2t has shape {d2t['shape']}, expected [{draft_vocab}] (draft_vocab_size)")
     t2d = tensors.get("t2d")
     if t2d is not None and t2d["shape"] != [vocab]:
-        report.add("error", "t2d_length", f"t2d has {t2d['shape'][0]} entries but the target vocabulary has {vocab}: the draft vocabulary was built for another tokenizer")
+        report.add(
+            "error",
+            "t2d_length",
+            f"t2d has {t2d['shape'][0]} entries but the target vocabulary has {vocab}: the draft vocabulary was built for another tokenizer",
+        )
     if d2t is not None and report.ok:
         from safetensors import safe_open
 
@@ -215,7 +230,11 @@ def check_drafter(target_cfg: dict, drafter: Path, report: PreflightReport, engi
 
                     mapped = f.get_tensor("d2t") + torch.arange(draft_vocab)
                     if int(mapped.max()) >= vocab or int(mapped.min()) < 0:
-                        report.add("error", "d2t_range", f"d2t maps draft ids to target ids up to {int(mapped.max())}, outside the target vocabulary of {vocab}")
+                        report.add(
+                            "error",
+                            "d2t_range",
+                            f"d2t maps draft ids to target ids up to {int(mapped.max())}, outside the target vocabulary of {vocab}",
+                        )
     missing = {"layers.0.self_attn.q_proj.weight", "layers.0.hidden_norm.weight", "norm.weight"} - names
     if missing:
         report.add("error", "weights_incomplete", f"drafter weights lack {sorted(missing)}")
@@ -230,7 +249,13 @@ def run_engine_preflight(model: Path, drafter: Path | None, k: int, engine_args:
     if not py.is_file():
         return {
             "ok": True,
-            "findings": [{"level": "warning", "code": "no_engine_env", "message": f"no vLLM environment at {venv}: only our own checks ran. Run `make setup` to build it."}],
+            "findings": [
+                {
+                    "level": "warning",
+                    "code": "no_engine_env",
+                    "message": f"no vLLM environment at {venv}: only our own checks ran. Run `make setup` to build it.",
+                }
+            ],
             "engine": {},
         }
     request = {"model": str(model), "drafter": str(drafter) if drafter else None, "k": k, "engine_args": engine_args}
@@ -245,7 +270,11 @@ def run_engine_preflight(model: Path, drafter: Path | None, k: int, engine_args:
         return json.loads(last[0])
     except json.JSONDecodeError:
         tail = "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-15:])
-        return {"ok": False, "findings": [{"level": "error", "code": "engine_preflight_crashed", "message": f"the engine's validation crashed:\n{tail}"}], "engine": {}}
+        return {
+            "ok": False,
+            "findings": [{"level": "error", "code": "engine_preflight_crashed", "message": f"the engine's validation crashed:\n{tail}"}],
+            "engine": {},
+        }
 
 
 def preflight(

@@ -207,7 +207,7 @@ def health_problem(url: str, timeout_s: float = 10.0, headers: dict | None = Non
 
 
 def exit_words(code: int) -> str:
-    """"exited with code 1", or "was killed by SIGKILL" for a negative Popen return code."""
+    """ "exited with code 1", or "was killed by SIGKILL" for a negative Popen return code."""
     if code < 0:
         try:
             return f"was killed by {signal.Signals(-code).name}"

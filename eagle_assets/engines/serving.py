@@ -224,7 +224,7 @@ def replica_numbers(specs: list[dict | None]) -> list[int]:
 
 
 def speculation_words(speculative: dict | None) -> str:
-    """" with eagle3 (k=3)", " with eagle3 (k by batch size 1:3,2-:0)", " extracting the hidden
+    """ " with eagle3 (k=3)", " with eagle3 (k by batch size 1:3,2-:0)", " extracting the hidden
     states of layers [2, 15, 27, 30]", or "" without speculation."""
     if not speculative:
         return ""
@@ -286,4 +286,15 @@ def api_key_from_env(variable: str | None) -> str | None:
     return env_secret(variable) if variable else None
 
 
-__all__ = ["InferenceServer", "chat_once", "cold_sampling_check", "COLD_TEMPERATURE", "SMOKE_PROMPTS", "connect", "launch_vllm", "ServerFailed", "PreflightError", "api_key_from_env"]
+__all__ = [
+    "InferenceServer",
+    "chat_once",
+    "cold_sampling_check",
+    "COLD_TEMPERATURE",
+    "SMOKE_PROMPTS",
+    "connect",
+    "launch_vllm",
+    "ServerFailed",
+    "PreflightError",
+    "api_key_from_env",
+]

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from eagle_assets.settings_env import env_path
 
-SGLANG_SCRIPT = r'''
+SGLANG_SCRIPT = r"""
 import json, sys, time
 t0 = time.monotonic()
 out = {"ok": True, "findings": [], "engine": {}}
@@ -38,7 +38,7 @@ except Exception as exc:
     out["findings"].append({"level": "error", "code": "sglang_refused", "message": f"SGLang refused: {type(exc).__name__}: {exc}"})
 out["seconds"] = time.monotonic() - t0
 print("\n" + json.dumps(out))
-'''
+"""
 
 
 def launch_command(python: Path, model: Path, port: int, drafter: Path | None, steps: int, tp: int = 1, extra: list[str] | None = None) -> list[str]:

@@ -163,8 +163,10 @@ def serving_mode_note(device: str, compiled: bool) -> str | None:
         return None
     if compiled:
         return "served compiled (vLLM's torch.compile of the target and the drafter), as a deployment runs"
-    return ("served eagerly (--enforce-eager, for a ~30 s start): a compiled server (`--compiled`) is faster with and "
-            "without speculation; benchmarks/engine_compile.py measures both modes side by side")
+    return (
+        "served eagerly (--enforce-eager, for a ~30 s start): a compiled server (`--compiled`) is faster with and "
+        "without speculation; benchmarks/engine_compile.py measures both modes side by side"
+    )
 
 
 BASE_STARTUP_S = 600.0

@@ -154,8 +154,11 @@ def _probe_speculative_sampling(findings: list[dict], facts: dict) -> None:
                 "Greedy requests (temperature 0), which every benchmark here sends, are exact; a request with "
                 "temperature > 0 gets random tokens after its drafts, with EAGLE-3 and n-gram alike. The servers "
                 "eagle_assets launches load a plugin that mends it (eagle_assets/engines/engine_site), which "
-                + ("loaded but did not take on this engine build" if "eagle_assets_cpu_expand" in facts["general_plugins"]
-                   else "was not loaded (not on the engine's PYTHONPATH, or left out of VLLM_PLUGINS)")
+                + (
+                    "loaded but did not take on this engine build"
+                    if "eagle_assets_cpu_expand" in facts["general_plugins"]
+                    else "was not loaded (not on the engine's PYTHONPATH, or left out of VLLM_PLUGINS)"
+                )
                 + ". Serve sampled traffic without speculation here, or on an engine with that fix.",
             )
         )

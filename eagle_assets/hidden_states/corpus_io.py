@@ -33,10 +33,7 @@ import pyarrow.parquet as pq
 from eagle_assets.checked_reads import parse_json_object
 from eagle_assets.formats import CORPUS_MANIFEST, shard_of, stable_id
 
-CORPUS_FIX = (
-    "rerun the corpus stage: opening the corpus store for writing sets an unreadable shard aside "
-    "and the stage generates its samples again"
-)
+CORPUS_FIX = "rerun the corpus stage: opening the corpus store for writing sets an unreadable shard aside and the stage generates its samples again"
 """What to do about a corpus file that cannot be read."""
 MANIFEST_FIX = (
     "restore it, or move it aside: the corpus is then every part-*.parquet in the folder, and the corpus "
@@ -65,8 +62,7 @@ def corpus_files(corpus_dir: str) -> tuple[fsspec.AbstractFileSystem, list[str]]
         return fs, [root]
     if not fs.isdir(root):
         raise FileNotFoundError(
-            f"corpus folder {corpus_dir} does not exist; materialise the synthetic_corpus "
-            "asset first or point corpus_dir at its output"
+            f"corpus folder {corpus_dir} does not exist; materialise the synthetic_corpus asset first or point corpus_dir at its output"
         )
     manifest_path = posixpath.join(root, CORPUS_MANIFEST)
     listed = None
@@ -102,10 +98,7 @@ def _entry_path(entry, manifest_path: str) -> str:
         for key in ("path", "file", "name"):
             if isinstance(entry.get(key), str):
                 return entry[key]
-    raise ValueError(
-        f"{manifest_path}: cannot read shard entry {entry!r}; expected a file name or an object "
-        'with a "path", "file" or "name" key'
-    )
+    raise ValueError(f'{manifest_path}: cannot read shard entry {entry!r}; expected a file name or an object with a "path", "file" or "name" key')
 
 
 def iter_corpus_rows(
@@ -263,10 +256,7 @@ def _validate_row(row: dict, corpus_dir: str, vocab_size: int | None, target_fin
         )
     if vocab_size is not None and (ids.min() < 0 or ids.max() >= vocab_size):
         bad = int(ids.max() if ids.max() >= vocab_size else ids.min())
-        raise ValueError(
-            f"{where}: token id {bad} is outside the target vocabulary [0, {vocab_size}); "
-            "the corpus was tokenised for another target"
-        )
+        raise ValueError(f"{where}: token id {bad} is outside the target vocabulary [0, {vocab_size}); the corpus was tokenised for another target")
 
 
 def corpus_token_counts(corpus_dir: str, num_shards: int) -> dict[int, dict[str, int]]:

@@ -131,7 +131,7 @@ class EngineStateClient:
             raise EngineStateError(f"the extraction server at {self.base_url} did not answer ({exc}); is it still running?") from exc
         if resp.status_code != 200:
             raise EngineStateError(f"the extraction server at {self.base_url} answered {resp.status_code}: {resp.text[:500]}")
-        path = ((resp.json().get("kv_transfer_params") or {}).get("hidden_states_path"))
+        path = (resp.json().get("kv_transfer_params") or {}).get("hidden_states_path")
         if not path:
             raise EngineStateError(
                 f"the server at {self.base_url} returned no hidden_states_path: it does not extract hidden states. Launch it "

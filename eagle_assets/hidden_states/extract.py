@@ -140,9 +140,7 @@ def grouped_experts(path: str | Path, auto_class, trust_remote_code: bool = Fals
     """`{"experts_implementation": "grouped_mm"}` for a mixture-of-experts target where this
     transformers has grouped experts (one grouped matmul over all experts instead of a loop over
     them), else {}: a dense model, or an older transformers, takes no such argument."""
-    from transformers import AutoConfig
-
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoConfig, AutoModelForCausalLM
 
     config = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
     text = getattr(config, "text_config", None)
@@ -237,8 +235,7 @@ def validate_aux_layer_ids(aux_layer_ids, num_layers: int) -> tuple[int, ...]:
     bad = [k for k in ids if not 0 <= k <= num_layers]
     if bad:
         raise ValueError(
-            f"aux_layer_ids={list(ids)} has {bad} outside the valid range 0..{num_layers} for a target "
-            f"with {num_layers} decoder layers ({hint})"
+            f"aux_layer_ids={list(ids)} has {bad} outside the valid range 0..{num_layers} for a target with {num_layers} decoder layers ({hint})"
         )
     if len(set(ids)) != len(ids):
         raise ValueError(f"aux_layer_ids={list(ids)} repeats an id; each state is saved once")
@@ -257,9 +254,7 @@ class _Capture:
             if k == 0:
                 # The input of layer 0 is what HF reports as hidden_states[0] (embeddings, after
                 # any scaling the model applies), so hook there rather than on embed_tokens.
-                self._handles.append(
-                    parts.layers[0].register_forward_pre_hook(self._pre_hook(col), with_kwargs=True)
-                )
+                self._handles.append(parts.layers[0].register_forward_pre_hook(self._pre_hook(col), with_kwargs=True))
             else:
                 self._handles.append(parts.layers[k - 1].register_forward_hook(self._hook(col)))
         self._handles.append(parts.norm.register_forward_hook(self._hook("final")))
@@ -301,8 +296,7 @@ class _Capture:
         missing = (set(range(len(self.aux_ids))) | {"final"}) - seen
         if missing:
             raise RuntimeError(
-                f"the forward pass did not run the hooked module(s) for {sorted(map(str, missing))}; "
-                "the model skips layers this extraction relies on"
+                f"the forward pass did not run the hooked module(s) for {sorted(map(str, missing))}; the model skips layers this extraction relies on"
             )
 
     def remove(self) -> None:
@@ -609,7 +603,7 @@ def shard_status(
     out_dir: str | Path, shard_index: int, expected: dict[str, int], settings: ExtractSettings,
     aux_ids: tuple[int, ...], hidden_size: int, target_fingerprint: str,
 ) -> str:  # fmt: skip
-    """"complete" when the shard exists, passes its checks and matches the corpus and settings,
+    """ "complete" when the shard exists, passes its checks and matches the corpus and settings,
     else why not ("missing", "corrupt: ...", "stale: ..."): anything but "complete" is rebuilt.
 
     The checks are `reader.shard_problem`'s: manifest, file size, header, shapes against the
@@ -678,9 +672,7 @@ def extract_all(
         remove_shards_beyond(out_dir, settings.num_shards)
     todo, results = [], []
     for i in indices:
-        status = shard_status(
-            out_dir, i, expected[i], settings, extractor.aux_ids, extractor.hidden_size, fingerprint
-        )
+        status = shard_status(out_dir, i, expected[i], settings, extractor.aux_ids, extractor.hidden_size, fingerprint)
         if status == "complete":
             manifest = read_manifest(out_dir / shard_name(i))
             results.append(ShardResult(out_dir / shard_name(i), manifest, False, 0.0, 0.0, "complete"))

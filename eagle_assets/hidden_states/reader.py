@@ -112,10 +112,7 @@ def shard_problem(shard_dir: str | Path, checksum: bool | None = None) -> str | 
     if got != want:
         wrong = sorted(k for k in set(got) | set(want) if got.get(k) != want.get(k))
         detail = "; ".join(f"{k}: {got.get(k, 'absent')} where the manifest's counts need {want.get(k, 'none')}" for k in wrong)
-        return (
-            f"{states} does not hold what {manifest_path} describes ({n} samples, "
-            f"{sum(m.token_counts)} tokens): {detail}"
-        )
+        return f"{states} does not hold what {manifest_path} describes ({n} samples, {sum(m.token_counts)} tokens): {detail}"
     size = states.stat().st_size
     if m.states_bytes and size != m.states_bytes:
         return f"{states} is {size} bytes, its manifest recorded {m.states_bytes} at commit"
@@ -154,8 +151,7 @@ class ShardReader:
         manifest = read_manifest(self.shard_dir)
         if manifest is None:
             raise FileNotFoundError(
-                f"{self.shard_dir} is not a complete hidden-state shard (no {SHARD_MANIFEST_FILE}); "
-                "rebuild it with extract_shard"
+                f"{self.shard_dir} is not a complete hidden-state shard (no {SHARD_MANIFEST_FILE}); rebuild it with extract_shard"
             )
         problem = shard_problem(self.shard_dir, checksum=checksum)
         if problem is not None:

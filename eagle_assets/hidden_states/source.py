@@ -17,7 +17,7 @@ SOURCES = ("auto", "engine", "hf")
 
 
 def choose_source(asked: str, preset: TargetPreset, hf_loadable: bool = True) -> str:
-    """"engine" or "hf": as asked, else the preset's choice, else the engine wherever the target
+    """ "engine" or "hf": as asked, else the preset's choice, else the engine wherever the target
     needs more than one GPU (tensor parallel) or transformers has no class for it."""
     if asked not in SOURCES:
         raise ValueError(f"hidden-state source {asked!r}: give one of {', '.join(SOURCES)}")

@@ -189,22 +189,18 @@ def load_vocab_mapping(path: str | Path) -> VocabMapping:
     return mapping
 
 
-def validate_mapping(
-    mapping: VocabMapping, where: str, vocab_size: int | None = None, draft_vocab_size: int | None = None
-) -> None:
+def validate_mapping(mapping: VocabMapping, where: str, vocab_size: int | None = None, draft_vocab_size: int | None = None) -> None:
     """Raise, naming `where`, unless d2t and t2d describe the same set of in-range target ids."""
     d2t, t2d = mapping.d2t, mapping.t2d
     if d2t.ndim != 1 or t2d.ndim != 1:
         raise ValueError(f"{where}: d2t and t2d must be 1-D, got shapes {tuple(d2t.shape)} and {tuple(t2d.shape)}")
     if draft_vocab_size is not None and len(d2t) != draft_vocab_size:
         raise ValueError(
-            f"{where}: d2t has {len(d2t)} entries but draft_vocab_size is {draft_vocab_size}; the "
-            "checkpoint's config and weights disagree"
+            f"{where}: d2t has {len(d2t)} entries but draft_vocab_size is {draft_vocab_size}; the checkpoint's config and weights disagree"
         )
     if vocab_size is not None and len(t2d) != vocab_size:
         raise ValueError(
-            f"{where}: t2d covers {len(t2d)} target ids but the target vocabulary has {vocab_size}; "
-            "the parent drafter was made for another target"
+            f"{where}: t2d covers {len(t2d)} target ids but the target vocabulary has {vocab_size}; the parent drafter was made for another target"
         )
     targets = mapping.target_ids
     if len(targets) and (targets.min() < 0 or targets.max() >= len(t2d)):
@@ -215,9 +211,7 @@ def validate_mapping(
         raise ValueError(f"{where}: t2d does not mark exactly the {len(d2t)} target ids that d2t maps to")
 
 
-def load_parent_mapping(
-    drafter_folder: str | Path, vocab_size: int | None = None, draft_vocab_size: int | None = None
-) -> VocabMapping:
+def load_parent_mapping(drafter_folder: str | Path, vocab_size: int | None = None, draft_vocab_size: int | None = None) -> VocabMapping:
     """The parent drafter's own d2t/t2d (never rebuilt), validated against its config and the target.
 
     Reads `model.safetensors` (or the shard that `model.safetensors.index.json` names for
@@ -234,8 +228,7 @@ def load_parent_mapping(
             weights = folder / weight_map["d2t"]
     if not weights.is_file():
         raise FileNotFoundError(
-            f"parent drafter {folder} has no model.safetensors; point the warm start at the folder "
-            "holding the drafter's config.json and weights"
+            f"parent drafter {folder} has no model.safetensors; point the warm start at the folder holding the drafter's config.json and weights"
         )
     config_path = folder / "config.json"
     if draft_vocab_size is None and config_path.is_file():

@@ -222,8 +222,7 @@ class ShardWriter:
         T = layout.num_tokens
         if offsets.shape != (layout.num_samples + 1,) or offsets[-1] != T or len(input_ids) != T or len(loss_mask) != T:
             raise ValueError(
-                f"shard {index}: offsets/input_ids/loss_mask do not match the layout "
-                f"(n={layout.num_samples}, T={T}); this is a bug in the caller"
+                f"shard {index}: offsets/input_ids/loss_mask do not match the layout (n={layout.num_samples}, T={T}); this is a bug in the caller"
             )
         self.out_dir.mkdir(parents=True, exist_ok=True)
         remove_stale(self.out_dir, index)

@@ -37,8 +37,10 @@ def check_storage_url(url: str) -> None:
     """Refuse a URL whose protocol fsspec does not know (or whose package is not installed),
     naming fsspec's own error."""
     if problem := fsspec_problem(url):
-        raise ValueError(f"storage root {url!r}: fsspec cannot open it ({problem}): give a folder, or a URL of a "
-                         "filesystem fsspec knows with its package installed (s3fs for s3://, gcsfs for gs://)")
+        raise ValueError(
+            f"storage root {url!r}: fsspec cannot open it ({problem}): give a folder, or a URL of a "
+            "filesystem fsspec knows with its package installed (s3fs for s3://, gcsfs for gs://)"
+        )
 
 
 class StorageResource(dg.ConfigurableResource):
@@ -125,7 +127,7 @@ class StorageResource(dg.ConfigurableResource):
                 log(f"{self.remote(path)} holds files but no {MARKER_SUFFIX} marker (a publish that did not finish): not fetched")
             for marker in markers:
                 unit = marker[: -len(MARKER_SUFFIX)]
-                only = key[len(unit) + 1:] if key.startswith(unit + "/") else ""
+                only = key[len(unit) + 1 :] if key.startswith(unit + "/") else ""
                 fetched.append(self._fetch_unit(fs, unit, json.loads(fs.cat_file(marker)), only))
         if log and fetched:
             log(f"fetched from {self.location()} into {self.local_root()}: {', '.join(fetched)}")
@@ -152,7 +154,7 @@ class StorageResource(dg.ConfigurableResource):
                 if before.get(rel) != listed[rel]:  # unchanged since the last publish: already there
                     fs.put_file(str(local), _join(unit, rel))
             if path.is_dir() and fs.isdir(unit):
-                stale = [k for k in fs.find(unit) if k[len(unit) + 1:] not in listed and not k.endswith(MARKER_SUFFIX)]
+                stale = [k for k in fs.find(unit) if k[len(unit) + 1 :] not in listed and not k.endswith(MARKER_SUFFIX)]
                 if stale:
                     fs.rm(stale)
             fs.pipe_file(marker, json.dumps({"files": listed}, indent=1).encode())
@@ -170,7 +172,7 @@ class StorageResource(dg.ConfigurableResource):
 
     def _fetch_unit(self, fs, unit: str, marker: dict, only: str = "") -> str:
         """The unit's listed files (those under `only`, a path inside it, where given)."""
-        local_unit = self.local_root() / Path(unit[len(self._fs()[1]) + 1:])
+        local_unit = self.local_root() / Path(unit[len(self._fs()[1]) + 1 :])
         for rel, (size, mtime_ns) in marker["files"].items():
             if only and rel != only and not rel.startswith(only + "/"):
                 continue

@@ -62,16 +62,19 @@ class TrainerResource(dg.ConfigurableResource):
             if getattr(self, name) < 1:
                 problems.append(f"{name}={getattr(self, name)} must be >= 1")
         if not 0 <= self.node_rank < max(self.nnodes, 1):
-            problems.append(f"node_rank={self.node_rank} must be in 0..{self.nnodes - 1} (nnodes={self.nnodes}): "
-                            "number the nodes from 0")
+            problems.append(f"node_rank={self.node_rank} must be in 0..{self.nnodes - 1} (nnodes={self.nnodes}): number the nodes from 0")
         if self.nnodes > 1 and not self.rdzv_endpoint:
-            problems.append(f"nnodes={self.nnodes} needs rdzv_endpoint: host:port of the rendezvous, reachable "
-                            "from every node (for example node 0's host and a free port, host0:29500)")
+            problems.append(
+                f"nnodes={self.nnodes} needs rdzv_endpoint: host:port of the rendezvous, reachable "
+                "from every node (for example node 0's host and a free port, host0:29500)"
+            )
         if self.rdzv_endpoint is not None:
             match = _ENDPOINT.match(self.rdzv_endpoint)
             if match is None or not 1 <= int(match["port"]) <= 65535:
-                problems.append(f"rdzv_endpoint={self.rdzv_endpoint!r} is not host:port (port 1-65535): write it as "
-                                "host0:29500, 10.0.0.1:29500 or [fd00::1]:29500")
+                problems.append(
+                    f"rdzv_endpoint={self.rdzv_endpoint!r} is not host:port (port 1-65535): write it as "
+                    "host0:29500, 10.0.0.1:29500 or [fd00::1]:29500"
+                )
         if self.rdzv_backend not in RDZV_BACKENDS:
             problems.append(f"rdzv_backend={self.rdzv_backend!r}: use one of {RDZV_BACKENDS}")
         if self.threads_per_process is not None and self.threads_per_process < 1:

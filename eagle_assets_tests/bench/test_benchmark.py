@@ -114,7 +114,9 @@ def test_an_aa_control_is_a_second_server_without_speculation_served_interleaved
 
     monkeypatch.setattr(benchmark, "run_interleaved", lambda targets, *a, **k: [t.base_url for t in targets])
     kept = Measurements.open(tmp_path, {}, log=lambda m: None)
-    served = benchmark._serve_interleaved(configs, serve, ["p"] * 8, SweepSettings(output_len=8, concurrencies=(1,)), 5, lambda m: None, kept, "sweep")
+    served = benchmark._serve_interleaved(
+        configs, serve, ["p"] * 8, SweepSettings(output_len=8, concurrencies=(1,)), 5, lambda m: None, kept, "sweep"
+    )
     assert asked == [(None, 0), (None, 1), ("eagle3", 0), ("ngram", 0)] and served == [f"http://{i}" for i in range(1, 5)]
     # The memory asked about counts two servers without speculation.
     specs = []
@@ -160,13 +162,19 @@ def test_the_recommended_schedule_is_served_after_the_sweep_beside_no_speculatio
     # Nothing to confirm: one K fastest everywhere, or none above no speculation; or served already.
     steady = [sweep[0], _served_with(_run("eagle3", {1: 80.0, 4: 200.0, 8: 250.0}), k3)]
     assert benchmark._confirm_schedule(steady, settings, DRAFTER, serve, prompts, levels, print, kept) == (
-        [], "confirm_schedule: no schedule to confirm (K=3 served fastest at every load)")
+        [],
+        "confirm_schedule: no schedule to confirm (K=3 served fastest at every load)",
+    )
     slow = [sweep[0], _served_with(_run("eagle3", {1: 40.0, 4: 150.0, 8: 200.0}), k3)]
     assert benchmark._confirm_schedule(slow, settings, DRAFTER, serve, prompts, levels, print, kept) == (
-        [], "confirm_schedule: no schedule to confirm (no K beat no speculation)")
+        [],
+        "confirm_schedule: no schedule to confirm (no K beat no speculation)",
+    )
     served = [*sweep, _served_with(_run("eagle3 k=1-4:3,5-:0", {1: 80.0, 4: 200.0, 8: 236.0}), speculative_config(DRAFTER, 3, schedule))]
     assert benchmark._confirm_schedule(served, settings, DRAFTER, serve, prompts, levels, print, kept) == (
-        [], "confirm_schedule: the recommended schedule 1-4:3,5-:0 was served in the sweep itself")
+        [],
+        "confirm_schedule: the recommended schedule 1-4:3,5-:0 was served in the sweep itself",
+    )
     assert len(asked) == 7  # none of these started a server
 
 

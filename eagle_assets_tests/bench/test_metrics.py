@@ -57,7 +57,7 @@ def test_parse_reads_names_labels_values_and_escapes():
 
 def test_parse_names_the_bad_line():
     with pytest.raises(ValueError, match="line 2"):
-        parse_prometheus("# ok\nvllm:spec_decode_num_drafts_total{engine=\"0\"}\n")
+        parse_prometheus('# ok\nvllm:spec_decode_num_drafts_total{engine="0"}\n')
 
 
 def test_counters_sum_engines_and_filter_by_model():
@@ -68,7 +68,7 @@ def test_counters_sum_engines_and_filter_by_model():
 
 
 def test_server_without_speculation_has_no_stats():
-    text = "# HELP vllm:num_requests_running x\nvllm:num_requests_running{engine=\"0\",model_name=\"m\"} 0.0\n"
+    text = '# HELP vllm:num_requests_running x\nvllm:num_requests_running{engine="0",model_name="m"} 0.0\n'
     c = spec_counters_from_text(text)
     assert not c.present
     assert spec_stats_between(c, c) is None
@@ -106,10 +106,22 @@ def test_sglang_meta_info_aggregates_like_the_engine_counts():
     # Request 1: 10 verify steps accepting 0,1,2,3,3,3,2,1,0,3 drafts -> 18 accepted, 1 + 28 tokens.
     # Request 2: 5 steps accepting 3,3,3,3,3 -> 15 accepted.
     metas = [
-        {"completion_tokens": 29, "spec_verify_ct": 10, "spec_num_correct_drafts": 18, "spec_num_proposed_drafts": 30,
-         "spec_accept_length": 2.9, "spec_correct_drafts_histogram": [2, 2, 2, 4]},
-        {"completion_tokens": 21, "spec_verify_ct": 5, "spec_num_correct_drafts": 15, "spec_num_proposed_drafts": 15,
-         "spec_accept_length": 4.2, "spec_correct_drafts_histogram": [0, 0, 0, 5]},
+        {
+            "completion_tokens": 29,
+            "spec_verify_ct": 10,
+            "spec_num_correct_drafts": 18,
+            "spec_num_proposed_drafts": 30,
+            "spec_accept_length": 2.9,
+            "spec_correct_drafts_histogram": [2, 2, 2, 4],
+        },
+        {
+            "completion_tokens": 21,
+            "spec_verify_ct": 5,
+            "spec_num_correct_drafts": 15,
+            "spec_num_proposed_drafts": 15,
+            "spec_accept_length": 4.2,
+            "spec_correct_drafts_histogram": [0, 0, 0, 5],
+        },
         {"completion_tokens": 3},  # a request that finished in prefill carries no spec keys
     ]
     s = spec_stats_from_sglang(metas)

@@ -59,7 +59,9 @@ def test_matching_numbers_are_ok():
 def test_wrong_export_is_engine_wiring_with_the_config_evidence(tmp_path):
     # A SpecForge-numbered export served by vLLM, norm_output on and no d2t: offline 2.5, served 1.1.
     drafter = _drafter(
-        tmp_path / "d", with_d2t=False, norm_output=True,
+        tmp_path / "d",
+        with_d2t=False,
+        norm_output=True,
         eagle_config={"eagle_aux_hidden_state_layer_ids": [1, 14, 26]},
     )
     served = AcceptanceNumbers(1.1, (0.08, 0.02, 0.0), 900, "served vllm")

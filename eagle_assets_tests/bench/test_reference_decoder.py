@@ -15,20 +15,28 @@ from eagle_assets.drafter.config import DrafterConfig
 from eagle_assets.drafter.model import Eagle3Drafter
 from eagle_assets.drafter.target_head import read_target_head
 
-
 pytestmark = pytest.mark.usefixtures("one_thread")  # see conftest.py
 
 
 def tiny_target(seed: int = 0) -> LlamaForCausalLM:
     torch.manual_seed(seed)
-    cfg = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=4, num_attention_heads=4,
-                      num_key_value_heads=2, tie_word_embeddings=False, initializer_range=0.2, bos_token_id=1, eos_token_id=2)
+    cfg = LlamaConfig(
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        tie_word_embeddings=False,
+        initializer_range=0.2,
+        bos_token_id=1,
+        eos_token_id=2,
+    )
     return LlamaForCausalLM(cfg).eval()
 
 
 def drafter_for(target, aux_layer_ids, draft_vocab_size=None, seed=0) -> Eagle3Drafter:
-    cfg = DrafterConfig.from_target_config(target.config.to_dict(), aux_layer_ids=aux_layer_ids,
-                                           draft_vocab_size=draft_vocab_size)
+    cfg = DrafterConfig.from_target_config(target.config.to_dict(), aux_layer_ids=aux_layer_ids, draft_vocab_size=draft_vocab_size)
     torch.manual_seed(seed)
     drafter = Eagle3Drafter(cfg)
     drafter.reset_parameters(std=0.3)  # a random drafter with opinions (the target rejects all of them: see `Oracle`)
@@ -50,7 +58,7 @@ def test_tiny_target_equality_and_first_draft_semantics():
         res = speculative_generate(target, drafter, prompt, 20, k, eos_token_id=2)
         greedy = greedy_generate(target, prompt, 20, eos_token_id=2)
         hf = target.generate(prompt, do_sample=False, max_new_tokens=20, eos_token_id=2, pad_token_id=0)
-        assert res.tokens == greedy == hf[0, prompt.shape[1]:].tolist()
+        assert res.tokens == greedy == hf[0, prompt.shape[1] :].tolist()
         assert res.num_drafts == len(res.drafts) == len(res.accepted_per_step)
         # Every drafter KV entry at positions <= p comes from (g_s, E[x_{s+1}]): the first draft of
         # each step equals a plain causal pass over the whole final sequence, read at slot p.
@@ -216,8 +224,15 @@ def test_last_layer_aux_is_the_pre_norm_state():
 
 def successor_target(V: int = 32, scale: float = 4.0) -> LlamaForCausalLM:
     """A target whose greedy next token is always (x + 1) mod V: identity layers, a rolled head."""
-    cfg = LlamaConfig(vocab_size=V, hidden_size=V, intermediate_size=16, num_hidden_layers=4, num_attention_heads=4,
-                      num_key_value_heads=2, tie_word_embeddings=False)
+    cfg = LlamaConfig(
+        vocab_size=V,
+        hidden_size=V,
+        intermediate_size=16,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        tie_word_embeddings=False,
+    )
     model = LlamaForCausalLM(cfg).eval()
     with torch.no_grad():
         model.model.embed_tokens.weight.copy_(torch.eye(V) * scale)
@@ -234,10 +249,22 @@ def mapping_drafter(target, step, V: int = 32, scale: float = 4.0) -> Eagle3Draf
     g_p = fc(A_p) = e_{x_p + 1} = e_{x_{p+1}}; the MLP turns e_y into e_{step(y)} on the residual;
     lm_head is the identity. With step(y) = y + 1 it predicts the target exactly.
     """
-    cfg = DrafterConfig(hidden_size=V, intermediate_size=V, num_attention_heads=4, num_key_value_heads=2, head_dim=8,
-                        rms_norm_eps=1e-6, rope_theta=10000.0, rope_scaling=None, max_position_embeddings=256,
-                        vocab_size=V, draft_vocab_size=V, target_hidden_size=V, aux_layer_ids=(1, 2, 3),
-                        target_num_layers=4)
+    cfg = DrafterConfig(
+        hidden_size=V,
+        intermediate_size=V,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+        rms_norm_eps=1e-6,
+        rope_theta=10000.0,
+        rope_scaling=None,
+        max_position_embeddings=256,
+        vocab_size=V,
+        draft_vocab_size=V,
+        target_hidden_size=V,
+        aux_layer_ids=(1, 2, 3),
+        target_num_layers=4,
+    )
     drafter = Eagle3Drafter(cfg)
     eye = torch.eye(V)
     shift = torch.roll(eye, 1, dims=0)  # shift @ e_y = e_{y+1}

@@ -30,15 +30,23 @@ def _level(c: int, tokens_per_s: float, spec: SpecStats | None = None) -> LevelR
     tokens = 8 * 64
     wall = tokens / tokens_per_s
     return LevelResult(
-        concurrency=c, num_requests=8, output_tokens=tokens, wall_s=wall, tokens_per_s=tokens_per_s,
-        requests_per_s=8 / wall, ttft_s={"mean": 0.12, "p50": 0.1, "p90": 0.2},
-        itl_s={"mean": 0.021, "p50": 0.02, "p90": 0.03}, tokens_per_chunk=spec.al if spec and spec.drafts else 1.0, spec=spec,
+        concurrency=c,
+        num_requests=8,
+        output_tokens=tokens,
+        wall_s=wall,
+        tokens_per_s=tokens_per_s,
+        requests_per_s=8 / wall,
+        ttft_s={"mean": 0.12, "p50": 0.1, "p90": 0.2},
+        itl_s={"mean": 0.021, "p50": 0.02, "p90": 0.03},
+        tokens_per_chunk=spec.al if spec and spec.drafts else 1.0,
+        spec=spec,
     )
 
 
 def _run(label: str, tokens_per_s: dict[int, float], spec: SpecStats | None = None, output_len: int = 64) -> ServedRun:
-    return ServedRun(label, "vllm", "smollm2-135m-instruct", "http://127.0.0.1:8150", output_len, 8,
-                     tuple(_level(c, tokens_per_s[c], spec) for c in CONCURRENCIES))
+    return ServedRun(
+        label, "vllm", "smollm2-135m-instruct", "http://127.0.0.1:8150", output_len, 8, tuple(_level(c, tokens_per_s[c], spec) for c in CONCURRENCIES)
+    )
 
 
 def _interleaved(label: str, rounds: tuple[float, float], spec: SpecStats | None = None) -> ServedRun:
@@ -178,7 +186,10 @@ def test_report_pools_served_acceptance_and_runs_the_checks():
 
 
 def test_written_report_is_complete_and_reads_back(tmp_path):
-    slices = (AcceptanceNumbers(2.1, (0.6, 0.3, 0.2), 40, "category writing"), AcceptanceNumbers(1.5, (0.3, 0.1, 0.1), 9, "after the end of the answer"))
+    slices = (
+        AcceptanceNumbers(2.1, (0.6, 0.3, 0.2), 40, "category writing"),
+        AcceptanceNumbers(1.5, (0.3, 0.1, 0.1), 9, "after the end of the answer"),
+    )
     report = build_report("smollm2-135m-instruct", "/drafters/smollm2-eagle3", RUNS, offline=OFFLINE, offline_slices=slices, parent_al=2.4,
                           training=TRAINING)  # fmt: skip
     paths = write_report(report, tmp_path / "out")
@@ -245,8 +256,10 @@ def test_summary_fits_one_screen():
     assert "80.0 (1.60x)" in text and "55.0 (1.10x)" in text
     assert "1 + accepted/drafts" in text
     # What to serve at each load; at concurrency 8 n-gram only ties with no speculation.
-    assert ("fastest: concurrency 1: eagle3 (80.0 tok/s, 1.45x ngram); concurrency 4: eagle3 (200.0 tok/s, 1.19x ngram); "
-            "concurrency 8: no speculation (240.0 tok/s, 1.00x ngram)") in text
+    assert (
+        "fastest: concurrency 1: eagle3 (80.0 tok/s, 1.45x ngram); concurrency 4: eagle3 (200.0 tok/s, 1.19x ngram); "
+        "concurrency 8: no speculation (240.0 tok/s, 1.00x ngram)"
+    ) in text
     assert "- concurrency 8: no speculation (240.0 tok/s, 1.00x ngram)" in to_markdown(report)
     assert len(text.splitlines()) <= 25 and max(len(line) for line in text.splitlines()) < 240
 
@@ -272,14 +285,21 @@ def test_other_ks_are_compared_and_the_fastest_named():
     assert "| 1 | eagle3 k=2 | 88.0 |" in md
     assert f"Other speculative runs, from the engine's counters: {others}." in md
     # The fastest K per level, as a schedule to serve by batch size: K=2 at 1, K=3 at 4, none at 8.
-    assert ("K by batch size, fastest per load: 1:2,2-4:3,5-:0 (K 2 at batch size 1, 3 at batch sizes 2-4, 0 from 5 up; "
-            "serve with --k-schedule 1:2,2-4:3,5-:0)") in text
+    assert (
+        "K by batch size, fastest per load: 1:2,2-4:3,5-:0 (K 2 at batch size 1, 3 at batch sizes 2-4, 0 from 5 up; "
+        "serve with --k-schedule 1:2,2-4:3,5-:0)"
+    ) in text
     assert "### K to serve at each load" in md and "The fastest of K=2, K=3 at each concurrency" in md
-    assert ('`--speculative-config \'{"method": "eagle3", "model": "d", "num_speculative_tokens": 3, '
-            '"num_speculative_tokens_per_batch_size": [[1, 1, 2], [2, 4, 3], [5, 4096, 0]]}\'`') in md
+    assert (
+        '`--speculative-config \'{"method": "eagle3", "model": "d", "num_speculative_tokens": 3, '
+        '"num_speculative_tokens_per_batch_size": [[1, 1, 2], [2, 4, 3], [5, 4096, 0]]}\'`'
+    ) in md
     assert "`eagle-assets bench --drafter d --k-schedule 1:2,2-4:3,5-:0`" in md
-    assert report.to_dict()["k_schedule"] == {"recommended": "1:2,2-4:3,5-:0", "confirmation": None, "speedups_by_k": {
-        "3": {"1": 1.6, "4": 1.25, "8": 0.9}, "2": {"1": 88.0 / 50.0, "4": 190.0 / 160.0, "8": 230.0 / 240.0}}}
+    assert report.to_dict()["k_schedule"] == {
+        "recommended": "1:2,2-4:3,5-:0",
+        "confirmation": None,
+        "speedups_by_k": {"3": {"1": 1.6, "4": 1.25, "8": 0.9}, "2": {"1": 88.0 / 50.0, "4": 190.0 / 160.0, "8": 230.0 / 240.0}},
+    }
 
 
 def test_a_run_served_by_batch_size_is_measured_and_the_advice_follows_the_fixed_k():
@@ -287,8 +307,10 @@ def test_a_run_served_by_batch_size_is_measured_and_the_advice_follows_the_fixed
         return dataclasses.replace(run, config={"speculative": spec})
 
     fixed = with_config(_run("eagle3", {1: 80.0, 4: 150.0, 8: 200.0}, EAGLE), {"method": "eagle3", "num_speculative_tokens": 3})
-    scheduled = with_config(_run("eagle3 k=1:3,2-:0", {1: 79.0, 4: 158.0, 8: 236.0}, EAGLE), {
-        "method": "eagle3", "num_speculative_tokens": 3, "num_speculative_tokens_per_batch_size": [[1, 1, 3], [2, 4096, 0]]})
+    scheduled = with_config(
+        _run("eagle3 k=1:3,2-:0", {1: 79.0, 4: 158.0, 8: 236.0}, EAGLE),
+        {"method": "eagle3", "num_speculative_tokens": 3, "num_speculative_tokens_per_batch_size": [[1, 1, 3], [2, 4096, 0]]},
+    )
     report = build_report("smollm2-135m-instruct", "d", [RUNS[0], fixed, scheduled], offline=OFFLINE)
     assert report.speedups["eagle3 k=1:3,2-:0"][8] == 236.0 / 240.0
     md = to_markdown(report)
@@ -299,8 +321,9 @@ def test_a_run_served_by_batch_size_is_measured_and_the_advice_follows_the_fixed
     steady = with_config(_run("eagle3", {1: 80.0, 4: 170.0, 8: 250.0}, EAGLE), {"method": "eagle3", "num_speculative_tokens": 3})
     report = build_report("smollm2-135m-instruct", "d", [RUNS[0], steady], offline=OFFLINE)
     assert "K by batch size, fastest per load: K=3 at every load measured (no schedule needed)" in summary_text(report)
-    assert ("K=3 served fastest at every concurrency measured, above no speculation: serve it at every batch size (`-k 3`), "
-            "no schedule needed.") in to_markdown(report)
+    assert (
+        "K=3 served fastest at every concurrency measured, above no speculation: serve it at every batch size (`-k 3`), no schedule needed."
+    ) in to_markdown(report)
     assert report.to_dict()["k_schedule"]["recommended"] == "1-:3"
     # No K above 1x anywhere: serve without the drafter.
     slow = with_config(_run("eagle3", {1: 49.0, 4: 150.0, 8: 200.0}, EAGLE), {"method": "eagle3", "num_speculative_tokens": 3})
@@ -334,17 +357,24 @@ def test_a_schedule_served_after_the_sweep_is_confirmed_where_it_keeps_up_with_t
     assert report.to_dict()["k_schedule"]["recommended"] == "1-4:3,5-:0"
     assert confirmation["schedule"] == "1-4:3,5-:0" and confirmation["confirmed"] is True and confirmation["margin"] == 0.05
     assert [(lv["concurrency"], lv["k"], lv["fastest"], lv["confirmed"]) for lv in confirmation["levels"]] == [
-        (1, 3, "eagle3", True), (4, 3, "eagle3", True), (8, 0, "no speculation", True)]
+        (1, 3, "eagle3", True),
+        (4, 3, "eagle3", True),
+        (8, 0, "no speculation", True),
+    ]
     assert confirmation["levels"][2]["speedup"] == 233.0 / 240.0 and confirmation["levels"][0]["fastest_speedup"] == 78.0 / 50.0
     md = to_markdown(report)
     assert "### The recommended K schedule, served to confirm it" in md
-    assert ("- `1-4:3,5-:0` served after the sweep, beside no speculation and the fixed K it uses, on the same prompts: "
-            "confirmed: within 5% of the fastest at every level.") in md
+    assert (
+        "- `1-4:3,5-:0` served after the sweep, beside no speculation and the fixed K it uses, on the same prompts: "
+        "confirmed: within 5% of the fastest at every level."
+    ) in md
     assert "- concurrency 8: K 0, 0.97x against no speculation's 1.00x (confirmed)" in md
     assert "| concurrency | baseline | eagle3 | eagle3 k=1-4:3,5-:0 |" in md and "| 8 | 240.0 | 220.0 | 233.0 |" in md
     assert "Serve it beside" not in md and "At K 0 the drafter's first forward" not in md  # it was served, and kept up
-    assert ("K schedule 1-4:3,5-:0 served after the sweep: confirmed; c=1 K3 1.54x (eagle3 1.56x); c=4 K3 1.19x (eagle3 1.23x); "
-            "c=8 K0 0.97x (no speculation 1.00x)") in summary_text(report)
+    assert (
+        "K schedule 1-4:3,5-:0 served after the sweep: confirmed; c=1 K3 1.54x (eagle3 1.56x); c=4 K3 1.19x (eagle3 1.23x); "
+        "c=8 K0 0.97x (no speculation 1.00x)"
+    ) in summary_text(report)
     # The sweep's own numbers are the sweep's: the confirming runs are apart from them.
     assert [r.label for r in report.runs] == ["baseline", "eagle3"] and report.speedups["eagle3"][1] == 1.6
     paths = write_report(report, tmp_path)

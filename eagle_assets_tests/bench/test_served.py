@@ -144,8 +144,14 @@ def test_real_server_counters_move_with_ngram_drafts(ngram_server):
 
     before = scrape(ngram_server, model=MODEL)
     assert before.present and len(before.accepted_per_pos) == K
-    body = {"model": MODEL, "messages": [{"role": "user", "content": PROMPTS[0]}], "temperature": 0,
-            "max_tokens": 16, "min_tokens": 16, "ignore_eos": True}
+    body = {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": PROMPTS[0]}],
+        "temperature": 0,
+        "max_tokens": 16,
+        "min_tokens": 16,
+        "ignore_eos": True,
+    }
     resp = httpx.post(ngram_server + "/v1/chat/completions", json=body, timeout=120)
     assert resp.status_code == 200 and resp.json()["usage"]["completion_tokens"] == 16
     # The engine records the last step's counters just after answering: allow it a moment.

@@ -68,21 +68,17 @@ def test_template_that_renders_reasoning_gets_it_passed_through(tokenizer):
     assert template.handles_reasoning
     example = template.tokenize(CONVERSATION[:2])
     assert example.text.count("<think>") == 1  # not wrapped twice
-    assert [tok.decode(r) for r in spans(example.input_ids, example.loss_mask)] == [
-        "<think>\nTwo plus two.\n</think>\n\nIt is 4.<|im_end|>"
-    ]
+    assert [tok.decode(r) for r in spans(example.input_ids, example.loss_mask)] == ["<think>\nTwo plus two.\n</think>\n\nIt is 4.<|im_end|>"]
     assert not ChatTemplate(tokenizer).handles_reasoning
 
 
 def test_user_prefix_is_the_template_up_to_the_user_message(template):
     assert template.user_prefix() == (
-        "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n"
-        "<|im_start|>user\n"
+        "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n<|im_start|>user\n"
     )
     history = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello."}]
     assert template.user_prefix(history) == (
-        "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n"
-        "<|im_start|>assistant\nHello.<|im_end|>\n<|im_start|>user\n"
+        "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\nHello.<|im_end|>\n<|im_start|>user\n"
     )
     assert (template.end_of_turn, template.end_of_turn_id) == ("<|im_end|>", 2)
 

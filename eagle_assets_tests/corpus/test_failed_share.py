@@ -67,7 +67,9 @@ def test_a_failed_share_above_the_limit_fails_the_run_and_keeps_the_rest(server,
     with CorpusStore(str(tmp_path / "a"), shard_size=4) as store, pytest.raises(GenerationFailed) as failed:
         generate_corpus(prompts(20, refused=2), store, settings, tokenizer, target=target, show_progress_bar=False)
     message = str(failed.value)
-    assert message.startswith(f"2 of 20 samples failed (10%, above the 5% allowed); commonest errors: RequestRejected x2 (e.g. {server.url}/v1/chat/completions rejected the request with HTTP 400: ")
+    assert message.startswith(
+        f"2 of 20 samples failed (10%, above the 5% allowed); commonest errors: RequestRejected x2 (e.g. {server.url}/v1/chat/completions rejected the request with HTTP 400: "
+    )
     assert "maximum context length" in message
     assert "18 samples are stored and the failed ones are listed in" in message and "max_failed_share" in message
     stats = failed.value.stats

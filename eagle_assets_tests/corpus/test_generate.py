@@ -53,9 +53,7 @@ def test_a_server_gone_for_good_stops_the_run_and_keeps_what_was_done(tmp_path, 
 
     async def run(store):
         async with InferenceClient(ClientSettings(url, "m", max_retries=1, backoff_s=0.01, concurrency=2)) as client:
-            return await generate_corpus_async(
-                prompts, client, store, template, target=target, show_progress_bar=False, max_consecutive_failures=4
-            )
+            return await generate_corpus_async(prompts, client, store, template, target=target, show_progress_bar=False, max_consecutive_failures=4)
 
     store = CorpusStore(str(tmp_path), shard_size=2)
     with pytest.raises(GenerationAborted, match=f"the server stopped answering .* cannot reach the inference server at {url}") as err:
@@ -72,11 +70,7 @@ def test_a_server_gone_for_good_stops_the_run_and_keeps_what_was_done(tmp_path, 
 def test_mt_bench_prompts_are_refused_before_any_request(tmp_path, tokenizer, target):
     url = f"http://127.0.0.1:{free_port()}"  # never contacted: the refusal comes first
     with CorpusStore(str(tmp_path)) as store, pytest.raises(EvaluationDataError, match="MT-Bench"):
-        asyncio.run(
-            generate_corpus_async(
-                load_mt_bench()[:2], InferenceClient(ClientSettings(url, "m")), store, None, target=target
-            )
-        )
+        asyncio.run(generate_corpus_async(load_mt_bench()[:2], InferenceClient(ClientSettings(url, "m")), store, None, target=target))
     assert list(tmp_path.iterdir()) == []
 
 

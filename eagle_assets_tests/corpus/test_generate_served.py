@@ -155,7 +155,9 @@ def test_the_corpus_rows_pass_the_checks(killed_and_resumed, tokenizer):
 def test_a_rerun_of_a_complete_corpus_asks_nothing(killed_and_resumed, vllm_server, tokenizer, target):
     r = killed_and_resumed
     with CorpusStore(str(r["out"]), shard_size=3) as store:
-        stats = generate_corpus(r["prompts"][:13], store, server_settings(vllm_server), tokenizer, target=target, sampling=SAMPLING, show_progress_bar=False)
+        stats = generate_corpus(
+            r["prompts"][:13], store, server_settings(vllm_server), tokenizer, target=target, sampling=SAMPLING, show_progress_bar=False
+        )
     assert (stats.already_done, stats.succeeded, stats.failed) == (13, 0, 0)
 
 

@@ -26,6 +26,7 @@ def _ask_all(model, tokenizer, requests, max_batch, engine):
             assert client.engine == engine
             out = await asyncio.gather(*(client.chat(m, p) for m, p in requests))
             return out, client.batches
+
     return asyncio.run(run())
 
 
@@ -42,7 +43,7 @@ def test_batched_greedy_answers_equal_unbatched_generate(smollm2, engine):
     for (messages, _), got in zip(requests, batched):
         ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_tensors="pt", return_dict=True)["input_ids"]
         with torch.inference_mode():
-            ref = model.generate(ids, max_new_tokens=12, do_sample=False, eos_token_id=2, pad_token_id=2)[0, ids.shape[1]:].tolist()
+            ref = model.generate(ids, max_new_tokens=12, do_sample=False, eos_token_id=2, pad_token_id=2)[0, ids.shape[1] :].tolist()
         stop = ref.index(2) if 2 in ref else None
         assert got.content == tokenizer.decode(ref[:stop], skip_special_tokens=True)
         assert got.finish_reason == ("length" if stop is None else "stop")
@@ -83,7 +84,9 @@ def test_slot_decoder_refills_freed_slots_and_matches_generate_token_for_token(s
     others are mid-answer, and each answer equals `generate` alone (24 tokens, no stop)."""
     model, tokenizer = smollm2
     questions = [*QUESTIONS, "Explain recursion to a child in two sentences.", "Why is the sky blue?", "List three fruits."]
-    prompts = [tokenizer.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True, return_dict=True)["input_ids"] for q in questions]
+    prompts = [
+        tokenizer.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True, return_dict=True)["input_ids"] for q in questions
+    ]
     n = 24
     decoder = SlotDecoder(model, slots=3, max_len=128)
     waiting, active, got = list(enumerate(prompts)), {}, {}
@@ -105,7 +108,7 @@ def test_slot_decoder_refills_freed_slots_and_matches_generate_token_for_token(s
         ids = torch.tensor([p])
         with torch.inference_mode():
             ref = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, do_sample=False, eos_token_id=None)
-        assert got[i] == ref[0, len(p):].tolist(), f"prompt {i} diverged"
+        assert got[i] == ref[0, len(p) :].tolist(), f"prompt {i} diverged"
 
 
 def test_slot_decoder_refuses_an_architecture_it_does_not_implement(smollm2):

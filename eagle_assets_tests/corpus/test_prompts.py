@@ -60,9 +60,7 @@ def test_saved_prompt_sets_load_back_identically(tmp_path):
     url = str(tmp_path / "sets" / "prompts.jsonl")
     write_prompts(prompts, url)
     back = load_prompt_file(url)
-    assert [(p.prompt_id, p.turns, p.system, p.source) for p in back] == [
-        (p.prompt_id, p.turns, p.system, p.source) for p in prompts
-    ]
+    assert [(p.prompt_id, p.turns, p.system, p.source) for p in back] == [(p.prompt_id, p.turns, p.system, p.source) for p in prompts]
 
 
 @pytest.mark.parametrize(
@@ -79,8 +77,10 @@ def test_saved_prompt_sets_load_back_identically(tmp_path):
         ([{"messages": [{"role": "user", "content": {"text": "x"}}]}], r"line 1: message 0 \(user\) must be text"),
         # A lone surrogate (json.dumps writes it as the escape \ud800): the row, not a UnicodeEncodeError.
         ([{"prompt": "ok"}, {"prompt": "ab\ud800c"}], r"line 2: `prompt` holds a lone surrogate '\\ud800' at character 2"),
-        ([{"messages": [{"role": "system", "content": "\udfff"}, {"role": "user", "content": "hi"}]}],
-         r"line 1: message 0 \(system\) holds a lone surrogate"),
+        (
+            [{"messages": [{"role": "system", "content": "\udfff"}, {"role": "user", "content": "hi"}]}],
+            r"line 1: message 0 \(system\) holds a lone surrogate",
+        ),
     ],
 )
 def test_bad_rows_name_the_file_and_row(tmp_path, rows, message):

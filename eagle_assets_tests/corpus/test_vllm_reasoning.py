@@ -80,7 +80,12 @@ def test_vllm_parsers_split_and_our_rebuild_restores_the_raw_output(parsed, thin
             # The assistant tokens are the target's own output, thinking tokens included.
             assert masked == tok(canonical(raw) + "<|im_end|>", add_special_tokens=False)["input_ids"], (parser, raw)
             assert tok.convert_tokens_to_ids("<think>") in masked
-            row = {"sample_id": f"{parser}-{raw[:8]}", "messages": json.dumps(messages), "input_ids": example.input_ids, "loss_mask": example.loss_mask}
+            row = {
+                "sample_id": f"{parser}-{raw[:8]}",
+                "messages": json.dumps(messages),
+                "input_ids": example.input_ids,
+                "loss_mask": example.loss_mask,
+            }
             assert template.find_mismatch(row) is None
             # A template without reasoning support plus our wrap gives the very same ids.
             assert wrapped.tokenize(messages).input_ids == example.input_ids

@@ -46,7 +46,9 @@ def test_a_real_daemon_tick_of_the_retrain_schedule_rebuilds_exactly_the_stale_a
     assert run.status == dg.DagsterRunStatus.SUCCESS, daemon.log_tail()
     assert run.asset_selection == {dg.AssetKey("b")}
     assert run.tags[RETRAIN_TAG].startswith("schedule-")
-    assert [e.dagster_event.event_type for e in instance.all_logs(run.run_id, of_type=dg.DagsterEventType.RUN_ENQUEUED)] == [dg.DagsterEventType.RUN_ENQUEUED]
+    assert [e.dagster_event.event_type for e in instance.all_logs(run.run_id, of_type=dg.DagsterEventType.RUN_ENQUEUED)] == [
+        dg.DagsterEventType.RUN_ENQUEUED
+    ]
     # Exactly the stale asset was rebuilt, with the daemon's code: b's new setting doubled a's text.
     assert materialization_count(instance, "b") == 2 and (data / "b.txt").read_text() == "hellohello"
     assert materialization_count(instance, "a") == materialization_count(instance, "d") == 1

@@ -94,7 +94,9 @@ def test_asset_keys_lineage_and_checks_per_asset(defs):
         assert {p.to_user_string() for p in graph.get(key).parent_keys} == EXPECTED_DEPS[name], name
         assert {c.name for c in graph.get(key).check_keys} == EXPECTED_CHECKS[name], name
         assert graph.get(key).group_name == "eagle3"
-    assert [k.to_user_string() for k in graph.asset_keys_for_partitions_def(partitions_def=graph.get(dg.AssetKey("hidden_state_shards")).partitions_def)] == ["hidden_state_shards"]
+    assert [
+        k.to_user_string() for k in graph.asset_keys_for_partitions_def(partitions_def=graph.get(dg.AssetKey("hidden_state_shards")).partitions_def)
+    ] == ["hidden_state_shards"]
 
 
 def test_every_asset_has_a_description_and_a_code_version_from_its_stage(defs):
@@ -135,9 +137,10 @@ def test_stage_jobs_never_mix_partitioned_and_unpartitioned_assets(defs):
 @pytest.mark.slow
 def test_real_graph_materialisations_carry_versions_and_nothing_is_stale_after(materialized_graph):
     instance, _, _ = materialized_graph
+    from dagster._core.definitions.assets.graph.asset_graph import AssetGraph
+
     from eagle_assets.defs import ASSETS
     from eagle_assets.defs.runner import materialize_stale
-    from dagster._core.definitions.assets.graph.asset_graph import AssetGraph
 
     graph = AssetGraph.from_assets(ASSETS)
     for key in graph.get_all_asset_keys():

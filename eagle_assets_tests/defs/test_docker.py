@@ -110,7 +110,7 @@ def test_every_image_runs_as_an_unprivileged_user_and_trusts_no_remote_code(dock
     users = [args.strip() for op, args in steps if op == "USER"]
     assert users and users[-1] not in ("root", "0"), (dockerfile.name, users)
     last_user = max(i for i, (op, _) in enumerate(steps) if op == "USER")
-    assert all(op not in ("RUN",) for op, _ in steps[last_user + 1:]), "nothing is installed as the user after USER"
+    assert all(op not in ("RUN",) for op, _ in steps[last_user + 1 :]), "nothing is installed as the user after USER"
     assert not [args for _, args in steps if "--trust-remote-code" in args]  # the engines pass it per preset
     commands = [args for op, args in steps if op == "CMD"]
     if dockerfile.name.startswith("Dockerfile.engine-"):
@@ -168,7 +168,9 @@ def test_a_misspelt_instance_key_is_refused(tmp_path):
 
 def test_images_pin_the_versions_pyproject_pins():
     project = tomllib.loads((PROJECT_ROOT / "pyproject.toml").read_text())["project"]
-    pins = dict(re.match(r"([A-Za-z0-9_-]+)==(\S+)", d).groups() for d in project["dependencies"] + project["optional-dependencies"]["deploy"] if "==" in d)
+    pins = dict(
+        re.match(r"([A-Za-z0-9_-]+)==(\S+)", d).groups() for d in project["dependencies"] + project["optional-dependencies"]["deploy"] if "==" in d
+    )
     dagster_image = (DOCKER / "Dockerfile.dagster").read_text()
     for name, version in re.findall(r"(dagster[a-z-]*)==(\S+)", dagster_image):
         if name in pins:

@@ -64,7 +64,10 @@ def test_a_failed_blocking_check_exits_1_and_a_missing_drafter_is_named(material
     (copy / "summary.json").unlink()
     result = CliRunner().invoke(app, ["check", "--only", "sglang_names"])
     assert result.exit_code == 1
-    assert f"no trained drafter of {EMBEDDED_TARGET} to check ({copy / 'summary.json'} is missing): materialise drafter_checkpoint first" in result.output
+    assert (
+        f"no trained drafter of {EMBEDDED_TARGET} to check ({copy / 'summary.json'} is missing): materialise drafter_checkpoint first"
+        in result.output
+    )
 
     result = CliRunner().invoke(app, ["check", "--only", "serves"])
     assert result.exit_code == 1 and "unknown check 'serves': give one of serves_in_vllm" in result.output

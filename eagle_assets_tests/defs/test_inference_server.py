@@ -8,9 +8,9 @@ from types import SimpleNamespace
 import pytest
 
 from eagle_assets.defs.resources import default_resources
+from eagle_assets.engines.host_memory import ENGINE_OVERHEAD_BYTES, HEADROOM_BYTES
 from eagle_assets.engines.vllm_launch import VllmLaunch, ngram_config, speculative_config
 from eagle_assets.resources import inference_server
-from eagle_assets.engines.host_memory import ENGINE_OVERHEAD_BYTES, HEADROOM_BYTES
 from eagle_assets.resources.inference_server import InferenceServerResource, WarmServer, server_key
 from eagle_assets.targets import EMBEDDED_TARGET, get_preset
 

@@ -90,7 +90,9 @@ def test_the_first_failed_run_stops_the_stage_with_its_error_and_leaves_nothing_
     failing = {"ops": {"c": {"config": {"salt": -1}}}}
     dg.materialize(make_assets(toy_location.data), selection=["a", "b"], instance=instance)  # the stage before, in process
     with RunSession(instance, toy_location.workspace, log=lines.append) as session:
-        with pytest.raises(RunFailed, match=r"^c \[partition 1\] \(run [0-9a-f-]+\) failed: step c: ValueError: salt -1 < 0: a failing run for tests$") as failed:
+        with pytest.raises(
+            RunFailed, match=r"^c \[partition 1\] \(run [0-9a-f-]+\) failed: step c: ValueError: salt -1 < 0: a failing run for tests$"
+        ) as failed:
             session.run([RunSpec("shards_job", ("c",), partition="0"), RunSpec("shards_job", ("c",), partition="1", run_config=failing)])
     assert instance.get_run_by_id(failed.value.run_id).status == dg.DagsterRunStatus.FAILURE
     # The other partition was cancelled rather than waited for.
@@ -138,7 +140,9 @@ def test_private_dagster_names_the_session_uses_keep_their_shape_and_bad_request
         job = location.get_job(JobSubsetSelector("toy", repo.name, "shards_job", None, asset_selection=[dg.AssetKey("c")]))
         assert job.get_remote_origin().location_name == "toy"
         assert job.get_python_origin().repository_origin.code_pointer.module == "eagle_assets_tests.defs.toy_location"
-    assert {"asset_selection", "remote_job_origin", "job_code_origin", "asset_graph"} <= set(inspect.signature(dg.DagsterInstance.create_run).parameters)
+    assert {"asset_selection", "remote_job_origin", "job_code_origin", "asset_graph"} <= set(
+        inspect.signature(dg.DagsterInstance.create_run).parameters
+    )
 
     with RunSession(toy_location.instance, toy_location.workspace, log=lambda m: None) as session:
         with pytest.raises(Exception, match="no_such_job"):

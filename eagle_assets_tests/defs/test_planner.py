@@ -61,8 +61,14 @@ def test_other_targets_warn_that_the_rates_are_kimis():
     [
         (dict(samples=0, tokens_per_sample=10), "samples must be at least 1, not 0"),
         (dict(samples=1, tokens_per_sample=10, val_fraction=1.0), r"validation fraction must be in \[0, 1\), not 1.0"),
-        (dict(samples=1, tokens_per_sample=10, throughputs=Throughputs(generation_tokens_per_s=0)), "generation_tokens_per_s must be a positive finite"),
-        (dict(samples=1, tokens_per_sample=10, throughputs=Throughputs(train_tokens_per_gpu_s=float("inf"))), "train_tokens_per_gpu_s must be a positive finite number, not inf"),
+        (
+            dict(samples=1, tokens_per_sample=10, throughputs=Throughputs(generation_tokens_per_s=0)),
+            "generation_tokens_per_s must be a positive finite",
+        ),
+        (
+            dict(samples=1, tokens_per_sample=10, throughputs=Throughputs(train_tokens_per_gpu_s=float("inf"))),
+            "train_tokens_per_gpu_s must be a positive finite number, not inf",
+        ),
         (dict(samples=1, tokens_per_sample=10, replicas=0), "replicas must be at least 1, not 0"),
         (dict(samples=1, tokens_per_sample=10, extraction="gpu"), "extraction must be one of engine, hf, not 'gpu'"),
     ],

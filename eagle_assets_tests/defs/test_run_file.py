@@ -112,4 +112,6 @@ def test_the_target_travels_in_run_config_that_each_stage_job_accepts():
     assert config["resources"]["inference_server"]["config"]["target"] == "tiny-kimi-k2.5"
     for job in JOBS:
         job_def = defs.resolve_job_def(job.name)
-        assert dg.validate_run_config(job_def, {**run_config("standin-tiny", [k.to_user_string() for k in job_def.asset_layer.executable_asset_keys]), **config})
+        assert dg.validate_run_config(
+            job_def, {**run_config("standin-tiny", [k.to_user_string() for k in job_def.asset_layer.executable_asset_keys]), **config}
+        )

@@ -105,7 +105,10 @@ def test_schedule_skips_while_a_run_is_queued_or_going(built):
     bumped = make_assets(data, b_scale=2)
     for status in (dg.DagsterRunStatus.NOT_STARTED, dg.DagsterRunStatus.STARTED):
         busy = instance.add_run(dg.DagsterRun(job_name="first_job", run_id=f"{status.value[:1].lower()}" * 36, status=status))
-        assert _schedule_tick(bumped, instance).skip_message == f"run {busy.run_id} (first_job) is {status.value.lower()}: it may be rebuilding what is stale"
+        assert (
+            _schedule_tick(bumped, instance).skip_message
+            == f"run {busy.run_id} (first_job) is {status.value.lower()}: it may be rebuilding what is stale"
+        )
         instance.report_run_canceled(busy)
     assert _asked(_schedule_tick(bumped, instance).run_requests) == [(("b",), None, True)]
 
@@ -142,7 +145,9 @@ def test_prompt_file_sensor_grows_the_corpus_one_new_file_at_a_time(tmp_path, in
         instance.report_run_canceled(busy)
     second = tick(first.cursor)
     assert second.run_requests[0].run_config["ops"]["prompts"]["config"]["file_url"].endswith("week2.parquet")
-    assert sorted(json.loads(second.cursor)) == sorted([prompts["file_url"], second.run_requests[0].run_config["ops"]["prompts"]["config"]["file_url"]])
+    assert sorted(json.loads(second.cursor)) == sorted(
+        [prompts["file_url"], second.run_requests[0].run_config["ops"]["prompts"]["config"]["file_url"]]
+    )
 
 
 def test_prompt_file_sensor_names_a_missing_folder_and_an_unset_url(tmp_path, instance):

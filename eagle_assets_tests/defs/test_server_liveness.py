@@ -72,7 +72,10 @@ def test_a_dead_warm_server_is_started_again_once_and_a_second_death_names_both_
     message = str(info.value)
     assert message.startswith(f"vLLM server on port {port_of(second)} was killed by SIGKILL (")
     assert f"full log: {second.log_path}" in message and "last lines of its log:" in message
-    assert f"it had been started again once already after it died: vLLM server on port {port_of(first)} was killed by SIGKILL; log {first.log_path}" in message
+    assert (
+        f"it had been started again once already after it died: vLLM server on port {port_of(first)} was killed by SIGKILL; log {first.log_path}"
+        in message
+    )
     assert not resource._warm and len(list((runs / "servers").glob("vllm-*.log"))) == 2
 
 

@@ -189,7 +189,9 @@ def test_graphql_shows_every_asset_materialised_fresh_with_its_checks(dagster_ui
             assert sorted(statuses["materializedPartitions"]) == sorted(node["partitionKeys"]), name
             assert statuses["failedPartitions"] == [], name
             keys = json.dumps(node["partitionKeys"])
-            stale = _graphql(url, f'{{ assetNodeOrError(assetKey: {{path: ["{name}"]}}) {{ ... on AssetNode {{ staleStatusByPartition(partitions: {keys}) }} }} }}')
+            stale = _graphql(
+                url, f'{{ assetNodeOrError(assetKey: {{path: ["{name}"]}}) {{ ... on AssetNode {{ staleStatusByPartition(partitions: {keys}) }} }} }}'
+            )
             assert code_changed or set(stale["assetNodeOrError"]["staleStatusByPartition"]) == {"FRESH"}, name
         elif code_changed:
             assert {c["reason"] for c in node["staleCauses"]} <= {"has a new code version"}, (name, node["staleCauses"])

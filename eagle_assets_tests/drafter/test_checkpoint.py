@@ -112,8 +112,14 @@ def test_killed_run_resumes_to_the_same_trajectory(tmp_path, one_thread):
 
     steps = 40
     ref_cfg = write_tiny_run(
-        tmp_path, num_samples=24, max_steps=steps, checkpoint_every=4, keep_last=2,
-        val_fraction=0.2, val_interval=15, warmup_steps=5,
+        tmp_path,
+        num_samples=24,
+        max_steps=steps,
+        checkpoint_every=4,
+        keep_last=2,
+        val_fraction=0.2,
+        val_interval=15,
+        warmup_steps=5,
     )
     train(ref_cfg)  # uninterrupted, in this process
     ref = _train_rows(ref_cfg.out_dir)
@@ -123,8 +129,9 @@ def test_killed_run_resumes_to_the_same_trajectory(tmp_path, one_thread):
     config_path = cfg.save(tmp_path / "killed.json")
     env = {**os.environ, "OMP_NUM_THREADS": "1"}  # the same reduction order as this process
     with open(tmp_path / "killed.log", "w") as log:
-        proc = subprocess.Popen([sys.executable, "-m", "eagle_assets.drafter.train", "--config", str(config_path)],
-                                stdout=log, stderr=subprocess.STDOUT, env=env)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "eagle_assets.drafter.train", "--config", str(config_path)], stdout=log, stderr=subprocess.STDOUT, env=env
+        )
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline and proc.poll() is None:
             if any(s >= 12 for s, _ in ckpt.list_checkpoints(cfg.checkpoint_dir)):

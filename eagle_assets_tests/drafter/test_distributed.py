@@ -44,8 +44,7 @@ def _worker(rank: int, world: int, runs: list[tuple[str, int]]) -> None:
     Each run gets its own rendezvous port, as each torchrun launch does: reusing one would let
     a fast rank reach the previous run's store before the slow rank has torn it down.
     """
-    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world),
-                      MASTER_ADDR="127.0.0.1", OMP_NUM_THREADS="1")
+    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", OMP_NUM_THREADS="1")
     torch.set_num_threads(1)
     from eagle_assets.drafter.train import main
 
@@ -73,12 +72,19 @@ def test_two_processes_equal_one_with_the_same_global_batch(tmp_path, one_thread
     from eagle_assets.drafter.train import train
 
     base = write_tiny_run(
-        tmp_path, num_samples=16, max_steps=STEPS, micro_batch_samples=2, grad_clip=None, cosine=False,
-        checkpoint_every=2, keep_last=STEPS, warmup_steps=1, lr=1e-2,
+        tmp_path,
+        num_samples=16,
+        max_steps=STEPS,
+        micro_batch_samples=2,
+        grad_clip=None,
+        cosine=False,
+        checkpoint_every=2,
+        keep_last=STEPS,
+        warmup_steps=1,
+        lr=1e-2,
     )
     single = base.replace(out_dir=str(tmp_path / "one"), grad_accum=2, checkpoint_every=1)
-    runs = {mode: base.replace(out_dir=str(tmp_path / mode), parallelism=mode, max_steps=RESUMED_AT)
-            for mode in ("ddp", "fsdp2")}
+    runs = {mode: base.replace(out_dir=str(tmp_path / mode), parallelism=mode, max_steps=RESUMED_AT) for mode in ("ddp", "fsdp2")}
     configs = []
     for mode, cfg in runs.items():
         configs.append(str(cfg.save(tmp_path / f"{mode}-first.json")))

@@ -20,7 +20,6 @@ from eagle_assets.drafter.export import (
 )
 from eagle_assets_tests.drafter.test_model import VLLM_NAMES, random_drafter
 
-
 pytestmark = pytest.mark.usefixtures("one_thread")  # see conftest.py
 
 
@@ -121,8 +120,17 @@ def test_sglang_numbering_follows_the_target_architecture():
 
 
 def test_sglang_name_check_replays_its_loader():
-    ok = ["fc.weight", "midlayer.self_attn.q_proj.weight", "layers.0.mlp.up_proj.weight", "norm.weight",
-          "lm_head.weight", "d2t", "t2d", "embed_tokens.weight", "layers.0.hidden_norm.weight"]
+    ok = [
+        "fc.weight",
+        "midlayer.self_attn.q_proj.weight",
+        "layers.0.mlp.up_proj.weight",
+        "norm.weight",
+        "lm_head.weight",
+        "d2t",
+        "t2d",
+        "embed_tokens.weight",
+        "layers.0.hidden_norm.weight",
+    ]
     assert check_sglang_names(ok) == []
     dropped = check_sglang_names(ok + ["fc.bias", "layers.1.self_attn.q_proj.weight", "model.norm_output.weight"])
     assert dropped == ["fc.bias", "layers.1.self_attn.q_proj.weight", "model.norm_output.weight"]

@@ -106,8 +106,17 @@ def naive_drafter_step(sd: dict, cfg: DrafterConfig, g, ids, positions):
 
 @pytest.mark.parametrize("layers", [1, 2])
 def test_forward_equals_naive_math(layers):
-    cfg = tiny_config(hidden_size=32, intermediate_size=48, num_attention_heads=4, num_key_value_heads=2,
-                      head_dim=8, target_hidden_size=24, vocab_size=40, draft_vocab_size=40, num_hidden_layers=layers)
+    cfg = tiny_config(
+        hidden_size=32,
+        intermediate_size=48,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+        target_hidden_size=24,
+        vocab_size=40,
+        draft_vocab_size=40,
+        num_hidden_layers=layers,
+    )
     model = random_drafter(cfg)
     torch.manual_seed(1)
     aux = torch.randn(1, 6, 3 * 24)
@@ -198,12 +207,16 @@ def test_rope_matches_transformers():
     from transformers import LlamaConfig
     from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
-    scaling = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-               "original_max_position_embeddings": 64}
+    scaling = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 64}
     for rope_scaling in (None, scaling):
         cfg = tiny_config(rope_theta=500000.0, rope_scaling=rope_scaling)
-        hf = LlamaConfig(hidden_size=64, num_attention_heads=4, head_dim=16, max_position_embeddings=512,
-                         rope_parameters={"rope_theta": 500000.0, **(rope_scaling or {"rope_type": "default"})})
+        hf = LlamaConfig(
+            hidden_size=64,
+            num_attention_heads=4,
+            head_dim=16,
+            max_position_embeddings=512,
+            rope_parameters={"rope_theta": 500000.0, **(rope_scaling or {"rope_type": "default"})},
+        )
         kind = (rope_scaling or {}).get("rope_type", "default")
         if kind == "default":
             want = 1.0 / (500000.0 ** (torch.arange(0, 16, 2).float() / 16))

@@ -76,8 +76,14 @@ def _assert_weights_close(actual: dict, expected: dict, what: str, tolerance: di
 def test_two_nodes_train_as_one_process(tmp_path):
     """Same per-step losses, final checkpoint and export as one process; Dagster's node reports."""
     base = write_tiny_run(
-        tmp_path, num_samples=16, max_steps=STEPS, micro_batch_samples=2, warmup_steps=1, lr=1e-2,
-        checkpoint_every=STEPS, export_engines=("vllm",),
+        tmp_path,
+        num_samples=16,
+        max_steps=STEPS,
+        micro_batch_samples=2,
+        warmup_steps=1,
+        lr=1e-2,
+        checkpoint_every=STEPS,
+        export_engines=("vllm",),
     )
     one = base.replace(out_dir=str(tmp_path / "one"), grad_accum=2)
     two = base.replace(out_dir=str(tmp_path / "two"))
@@ -108,8 +114,9 @@ def test_two_nodes_train_as_one_process(tmp_path):
 
     # The final checkpoint (fp32) and the exported drafter (bf16) of both runs.
     final = f"{ckpt.checkpoint_name(STEPS)}/{ckpt.MODEL_FILE}"
-    _assert_weights_close(load_file(str(two.checkpoint_dir / final)), load_file(str(one.checkpoint_dir / final)),
-                          "checkpoint weight", WEIGHT_TOLERANCE)
+    _assert_weights_close(
+        load_file(str(two.checkpoint_dir / final)), load_file(str(one.checkpoint_dir / final)), "checkpoint weight", WEIGHT_TOLERANCE
+    )
     exported = [load_file(str(Path(summaries[cfg.out_dir]["exports"]["vllm"]) / "model.safetensors")) for cfg in (one, two)]
     _assert_weights_close(exported[1], exported[0], "exported weight", EXPORT_TOLERANCE)
 
@@ -147,6 +154,5 @@ def test_trainer_command_carries_the_rendezvous():
     for endpoint in ("host-0.cluster.local:29500", "10.0.0.1:29500", "[fd00::1]:29500"):
         cmd = TrainerResource(nnodes=2, node_rank=1, rdzv_endpoint=endpoint, nproc_per_node=8).command(Path("run.json"))
         flags = dict(zip(cmd[3:-4:2], cmd[4:-4:2]))
-        assert flags == {"--nproc_per_node": "8", "--nnodes": "2", "--node_rank": "1",
-                         "--rdzv-backend": "c10d", "--rdzv-endpoint": endpoint}
+        assert flags == {"--nproc_per_node": "8", "--nnodes": "2", "--node_rank": "1", "--rdzv-backend": "c10d", "--rdzv-endpoint": endpoint}
     assert "--standalone" in TrainerResource().command(Path("run.json"))

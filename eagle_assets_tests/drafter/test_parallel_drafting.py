@@ -24,8 +24,17 @@ from eagle_assets_tests.drafter.test_model import random_drafter
 from eagle_assets_tests.drafter.test_ttt import make_batch
 
 MASK_ID = 5
-CFG = tiny_config(hidden_size=32, intermediate_size=48, num_attention_heads=4, num_key_value_heads=2, head_dim=8,
-                  target_hidden_size=24, vocab_size=80, draft_vocab_size=40, ptd_token_id=MASK_ID)
+CFG = tiny_config(
+    hidden_size=32,
+    intermediate_size=48,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=8,
+    target_hidden_size=24,
+    vocab_size=80,
+    draft_vocab_size=40,
+    ptd_token_id=MASK_ID,
+)
 
 
 def served_logits(model: Eagle3Drafter, batch: dict, steps: int) -> torch.Tensor:
@@ -148,8 +157,17 @@ def test_training_learns_mask_slots_and_exports_them_for_vllm_only(tmp_path, one
     from eagle_assets.drafter.train import train
     from eagle_assets_tests.drafter.test_train import read_metrics, write_tiny_run
 
-    cfg = write_tiny_run(tmp_path, num_samples=4, num_shards=1, micro_batch_samples=4, max_steps=30, lr=1e-2,
-                         warmup_steps=3, export_engines=("vllm",), ptd_token_id=MASK_ID)
+    cfg = write_tiny_run(
+        tmp_path,
+        num_samples=4,
+        num_shards=1,
+        micro_batch_samples=4,
+        max_steps=30,
+        lr=1e-2,
+        warmup_steps=3,
+        export_engines=("vllm",),
+        ptd_token_id=MASK_ID,
+    )
     summary = train(cfg)
     losses = [r["loss"] for r in read_metrics(cfg.out_dir)]
     assert losses[-1] < losses[0] / 4, losses[::5]

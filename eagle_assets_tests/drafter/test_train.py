@@ -66,8 +66,9 @@ def write_tiny_target(folder: Path, seed: int = 0) -> tuple[torch.Tensor, torch.
     lm_head = torch.randn(v, h, generator=g)
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "config.json").write_text(json.dumps(TINY_TARGET))
-    save_file({"model.embed_tokens.weight": embed.to(torch.bfloat16), "lm_head.weight": lm_head.to(torch.bfloat16)},
-              str(folder / "model.safetensors"))
+    save_file(
+        {"model.embed_tokens.weight": embed.to(torch.bfloat16), "lm_head.weight": lm_head.to(torch.bfloat16)}, str(folder / "model.safetensors")
+    )
     return embed, lm_head.to(torch.bfloat16).float()
 
 
@@ -83,16 +84,25 @@ def write_shard(folder: Path, index: int, num_shards: int, samples: list[dict], 
     folder.mkdir(parents=True, exist_ok=True)
     lengths = [len(s["input_ids"]) for s in samples]
     offsets = torch.tensor([0] + lengths).cumsum(0)
-    save_file({
-        "aux": torch.cat([s["aux"] for s in samples]).to(torch.bfloat16),
-        "final": torch.cat([s["final"] for s in samples]).to(torch.bfloat16),
-        "input_ids": torch.cat([s["input_ids"] for s in samples]).to(torch.int32),
-        "loss_mask": torch.cat([s["loss_mask"] for s in samples]).to(torch.uint8),
-        "offsets": offsets.to(torch.int64),
-    }, str(folder / SHARD_STATES_FILE))
+    save_file(
+        {
+            "aux": torch.cat([s["aux"] for s in samples]).to(torch.bfloat16),
+            "final": torch.cat([s["final"] for s in samples]).to(torch.bfloat16),
+            "input_ids": torch.cat([s["input_ids"] for s in samples]).to(torch.int32),
+            "loss_mask": torch.cat([s["loss_mask"] for s in samples]).to(torch.uint8),
+            "offsets": offsets.to(torch.int64),
+        },
+        str(folder / SHARD_STATES_FILE),
+    )
     manifest = ShardManifest(
-        shard=index, num_shards=num_shards, sample_ids=[s["sample_id"] for s in samples], token_counts=lengths,
-        aux_layer_ids=list(AUX_IDS), hidden_size=hidden, target_fingerprint="tiny", corpus_fingerprint="tiny",
+        shard=index,
+        num_shards=num_shards,
+        sample_ids=[s["sample_id"] for s in samples],
+        token_counts=lengths,
+        aux_layer_ids=list(AUX_IDS),
+        hidden_size=hidden,
+        target_fingerprint="tiny",
+        corpus_fingerprint="tiny",
     )
     (folder / SHARD_MANIFEST_FILE).write_text(manifest.to_json())
 
@@ -116,13 +126,15 @@ def make_samples(n: int, lm_head: torch.Tensor, seed: int = 0, min_len: int = 10
         final = 2.0 * rows / rows.norm(dim=-1, keepdim=True) * math.sqrt(h) / 4  # peaked on x_{t+1}
         mask = torch.ones(length, dtype=torch.uint8)
         mask[:3] = 0  # a "prompt"
-        samples.append({
-            "sample_id": stable_id("tiny", seed, i),
-            "input_ids": ids,
-            "loss_mask": mask,
-            "aux": aux_table[ids] + 0.1 * torch.randn(length, len(AUX_IDS) * h, generator=g),
-            "final": final,
-        })
+        samples.append(
+            {
+                "sample_id": stable_id("tiny", seed, i),
+                "input_ids": ids,
+                "loss_mask": mask,
+                "aux": aux_table[ids] + 0.1 * torch.randn(length, len(AUX_IDS) * h, generator=g),
+                "final": final,
+            }
+        )
     return samples
 
 
@@ -137,15 +149,25 @@ def write_tiny_run(root: Path, num_samples: int = 24, num_shards: int = 2, seed:
     for k, group in sorted(by_shard.items()):
         write_shard(root / "shards" / shard_name(k), k, num_shards, group, TINY_TARGET["hidden_size"])
     settings = dict(
-        shard_dirs=(str(root / "shards"),), vocab_mapping=str(root / "vocab_mapping.safetensors"),
-        target=str(root / "target"), out_dir=str(root / "out"), ttt_steps=3, max_seq_len=64,
-        micro_batch_tokens=None, micro_batch_samples=2, lr=3e-3, warmup_steps=2, val_fraction=0.0,
-        val_interval=0, checkpoint_every=0, log_every=1, export_engines=(), bf16=False,
+        shard_dirs=(str(root / "shards"),),
+        vocab_mapping=str(root / "vocab_mapping.safetensors"),
+        target=str(root / "target"),
+        out_dir=str(root / "out"),
+        ttt_steps=3,
+        max_seq_len=64,
+        micro_batch_tokens=None,
+        micro_batch_samples=2,
+        lr=3e-3,
+        warmup_steps=2,
+        val_fraction=0.0,
+        val_interval=0,
+        checkpoint_every=0,
+        log_every=1,
+        export_engines=(),
+        bf16=False,
     )
     settings.update(overrides)
     return TrainConfig(**settings)
-
-
 
 
 def read_metrics(out_dir: str | Path) -> list[dict]:
@@ -187,10 +209,11 @@ def test_plan_is_deterministic_and_split_free_of_world_size():
     step = one.epoch(0)[0]
     four = [rank_micro_batches(step, r, 4)[0] for r in range(4)]
     assert sorted(map(tuple, four)) == sorted(map(tuple, rank_micro_batches(step, 0, 1)))
+
     # length-aware: far less padding than a random packing
     def padding(plan):
-        return sum(len(mb) * max(lengths[p - 1000] for p in mb) - sum(lengths[p - 1000] for p in mb)
-                   for st in plan for mb in st)
+        return sum(len(mb) * max(lengths[p - 1000] for p in mb) - sum(lengths[p - 1000] for p in mb) for st in plan for mb in st)
+
     random_order = BatchPlanner(lengths, positions, BatchingSpec(micro_batch_tokens=128, batches_per_step=4, length_window=1), seed=3)
     assert padding(one.epoch(0)) < 0.5 * padding(random_order.epoch(0))
 
@@ -310,8 +333,17 @@ def test_training_overfits_a_fixed_batch_and_exports(tmp_path, one_thread):
     from eagle_assets.drafter.train import train
 
     # 4 samples in one micro-batch: every step sees the same batch
-    cfg = write_tiny_run(tmp_path, num_samples=4, num_shards=1, micro_batch_samples=4, max_steps=30,
-                         lr=1e-2, warmup_steps=3, export_engines=("vllm",), val_fraction=0.0)
+    cfg = write_tiny_run(
+        tmp_path,
+        num_samples=4,
+        num_shards=1,
+        micro_batch_samples=4,
+        max_steps=30,
+        lr=1e-2,
+        warmup_steps=3,
+        export_engines=("vllm",),
+        val_fraction=0.0,
+    )
     summary = train(cfg)
     rows = read_metrics(cfg.out_dir)
     losses = [r["loss"] for r in rows]
@@ -328,14 +360,13 @@ def test_training_overfits_a_fixed_batch_and_exports(tmp_path, one_thread):
     model, config = load_drafter(summary["exports"]["vllm"])
     assert config.aux_layer_ids == AUX_IDS and torch.equal(model.d2t, DRAFT_IDS - torch.arange(64))
     # every export carries its model card: the target as base_model, the data, what it measured
-    for engine, folder in summary["exports"].items():
+    for folder in summary["exports"].values():
         card = (Path(folder) / "README.md").read_text()
         assert card.startswith(f'---\nbase_model: "{Path(cfg.target).name}"\n'), card
         assert "4 training samples" in card and "no validation samples" in card and "freshly initialised" in card
 
     # a warm start from that export begins where the parent ended, not at random
-    child = cfg.replace(out_dir=str(tmp_path / "child"), warm_start=summary["exports"]["vllm"], max_steps=1,
-                        export_engines=())
+    child = cfg.replace(out_dir=str(tmp_path / "child"), warm_start=summary["exports"]["vllm"], max_steps=1, export_engines=())
     train(child)
     assert read_metrics(child.out_dir)[0]["loss"] < 1.0
     # the parent is validated on the child's held-out samples before any update, for the
@@ -354,12 +385,22 @@ def test_training_overfits_a_fixed_batch_and_exports(tmp_path, one_thread):
 
 
 def test_two_layer_drafter_trains_exports_for_vllm_and_warm_starts(tmp_path, one_thread):
+    from eagle_assets.drafter.config import folder_num_layers
     from eagle_assets.drafter.export import load_drafter
     from eagle_assets.drafter.train import train
-    from eagle_assets.drafter.config import folder_num_layers
 
-    cfg = write_tiny_run(tmp_path, num_samples=4, num_shards=1, micro_batch_samples=4, max_steps=20, lr=1e-2,
-                         warmup_steps=3, export_engines=("vllm",), val_fraction=0.0, drafter_num_layers=2)
+    cfg = write_tiny_run(
+        tmp_path,
+        num_samples=4,
+        num_shards=1,
+        micro_batch_samples=4,
+        max_steps=20,
+        lr=1e-2,
+        warmup_steps=3,
+        export_engines=("vllm",),
+        val_fraction=0.0,
+        drafter_num_layers=2,
+    )
     summary = train(cfg)
     losses = [r["loss"] for r in read_metrics(cfg.out_dir)]
     assert losses[-1] < losses[0] / 4, losses[::5]
@@ -367,8 +408,9 @@ def test_two_layer_drafter_trains_exports_for_vllm_and_warm_starts(tmp_path, one
     assert config.num_hidden_layers == 2 and len(model.layers) == 2
     assert folder_num_layers(summary["exports"]["vllm"]) == 2  # what the asset reads to leave SGLang out
     assert folder_num_layers(tmp_path / "no-such-parent") == 1  # the warm start itself names that problem
-    child = cfg.replace(out_dir=str(tmp_path / "child"), warm_start=summary["exports"]["vllm"], drafter_num_layers=1,
-                        max_steps=1, export_engines=("vllm", "sglang"))
+    child = cfg.replace(
+        out_dir=str(tmp_path / "child"), warm_start=summary["exports"]["vllm"], drafter_num_layers=1, max_steps=1, export_engines=("vllm", "sglang")
+    )
     with pytest.raises(ValueError, match="leave sglang out of export_engines"):
         train(child)
     assert not list((tmp_path / "child").glob("checkpoint*"))  # refused before any step
@@ -411,8 +453,9 @@ def test_bf16_training_on_gpu(tmp_path):
     """The same fixed-batch run on CUDA under bf16 autocast (bf16 embedding and teacher heads)."""
     from eagle_assets.drafter.train import train
 
-    cfg = write_tiny_run(tmp_path, num_samples=4, num_shards=1, micro_batch_samples=4, max_steps=30,
-                         lr=1e-2, warmup_steps=3, bf16=True, val_fraction=0.0)
+    cfg = write_tiny_run(
+        tmp_path, num_samples=4, num_shards=1, micro_batch_samples=4, max_steps=30, lr=1e-2, warmup_steps=3, bf16=True, val_fraction=0.0
+    )
     assert train(cfg)["precision"] == "bf16 autocast"
     losses = [r["loss"] for r in read_metrics(cfg.out_dir)]
     assert losses[0] > 8.0 and losses[-1] < 0.6, losses[::5]
@@ -429,8 +472,9 @@ def test_cpu_training_takes_bf16_where_the_host_runs_it_fast(tmp_path, one_threa
     # The one part that cannot be real: this host's CPU is of one kind, and both kinds must train.
     monkeypatch.setattr(precision, "cpu_bf16_speedup", lambda: speedup)
     assert precision.bf16_autocast_pays("cpu") == (expected == "bf16 autocast")
-    cfg = write_tiny_run(tmp_path, num_samples=4, num_shards=1, micro_batch_samples=4, max_steps=30,
-                         lr=1e-2, warmup_steps=3, bf16=True, val_fraction=0.0)
+    cfg = write_tiny_run(
+        tmp_path, num_samples=4, num_shards=1, micro_batch_samples=4, max_steps=30, lr=1e-2, warmup_steps=3, bf16=True, val_fraction=0.0
+    )
     summary = train(cfg)
     assert summary["precision"] == expected
     losses = [r["loss"] for r in read_metrics(cfg.out_dir)]
@@ -450,8 +494,7 @@ def test_clear_errors_for_missing_inputs(tmp_path, one_thread):
     with pytest.raises(FileNotFoundError, match="missing hidden-state shards"):
         train(cfg.replace(shard_dirs=(str(tmp_path / "no-shards"),)))
     # shards captured at other layers than the drafter reads
-    drafter = {**DrafterConfig.from_target_config(TINY_TARGET, aux_layer_ids=AUX_IDS, draft_vocab_size=64).to_dict(),
-               "aux_layer_ids": [1]}
+    drafter = {**DrafterConfig.from_target_config(TINY_TARGET, aux_layer_ids=AUX_IDS, draft_vocab_size=64).to_dict(), "aux_layer_ids": [1]}
     with pytest.raises(ValueError, match=r"aux layers \[1\] but training reads \[0, 1, 2\] \(the shards hold \[0, 1, 2\]\)"):
         train(cfg.replace(drafter=drafter))
 
@@ -461,13 +504,24 @@ def pipes_environment(folder: Path) -> tuple[dict[str, str], Path]:
     context and message channel as files), and the file the messages arrive in."""
     from dagster_pipes import encode_param
 
-    context = {"asset_keys": ["drafter_checkpoint"], "code_version_by_asset_key": None,
-               "provenance_by_asset_key": None, "partition_key": None, "partition_key_range": None,
-               "partition_time_window": None, "run_id": "run-1", "job_name": "train", "retry_number": 0, "extras": {}}
+    context = {
+        "asset_keys": ["drafter_checkpoint"],
+        "code_version_by_asset_key": None,
+        "provenance_by_asset_key": None,
+        "partition_key": None,
+        "partition_key_range": None,
+        "partition_time_window": None,
+        "run_id": "run-1",
+        "job_name": "train",
+        "retry_number": 0,
+        "extras": {},
+    }
     (folder / "context.json").write_text(json.dumps(context))
     messages = folder / "messages.jsonl"
-    env = {"DAGSTER_PIPES_CONTEXT": encode_param({"path": str(folder / "context.json")}),
-           "DAGSTER_PIPES_MESSAGES": encode_param({"path": str(messages)})}
+    env = {
+        "DAGSTER_PIPES_CONTEXT": encode_param({"path": str(folder / "context.json")}),
+        "DAGSTER_PIPES_MESSAGES": encode_param({"path": str(messages)}),
+    }
     return env, messages
 
 
@@ -487,8 +541,7 @@ def test_rank0_reports_through_dagster_pipes(tmp_path, one_thread, monkeypatch):
     sent = read_pipes_messages(messages)
     methods = [m["method"] for m in sent]
     assert methods[0] == "opened" and methods[-1] == "closed"
-    steps = [m["params"]["payload"]["step"] for m in sent if m["method"] == "report_custom_message"
-             and "loss" in m["params"]["payload"]]
+    steps = [m["params"]["payload"]["step"] for m in sent if m["method"] == "report_custom_message" and "loss" in m["params"]["payload"]]
     assert steps == [1, 2, 3]
     assert any(m["method"] == "log" and "training 3 steps" in m["params"]["message"] for m in sent)
     (done,) = [m for m in sent if m["method"] == "report_asset_materialization"]

@@ -15,7 +15,6 @@ from eagle_assets.drafter.target_head import draft_head, outside_head, read_targ
 from eagle_assets.drafter.ttt import replay_drafting, ttt_attention, ttt_loss
 from eagle_assets_tests.drafter.test_model import random_drafter
 
-
 pytestmark = pytest.mark.usefixtures("one_thread")  # see conftest.py
 
 
@@ -116,8 +115,17 @@ def make_batch(cfg, B=2, T=10, seed=0, lengths=(10, 7)):
 
 @pytest.mark.parametrize("layers", [1, 2])
 def test_ttt_loss_equals_naive_unroll(layers):
-    cfg = tiny_config(hidden_size=32, intermediate_size=48, num_attention_heads=4, num_key_value_heads=2, head_dim=8,
-                      target_hidden_size=24, vocab_size=80, draft_vocab_size=40, num_hidden_layers=layers)
+    cfg = tiny_config(
+        hidden_size=32,
+        intermediate_size=48,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+        target_hidden_size=24,
+        vocab_size=80,
+        draft_vocab_size=40,
+        num_hidden_layers=layers,
+    )
     model = random_drafter(cfg)
     batch = make_batch(cfg)
     head = torch.randn(40, 24) * 0.5
@@ -146,8 +154,16 @@ def test_unreached_rows_weigh_less_as_the_naive_unroll_says(unreached_weight):
     make a random drafter right often enough for chains to both survive and break."""
     from eagle_assets.drafter.ttt import ttt_loss_dense
 
-    cfg = tiny_config(hidden_size=32, intermediate_size=48, num_attention_heads=4, num_key_value_heads=2, head_dim=8,
-                      target_hidden_size=24, vocab_size=80, draft_vocab_size=3)
+    cfg = tiny_config(
+        hidden_size=32,
+        intermediate_size=48,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+        target_hidden_size=24,
+        vocab_size=80,
+        draft_vocab_size=3,
+    )
     model = random_drafter(cfg)
     batch = make_batch(cfg, T=16, lengths=(16, 12))
     torch.manual_seed(0)
@@ -329,8 +345,16 @@ def test_cuda_fused_loss_equals_the_dense_one(unreached_weight):
 
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
-    cfg = tiny_config(hidden_size=32, intermediate_size=48, num_attention_heads=4, num_key_value_heads=2, head_dim=8,
-                      target_hidden_size=24, vocab_size=80, draft_vocab_size=3)
+    cfg = tiny_config(
+        hidden_size=32,
+        intermediate_size=48,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+        target_hidden_size=24,
+        vocab_size=80,
+        draft_vocab_size=3,
+    )
     model = random_drafter(cfg).cuda()
     batch = {k: v.cuda() for k, v in make_batch(cfg, T=16, lengths=(16, 12)).items()}
     torch.manual_seed(0)
@@ -351,8 +375,7 @@ def test_read_target_head_tied_and_sharded(tmp_path, smollm2_path):
     emb, head = torch.randn(50, 8), torch.randn(50, 8)
     save_file({"model.embed_tokens.weight": emb, "model.layers.0.x": torch.zeros(1)}, str(tmp_path / "a.safetensors"))
     save_file({"lm_head.weight": head}, str(tmp_path / "b.safetensors"))
-    index = {"weight_map": {"model.embed_tokens.weight": "a.safetensors", "model.layers.0.x": "a.safetensors",
-                            "lm_head.weight": "b.safetensors"}}
+    index = {"weight_map": {"model.embed_tokens.weight": "a.safetensors", "model.layers.0.x": "a.safetensors", "lm_head.weight": "b.safetensors"}}
     (tmp_path / "model.safetensors.index.json").write_text(json.dumps(index))
     (tmp_path / "config.json").write_text(json.dumps({"vocab_size": 50, "tie_word_embeddings": False}))
     got_emb, got_head = read_target_head(tmp_path)

@@ -18,9 +18,9 @@ import torch
 from eagle_assets.drafter.config import tiny_config
 from eagle_assets.drafter.export import export_sglang, export_vllm, load_drafter
 from eagle_assets.embedded_target import resolve_target, verify
-from eagle_assets_tests.drafters import TINY_TARGET_CONFIG
 from eagle_assets.engines.preflight import PreflightReport, check_drafter, preflight
 from eagle_assets.engines.vllm_launch import speculative_config, vllm_drafter_config
+from eagle_assets_tests.drafters import TINY_TARGET_CONFIG
 
 # The target tiny_config's drafter was made for: 4 layers, hidden 64, vocabulary 256.
 TARGET_CONFIG = TINY_TARGET_CONFIG
@@ -107,8 +107,7 @@ def test_the_vllm_export_is_refused_for_sglang(exports, target, tmp_path, monkey
     with nothing_written_or_deleted(exports, target):
         report = our_checks(target, vllm, "sglang", tmp_path, monkeypatch)
     assert errors(report)["drafter_numbering"] == (
-        f"{vllm}/config.json is the vLLM export (layer ids numbered for vLLM); "
-        f"SGLang would read the wrong target layers: pass {sglang}"
+        f"{vllm}/config.json is the vLLM export (layer ids numbered for vLLM); SGLang would read the wrong target layers: pass {sglang}"
     )
 
 
@@ -122,9 +121,7 @@ def test_each_export_passes_for_its_own_engine(exports, target, tmp_path, monkey
 def test_without_the_other_export_beside_it_the_fix_says_where_training_writes_it(copy_of, target, tmp_path, monkeypatch):
     sglang = copy_of("sglang")
     report = our_checks(target, sglang, "vllm", tmp_path, monkeypatch)
-    assert errors(report)["drafter_numbering"].endswith(
-        f"pass the drafter's vLLM export (training writes it as {sglang.parent / 'drafter-vllm'})"
-    )
+    assert errors(report)["drafter_numbering"].endswith(f"pass the drafter's vLLM export (training writes it as {sglang.parent / 'drafter-vllm'})")
 
 
 def test_a_folder_without_the_marker_is_taken_as_vllm_numbered_as_before(copy_of, target, tmp_path, monkeypatch):

@@ -116,5 +116,7 @@ def test_a_server_serving_no_model_yet_is_a_connection_error(serve):
 
 
 def test_a_url_without_a_scheme_is_a_connection_error_naming_it():
-    with pytest.raises(ConnectionError, match=r"^no OpenAI-compatible server answers at localhost:8000 \(Request URL is missing an 'http://' or 'https://' protocol"):
+    with pytest.raises(
+        ConnectionError, match=r"^no OpenAI-compatible server answers at localhost:8000 \(Request URL is missing an 'http://' or 'https://' protocol"
+    ):
         connect("localhost:8000", timeout_s=2)

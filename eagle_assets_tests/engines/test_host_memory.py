@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from eagle_assets.engines.host_memory import ENGINE_OVERHEAD_BYTES, config_footprint_bytes, HEADROOM_BYTES, server_footprint_bytes, why_not_at_once
+from eagle_assets.engines.host_memory import ENGINE_OVERHEAD_BYTES, HEADROOM_BYTES, config_footprint_bytes, server_footprint_bytes, why_not_at_once
 
 
 def test_server_footprint_counts_the_weights_as_float32_the_cache_and_the_engine(tmp_path):
@@ -25,8 +25,7 @@ def test_servers_fit_at_once_while_their_sum_and_the_headroom_do():
     gib = 1 << 30
     assert why_not_at_once([3 * gib, 3 * gib], 6 * gib + HEADROOM_BYTES, "cpu") is None
     assert why_not_at_once([3 * gib, 3 * gib], 6 * gib + HEADROOM_BYTES - 1, "cpu").startswith("2 more servers at once")
-    assert why_not_at_once([3 * gib, 3 * gib], 6 * gib, "cpu") == (
-        "2 more servers at once need ~7.0 GiB with headroom, and 6.0 GiB is available")
+    assert why_not_at_once([3 * gib, 3 * gib], 6 * gib, "cpu") == ("2 more servers at once need ~7.0 GiB with headroom, and 6.0 GiB is available")
     assert why_not_at_once([], 0, "cpu") is None  # nothing to start
     assert why_not_at_once([3 * gib], None, "cpu") is None  # the host does not say: the start will
     assert why_not_at_once([gib], 64 * gib, "cuda") == "on cuda each vLLM takes most of the accelerator's memory"

@@ -17,7 +17,17 @@ from pathlib import Path
 import pytest
 
 from eagle_assets.engines import process
-from eagle_assets.engines.process import PortBusy, ServerFailed, ServerProcess, _alive, descendants, free_port, port_in_use, shm_entries, stop_recorded
+from eagle_assets.engines.process import (
+    PortBusy,
+    ServerFailed,
+    ServerProcess,
+    _alive,
+    descendants,
+    free_port,
+    port_in_use,
+    shm_entries,
+    stop_recorded,
+)
 from eagle_assets.engines.serving import cold_sampling_check, launch_vllm
 from eagle_assets.engines.vllm_launch import SMALL_CPU_HOST, cpu_threads_bind, engine_environment, engine_python
 from eagle_assets.paths import engine_venv
@@ -75,8 +85,9 @@ def test_eagle3_keeps_greedy_output_and_cold_sampling_too(vllm_server, smollm2_c
     # The same check tells a server without the plugin (as one a user starts) from a good one:
     # `serve --check` runs it and fails, naming the cause and the fix.
     env = {**os.environ, "VLLM_PLUGINS": ""}
-    unfixed = subprocess.run([CLI, "serve", "--drafter", str(drafter), "--port", str(free_port()), "--check"],
-                             capture_output=True, text=True, timeout=900, env=env)
+    unfixed = subprocess.run(
+        [CLI, "serve", "--drafter", str(drafter), "--port", str(free_port()), "--check"], capture_output=True, text=True, timeout=900, env=env
+    )
     assert unfixed.returncode == 1, unfixed.stdout + unfixed.stderr
     assert "chat completion from" in unfixed.stdout
     assert "sampling under speculation is wrong" in unfixed.stderr and "not its greedy answer" in unfixed.stderr

@@ -20,15 +20,24 @@ from eagle_assets.formats import CORPUS_COLUMNS, CORPUS_MANIFEST, stable_id
 TOPICS = [
     ("What is a prime number?", "A prime number is a whole number above one whose only divisors are one and itself."),
     ("Name three primary colours.", "Red, yellow and blue."),
-    ("How do plants make food?", "Plants use sunlight, water and carbon dioxide to make sugar through photosynthesis, "
-     "releasing oxygen as a by-product. The green pigment chlorophyll captures the light."),
+    (
+        "How do plants make food?",
+        "Plants use sunlight, water and carbon dioxide to make sugar through photosynthesis, "
+        "releasing oxygen as a by-product. The green pigment chlorophyll captures the light.",
+    ),
     ("Translate 'good morning' into French.", "Bonjour."),
-    ("Why is the sky blue?", "Air molecules scatter short blue wavelengths of sunlight much more than red ones, "
-     "so scattered blue light reaches our eyes from every direction of the sky."),
+    (
+        "Why is the sky blue?",
+        "Air molecules scatter short blue wavelengths of sunlight much more than red ones, "
+        "so scattered blue light reaches our eyes from every direction of the sky.",
+    ),
     ("Give me a haiku about rain.", "Soft rain on the roof,\nthe garden drinks in silence,\nclouds fold into night."),
     ("What does HTTP stand for?", "HyperText Transfer Protocol."),
-    ("Explain recursion briefly.", "Recursion is when a function solves a problem by calling itself on smaller "
-     "inputs until it reaches a base case that it can answer directly. Each call waits for the smaller one."),
+    (
+        "Explain recursion briefly.",
+        "Recursion is when a function solves a problem by calling itself on smaller "
+        "inputs until it reaches a base case that it can answer directly. Each call waits for the smaller one.",
+    ),
 ]
 
 

@@ -21,9 +21,8 @@ def test_kimi_plan_lands_on_the_seeds_828_gb():
 
 
 def test_prediction_bounds_real_shards_tightly(corpus_dir, fingerprint, tmp_path):
-    from eagle_assets_tests.hidden_states.extract_child import SETTINGS, toy_decoder
-
     from eagle_assets.hidden_states.extract import extract_all
+    from eagle_assets_tests.hidden_states.extract_child import SETTINGS, toy_decoder
 
     extract_all(toy_decoder(), str(corpus_dir), tmp_path, SETTINGS, target_fingerprint=fingerprint)
     shards = open_shards(tmp_path)

@@ -11,8 +11,8 @@ the last stored bit except where a value sits on a rounding boundary.
 
 from __future__ import annotations
 
-import torch
 import pytest
+import torch
 
 from eagle_assets.hidden_states.engine_extract import EngineExtractor, EngineStateClient, final_norm_of
 from eagle_assets.hidden_states.extract import ExtractSettings, extract_shard

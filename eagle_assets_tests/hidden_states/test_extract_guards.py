@@ -230,9 +230,7 @@ def test_a_changed_target_fingerprint_rebuilds_every_shard(chat_rows, fingerprin
     other = "other-target-fingerprint"
     recorpus = write_corpus(tmp_path / "corpus-other", [dict(r, target=other) for r in chat_rows])
     results = extract_all(toy_decoder(), str(recorpus), out, SETTINGS, target_fingerprint=other)
-    assert [(r.built, r.reason) for r in results] == [
-        (True, f"stale: target_fingerprint is {fingerprint}, settings say {other}")
-    ] * 3
+    assert [(r.built, r.reason) for r in results] == [(True, f"stale: target_fingerprint is {fingerprint}, settings say {other}")] * 3
     assert {s.manifest.shard: s.sample_ids for s in open_shards(out)} == old  # only the fingerprint changed
     assert [read_manifest(out / shard_name(i)).target_fingerprint for i in range(3)] == [other] * 3
     assert leftovers(out) == []
@@ -264,7 +262,6 @@ def test_a_changed_shard_count_rebuilds_shards_whose_samples_did_not_move(chat_r
     assert [r.built for r in again] == [False, False]
 
 
-
 def test_a_lowered_shard_count_removes_the_shards_beyond_it(chat_rows, fingerprint, tmp_path):
     # Shards numbered past the new count belong to the old split: left in place, the reader
     # would refuse the mix and no shard of the new split would ever replace them.
@@ -278,6 +275,7 @@ def test_a_lowered_shard_count_removes_the_shards_beyond_it(chat_rows, fingerpri
     shards = open_shards(out)
     assert [(s.manifest.shard, s.manifest.num_shards) for s in shards] == [(0, 2), (1, 2)]
     assert sorted(i for s in shards for i in s.sample_ids) == sorted(r["sample_id"] for r in chat_rows)
+
 
 # --- 4. ShardWriter.commit: unwritten rows and a wrong file refused, nothing committed ----------
 

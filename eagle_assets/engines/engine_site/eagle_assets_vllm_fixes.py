@@ -24,6 +24,7 @@ on the engine's PYTHONPATH. The preflight's sampling probe runs the same steps a
 Runs inside the engine's own environment: torch and vLLM only.
 """
 
+
 def expand(output, input_val, cu_num_tokens, replace_from, replace_to, MAX_NUM_TOKENS=None):
     """The kernel's contract: output[cu[i-1]:cu[i]] = input_val[i] for each request i (cu[-1]
     read as 0), with replace_from written as replace_to; any dtype, in place."""
