@@ -578,7 +578,7 @@ def check(
 
     try:
         from eagle_assets.defs import ASSETS
-        from eagle_assets.defs.drafter import DRAFTER_CHECKS
+        from eagle_assets.defs.drafter import DRAFTER_CHECK_NAMES, DRAFTER_CHECKS
         from eagle_assets.defs.instance_runs import run_error
         from eagle_assets.defs.resources import default_resources
         from eagle_assets.defs.runner import ensure_dagster_home, run_resources
@@ -588,7 +588,7 @@ def check(
         _fail(str(exc))
     if target is not None:
         _check_target(target)
-    keys = [key for c in DRAFTER_CHECKS for key in c.check_keys]
+    keys = sorted((key for c in DRAFTER_CHECKS for key in c.check_keys), key=lambda key: DRAFTER_CHECK_NAMES.index(key.name))
     names = [key.name for key in keys]
     unknown = sorted(set(only or ()) - set(names))
     if unknown:
