@@ -95,11 +95,3 @@ def read_run_file(path: Path) -> RunFile:
     if not isinstance(settings, dict):
         raise ValueError(f"{path} holds a YAML {type(settings).__name__}, not a mapping of settings (target:, preset:, drafter_checkpoint: ...)")
     return check_run_file(settings, str(path))
-
-
-def merged_settings(preset: str, run: RunFile | None = None) -> dict[str, dict]:
-    """{asset: settings}: the preset's, with the run file's on top, setting by setting."""
-    settings = {asset: dict(values) for asset, values in RUN_PRESETS[preset].items()}
-    for asset, values in (run.asset_settings() if run else {}).items():
-        settings[asset] = {**settings.get(asset, {}), **values}
-    return settings

@@ -91,6 +91,8 @@ def test_publish_then_fetch_round_trips_a_tree_and_a_publish_that_stopped_is_not
     # changed are in the bucket, its marker is not, and a fresh mirror takes nothing.
     (corpus / "manifest.json").write_text('{"shards": 2}')
     (corpus / "shard-00001.parquet").write_bytes(os.urandom(5_000))
+    # The one stand-in here: a crash cannot be timed between two uploads of a real publish, so the
+    # real upload runs once and the connection is then dropped (the bucket and s3fs stay real).
     fs = node_a._fs()[0]
     put_file = fs.put_file
     calls = []
@@ -118,7 +120,7 @@ def test_publish_then_fetch_round_trips_a_tree_and_a_publish_that_stopped_is_not
     assert _tree(node_c.corpus("t")) == _tree(corpus) and len(_tree(corpus)) == 4
 
     # Published again with one file changed, from the node that fetched it: only that file goes up.
-    uploads = []
+    uploads = []  # the real uploads, each noted on its way to the bucket
     monkeypatch.setattr(fs, "put_file", lambda local, remote, **kw: (uploads.append(remote), put_file(local, remote, **kw)))
     (node_c.corpus("t") / "manifest.json").write_text('{"shards": 3}')
     node_c.publish(node_c.corpus("t"))
