@@ -580,10 +580,9 @@ def check(
         from eagle_assets.defs import ASSETS
         from eagle_assets.defs.drafter import DRAFTER_CHECK_NAMES, DRAFTER_CHECKS
         from eagle_assets.defs.instance_runs import run_error
-        from eagle_assets.defs.resources import default_resources
         from eagle_assets.defs.runner import ensure_dagster_home, run_resources
 
-        resources, _ = run_resources(target) if target else (default_resources(), {})
+        resources, _ = run_resources(target)
     except SettingError as exc:
         _fail(str(exc))
     if target is not None:
