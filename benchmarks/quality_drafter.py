@@ -29,6 +29,10 @@ Variants train side by side on one corpus, each in its own folder under --data:
     python3 benchmarks/quality_drafter.py --data /tmp/q --stages train,offline --drafter-dir lr3 --lr 3e-3 &
     python3 benchmarks/quality_drafter.py --data /tmp/q --stages train,offline --drafter-dir deep --num-layers 2 &
 
+Several corpora train one variant together (each made by its own `--data ... --stages corpus,shards`):
+
+    python3 benchmarks/quality_drafter.py --data /tmp/sharegpt --stages train,offline --drafter-dir both --also-train-on /tmp/magpie
+
 Target-layer choices train from one extraction at the union of their layers:
 
     python3 benchmarks/quality_drafter.py --data /tmp/q --stages shards --extract-aux-layer-ids 2,15,27,29,30
@@ -259,22 +263,26 @@ def stage_train(a, data: Path) -> dict:
     mapping, drafter = str(data / "vocab_mapping.safetensors"), None
     intermediate = a.intermediate_size or d["drafter_intermediate_size"]
     aux = tuple(a.aux_layer_ids or preset.default_aux_layer_ids)
-    if a.draft_vocab_size:
-        from eagle_assets.drafter.config import DrafterConfig
+    corpora = [data, *a.also_train_on]
+    n = a.draft_vocab_size or preset.draft_vocab_size
+    if n != preset.draft_vocab_size or a.also_train_on:
         from eagle_assets.hidden_states.vocab import build_vocab_mapping, count_assistant_tokens, save_vocab_mapping
 
-        n = a.draft_vocab_size
-        if n != preset.draft_vocab_size:
-            out.mkdir(parents=True, exist_ok=True)
-            mapping = str(out / f"vocab_mapping-{n}.safetensors")
-            counts = count_assistant_tokens(str(data / "corpus"), preset.vocab_size)
-            save_vocab_mapping(build_vocab_mapping(counts, preset.vocab_size, n), Path(mapping))
+        # The draft vocabulary of what this variant trains on: the most frequent answer tokens
+        # of every corpus it reads, at its own size.
+        out.mkdir(parents=True, exist_ok=True)
+        mapping = str(out / f"vocab_mapping-{n}.safetensors")
+        counts = sum(count_assistant_tokens(str(c / "corpus"), preset.vocab_size) for c in corpora)
+        save_vocab_mapping(build_vocab_mapping(counts, preset.vocab_size, n), Path(mapping))
+    if a.draft_vocab_size:
+        from eagle_assets.drafter.config import DrafterConfig
+
         target_config = json.loads((pull() / "config.json").read_text())
         drafter = dataclasses.asdict(DrafterConfig.from_target_config(
             target_config, aux_layer_ids=aux, draft_vocab_size=n, intermediate_size=intermediate,
             num_hidden_layers=a.num_layers))  # fmt: skip
     cfg = TrainConfig(
-        shard_dirs=(str(data / "hidden_states"),), vocab_mapping=mapping, drafter=drafter,
+        shard_dirs=tuple(str(c / "hidden_states") for c in corpora), vocab_mapping=mapping, drafter=drafter,
         target=str(pull()), out_dir=str(out), ttt_steps=a.ttt_steps or d["ttt_steps"] or preset.ttt_steps,
         epochs=a.epochs or d["epochs"], max_steps=d["max_steps"], lr=a.lr or d["lr"], warmup_steps=d["warmup_steps"],
         target_temperature=a.target_temperature, unreached_weight=a.unreached_weight, drafter_intermediate_size=None if drafter else intermediate,  # a drafter dict holds it
@@ -385,6 +393,13 @@ def _shares(text: str) -> dict[str, float]:
         raise argparse.ArgumentTypeError(f"{text!r}: give SOURCE=SHARE pairs, e.g. sharegpt=0.75,magpie=0.25") from None
 
 
+def _paths(text: str) -> list[Path]:
+    paths = [Path(x) for x in text.split(",") if x]
+    if missing := [str(p) for p in paths if not (p / "hidden_states").is_dir()]:
+        raise argparse.ArgumentTypeError(f"{', '.join(missing)}: no hidden_states folder; run --stages corpus,shards with that --data first")
+    return paths
+
+
 def _ids(text: str) -> tuple[int, ...]:
     return tuple(int(x) for x in text.split(","))
 
@@ -455,6 +470,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--extract-aux-layer-ids", type=_ids,
                     help="shards: extract these layers (e.g. 2,15,27,29,30) instead of the target's default aux ids, so "
                          "variants can train on subsets of them")  # fmt: skip
+    ap.add_argument("--also-train-on", type=_paths, default=[],
+                    help="train a variant on the corpora and shards of these --data folders too (comma-separated), "
+                         "its draft vocabulary counted over all of them")  # fmt: skip
     ap.add_argument("--aux-layer-ids", type=_ids, help="train a variant: read these of the shards' layers (default the target's aux ids)")
     ap.add_argument(
         "--checkpoint-every", type=int, help="checkpoint this often (steps) instead of the preset's: less lost when a call's time limit cuts training"
