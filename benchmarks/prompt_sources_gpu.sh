@@ -39,7 +39,7 @@ variant both-8 "$ROOT/sharegpt" --epochs 8 --also-train-on "$ROOT/magpie" &
 wait
 
 python3 - "$ROOT" "$OUT" <<'EOF'
-import json, sys
+import json, shutil, sys
 from pathlib import Path
 sys.path.insert(0, "benchmarks")
 from quality_drafter import copy_in_parts
@@ -56,6 +56,5 @@ for name, data in variants.items():
 best = max(variants, key=lambda n: figures[n]["offline"]["al"])
 print(f"best on MT-Bench: {best}")
 copy_in_parts(variants[best] / best / "drafter-vllm", out / f"drafter-vllm-{best}")
-for name in ("summary.json",):
-    (out / f"drafter-vllm-{best}" / name).write_text((variants[best] / best / name).read_text())
+shutil.copy(variants[best] / best / "summary.json", out / f"drafter-vllm-{best}")
 EOF

