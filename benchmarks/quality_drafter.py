@@ -33,6 +33,12 @@ Several corpora train one variant together (each made by its own `--data ... --s
 
     python3 benchmarks/quality_drafter.py --data /tmp/sharegpt --stages train,offline --drafter-dir both --also-train-on /tmp/magpie
 
+Data-scaling variants train on a fraction of each corpus's shards (a random subset of its
+samples), and a seed repeat measures the spread between two runs of one recipe:
+
+    python3 benchmarks/quality_drafter.py --data /tmp/q --stages train,offline --drafter-dir quarter --shard-fraction 0.25 &
+    python3 benchmarks/quality_drafter.py --data /tmp/q --stages train,offline --drafter-dir seed1 --seed 1 &
+
 Target-layer choices train from one extraction at the union of their layers:
 
     python3 benchmarks/quality_drafter.py --data /tmp/q --stages shards --extract-aux-layer-ids 2,15,27,29,30
@@ -240,7 +246,7 @@ def stage_shards(a, data: Path) -> dict:
     coverage_by_size = {n: float(top[n - 1]) / max(1, int(top[-1])) for n in COVERAGE_SIZES if n <= len(top)}
     model, tokenizer = load_target(path, device=a.device, dtype=torch.bfloat16 if a.device == "cuda" else torch.float32)
     aux = tuple(a.extract_aux_layer_ids or preset.default_aux_layer_ids)
-    settings = ExtractSettings(aux_layer_ids=aux, num_shards=NUM_SHARDS, batch_tokens=65536, progress=False)
+    settings = ExtractSettings(aux_layer_ids=aux, num_shards=a.num_shards, batch_tokens=65536, progress=False)
     start = time.perf_counter()
     results = extract_all(
         model, str(data / "corpus"), data / "hidden_states", settings, tokenizer=tokenizer, target_fingerprint=target_fingerprint(path)
@@ -282,12 +288,12 @@ def stage_train(a, data: Path) -> dict:
             target_config, aux_layer_ids=aux, draft_vocab_size=n, intermediate_size=intermediate,
             num_hidden_layers=a.num_layers))  # fmt: skip
     cfg = TrainConfig(
-        shard_dirs=tuple(str(c / "hidden_states") for c in corpora), vocab_mapping=mapping, drafter=drafter,
+        shard_dirs=training_shards(corpora, a.shard_fraction), vocab_mapping=mapping, drafter=drafter,
         target=str(pull()), out_dir=str(out), ttt_steps=a.ttt_steps or d["ttt_steps"] or preset.ttt_steps,
         epochs=a.epochs or d["epochs"], max_steps=d["max_steps"], lr=a.lr or d["lr"], warmup_steps=d["warmup_steps"],
         target_temperature=a.target_temperature, unreached_weight=a.unreached_weight, drafter_intermediate_size=None if drafter else intermediate,  # a drafter dict holds it
         micro_batch_tokens=d["micro_batch_tokens"], grad_accum=d["grad_accum"], val_fraction=d["val_fraction"],
-        val_interval=d["val_interval"], checkpoint_every=a.checkpoint_every or d["checkpoint_every"], seed=d["seed"],
+        val_interval=d["val_interval"], checkpoint_every=a.checkpoint_every or d["checkpoint_every"], seed=d["seed"] if a.seed is None else a.seed,
         drafter_num_layers=1 if drafter else a.num_layers,  # a drafter dict holds it
         aux_layer_ids=aux,
         ptd_token_id=a.ptd_token_id,
@@ -295,6 +301,23 @@ def stage_train(a, data: Path) -> dict:
     )  # fmt: skip
     summary = train(cfg)
     return summary or {}
+
+
+def training_shards(corpora: list[Path], fraction: float = 1.0) -> tuple[str, ...]:
+    """The shard folders a variant trains on: every corpus's first `fraction` of its shards (at least one).
+
+    Samples go to shards by a hash of their id (`formats.shard_of`), so the first half of a
+    corpus's shards is a random half of its samples: a data-scaling variant without a new corpus.
+    """
+    from eagle_assets.drafter.data import discover_shards
+
+    if fraction >= 1.0:
+        return tuple(str(c / "hidden_states") for c in corpora)
+    chosen = []
+    for corpus in corpora:
+        shards = discover_shards([corpus / "hidden_states"])
+        chosen += shards[: max(1, round(fraction * len(shards)))]
+    return tuple(str(s) for s in chosen)
 
 
 def stage_offline(a, data: Path, prompt_set: str = "mt_bench") -> dict:
@@ -400,6 +423,13 @@ def _paths(text: str) -> list[Path]:
     return paths
 
 
+def _fraction(text: str) -> float:
+    value = float(text)
+    if not 0.0 < value <= 1.0:
+        raise argparse.ArgumentTypeError(f"{text}: a fraction of the shards is above 0 and at most 1, e.g. 0.25")
+    return value
+
+
 def _ids(text: str) -> tuple[int, ...]:
     return tuple(int(x) for x in text.split(","))
 
@@ -473,6 +503,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--also-train-on", type=_paths, default=[],
                     help="train a variant on the corpora and shards of these --data folders too (comma-separated), "
                          "its draft vocabulary counted over all of them")  # fmt: skip
+    ap.add_argument("--num-shards", type=int, default=NUM_SHARDS, help="shards: this many hidden-state shards (default the asset graph's)")
+    ap.add_argument("--shard-fraction", type=_fraction, default=1.0,
+                    help="train a variant on this fraction of each corpus's shards, e.g. 0.25 (a random quarter of its samples; "
+                         "more shards, --num-shards, give finer fractions)")  # fmt: skip
+    ap.add_argument("--seed", type=int, help="train a variant with this seed (initial weights, batch order) instead of the preset's")
     ap.add_argument("--aux-layer-ids", type=_ids, help="train a variant: read these of the shards' layers (default the target's aux ids)")
     ap.add_argument(
         "--checkpoint-every", type=int, help="checkpoint this often (steps) instead of the preset's: less lost when a call's time limit cuts training"

@@ -102,3 +102,25 @@ def test_sharegpt_prompts_are_read_as_the_asset_reads_them_and_fitted_to_the_gen
     expected, _ = sharegpt_prompts(30, 0, "all", ContextFit(tokenizer, 1024, 256))
     assert [(p.prompt_id, p.source) for p in items] == [(p.prompt_id, "sharegpt") for p in expected] and len(items) == 30
     assert figures["sharegpt"]["records"] == 17671 and figures["sharegpt"]["fit_context_tokens"] == 1024
+
+
+def test_a_shard_fraction_trains_on_that_share_of_every_corpuss_complete_shards(script, tmp_path):
+    from eagle_assets.formats import SHARD_MANIFEST_FILE, SHARD_STATES_FILE, shard_name
+
+    corpora = [tmp_path / "sharegpt", tmp_path / "magpie"]
+    for corpus in corpora:
+        for i in range(8):
+            shard = corpus / "hidden_states" / shard_name(i)
+            shard.mkdir(parents=True)
+            (shard / SHARD_STATES_FILE).write_bytes(b"")
+            if i != 0 or corpus.name == "sharegpt":  # magpie's first shard is an unfinished write
+                (shard / SHARD_MANIFEST_FILE).write_text("{}")
+    assert script.training_shards(corpora, 1.0) == tuple(str(c / "hidden_states") for c in corpora)
+    quarter = [Path(s) for s in script.training_shards(corpora, 0.25)]
+    assert [(s.parent.parent.name, s.name) for s in quarter] == [
+        ("sharegpt", shard_name(0)), ("sharegpt", shard_name(1)), ("magpie", shard_name(1)), ("magpie", shard_name(2)),
+    ]  # fmt: skip
+    assert len(script.training_shards(corpora, 0.01)) == 2  # never less than one shard of each
+    for bad in ("0", "1.5", "-0.2"):
+        with pytest.raises(SystemExit):
+            script.main(["--data", str(tmp_path), "--shard-fraction", bad])
