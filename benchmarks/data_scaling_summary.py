@@ -1,8 +1,8 @@
 """The table `data_scaling_gpu.sh` prints: MT-Bench AL against the share of the corpus trained on.
 
-    python3 benchmarks/data_scaling_summary.py ROOT OUT
+    python3 benchmarks/data_scaling_summary.py ROOT/sharegpt OUT
 
-Reads each variant's `quality_figures.json` under ROOT/sharegpt, fits AL = a + b * log2(share)
+Reads each variant's `quality_figures.json` under ROOT (the first source's corpus folder), fits AL = a + b * log2(share)
 by least squares over the seed-0, 8-epoch variants, and prints the slope per doubling of data,
 the spread between the two seeds of the full run, and how many doublings of data the fit asks
 for each AL in `TARGETS` (a straight line in log data: where the curve bends down, more).
@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 
 SCALING = {"f0.125": 0.125, "f0.25": 0.25, "f0.5": 0.5, "f1": 1.0}  # seed 0, 8 epochs
-OTHERS = {"f1-seed1": 1.0, "f0.5-e16": 0.5}
+OTHERS = {"f1-seed1": 1.0}
 TARGETS = (2.5, 2.8)
 
 
@@ -35,7 +35,7 @@ def doublings_for(al: float, a: float, b: float) -> float:
 
 
 def main(root: Path, out: Path) -> dict:
-    figures = {name: json.loads((root / "sharegpt" / name / "quality_figures.json").read_text()) for name in {**SCALING, **OTHERS}}
+    figures = {name: json.loads((root / name / "quality_figures.json").read_text()) for name in {**SCALING, **OTHERS}}
     rows = []
     for name, share in {**SCALING, **OTHERS}.items():
         train, offline = figures[name]["train"], figures[name]["offline"]

@@ -5,8 +5,9 @@
 #   bash benchmarks/prompt_sources_gpu.sh ROOT OUT
 #
 # Two corpora, each made as `smollm2-quality` makes its own (ShareGPT: every conversation of the
-# packaged file that opens with a human turn; Magpie: the preset's 16,000 prompts), generated side
-# by side. Then four drafters trained side by side with the preset's other settings:
+# packaged file that opens with a human turn; Magpie: the preset's 16,000 prompts, its share of
+# 32,000, named here since one source alone would take all 32,000), generated side by side.
+# Then four drafters trained side by side with the preset's other settings:
 #   sharegpt  8 epochs on ShareGPT alone
 #   magpie    8 epochs on Magpie alone
 #   both-4    4 epochs on both (about the same steps as either alone)
@@ -24,7 +25,7 @@ GEN=(--max-batch 1024 --max-len 1024 --gen-dtype bfloat16 --corpus-budget-s 420)
 
 "${Q[@]}" --data "$ROOT/sharegpt" --stages target
 "${Q[@]}" --data "$ROOT/sharegpt" --stages corpus,shards --prompt-source sharegpt "${GEN[@]}" >"$ROOT/corpus-sharegpt.log" 2>&1 &
-"${Q[@]}" --data "$ROOT/magpie" --stages corpus,shards --prompt-source magpie "${GEN[@]}" >"$ROOT/corpus-magpie.log" 2>&1 &
+"${Q[@]}" --data "$ROOT/magpie" --stages corpus,shards --prompt-source magpie --num-prompts 16000 "${GEN[@]}" >"$ROOT/corpus-magpie.log" 2>&1 &
 wait
 
 variant() {  # NAME DATA ARGS...: train and measure one drafter, logging to ROOT/NAME.log
