@@ -3,7 +3,7 @@
     eagle-assets run                          # smollm2-default: the embedded target in < 20 min on 2 cores,
                                               # fine-tuning the drafter shipped in eagle_assets/data/drafters
     eagle-assets run --preset smollm2-scratch # the same, the drafter trained from nothing
-    eagle-assets run --preset smollm2-quality # thousands of samples: the best drafter SmolLM2 allows
+    eagle-assets run --preset smollm2-quality # every prompt it can reach: the best SmolLM2 drafter here
     eagle-assets run --target /models/llama   # gpu-default: your model on a GPU host
 
 A preset only sets what differs from each asset's Config defaults.
@@ -92,10 +92,11 @@ RUN_PRESETS: dict[str, dict[str, dict]] = {
         "drafter_checkpoint": {"epochs": 5},
         "benchmark_report": {"num_prompts": 80, "output_len": 256, "concurrencies": [1, 4, 16]},
     },
-    # The best drafter SmolLM2 allows, trained on people's prompts and on prompts the target
-    # writes: every conversation ShareGPT's packaged file offers (what EAGLE and SpecForge train
-    # on: ~9,500 that open with a human turn and fit the context, every human turn kept, the target
-    # writing every answer; fewer than the 16,000 its share asks for) and 16,000 Magpie prompts
+    # The best SmolLM2 drafter the prompts reachable here allow, trained on people's prompts and
+    # on prompts the target writes: every conversation ShareGPT's packaged file offers (what
+    # EAGLE and SpecForge train on: ~9,500 that open with a human turn and fit the context, every
+    # human turn kept, the target writing every answer; fewer than the 16,000 its share asks
+    # for) and 16,000 Magpie prompts
     # spread over task types and subjects by the openings below; answers up to 256 tokens. On
     # MT-Bench, at the same steps, Magpie's prompts beat ShareGPT's and both together equal
     # Magpie's; all of both, with twice the steps, beat either
@@ -105,6 +106,9 @@ RUN_PRESETS: dict[str, dict[str, dict]] = {
     # higher learning rate and more epochs raise the AL; a 3x wider MLP accepts a little more but
     # makes each draft step dearer, and served at concurrency 1 the target's width won, so the MLP
     # stays 1,536 (benchmarks/results/quality_ablations_h200+cpu2_2026-12-01.md).
+    # More prompts are the lever left: each doubling of ShareGPT's adds 0.13 to 0.19 MT-Bench AL
+    # (benchmarks/results/data_scaling_sharegpt_h200_2026-12-04.md), so with a file of your own
+    # traffic, `source: file` and a larger num_prompts beat more epochs.
     "smollm2-quality": {
         "prompts": {
             "source": "mix",
