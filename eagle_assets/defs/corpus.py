@@ -217,6 +217,10 @@ class CorpusConfig(dg.Config):
     check fails above this share of the corpus's failed samples."""
     shard_size: int = 64
     """Rows per Parquet shard; a crash loses at most the unflushed rows."""
+    publish_every_s: float = 300
+    """With a URL root: publish the corpus so far this often while it is generated (between two
+    writes), so that a node lost mid-run leaves at most this much unpublished for the rerun that
+    resumes elsewhere; 0 publishes only when the run ends or fails."""
 
 
 @dg.asset(
@@ -263,10 +267,18 @@ def synthetic_corpus(
             timeout_s=config.request_timeout_s,
             max_retries=config.max_retries,
         )
+        # Progress is reported between two writes of the store (one event loop), so a publish
+        # from there never takes a shard half written.
+        publish_when_due = storage.publisher(storage.corpus(preset.name), config.publish_every_s, log=context.log.info)
+
+        def progress(s) -> None:
+            context.log.info(s.summary())
+            publish_when_due()
+
         try:
             stats = generate_corpus(
                 items, store, client, tokenizer, target=fingerprint, sampling=sampling,
-                progress=lambda s: context.log.info(s.summary()), show_progress_bar=True, max_failed_share=config.max_error_rate,
+                progress=progress, show_progress_bar=True, max_failed_share=config.max_error_rate,
             )  # fmt: skip
         finally:
             store.close()

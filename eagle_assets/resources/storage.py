@@ -13,15 +13,19 @@ in a local mirror folder (`mirror`, default under the cache) and sync it through
 
     storage.fetch(storage.corpus(t))      # before the asset reads: the published corpus, into the mirror
     storage.publish(storage.corpus(t))    # after it writes: the mirror's corpus, to the URL
+    due = storage.publisher(storage.corpus(t), every_s=300)
+    due()                                 # while it writes, between two writes: published when 300 s have passed
 
-For a folder root both are no-ops and the paths are the folder's own.
+For a folder root all are no-ops and the paths are the folder's own.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import time
 from pathlib import Path
+from typing import Callable
 
 import dagster as dg
 from upath import UPath
@@ -162,6 +166,22 @@ class StorageResource(dg.ConfigurableResource):
         if log and published:
             log(f"published to {self.location()}: {', '.join(published)}")
         return published
+
+    def publisher(self, path: Path, every_s: float, log=None, clock: Callable[[], float] = time.monotonic) -> Callable[[], None]:
+        """A callable that publishes `path` when `every_s` seconds have passed since it was made or
+        last published, and does nothing otherwise (or when `every_s` is 0, or the root is a
+        folder). Call it only where no file of the unit is being written: a publish takes the
+        files as they are."""
+        last = clock()
+
+        def publish_when_due() -> None:
+            nonlocal last
+            if every_s <= 0 or not self.is_remote() or clock() - last < every_s:
+                return
+            self.publish(path, log=log)
+            last = clock()
+
+        return publish_when_due
 
     def _fs(self):
         root = UPath(self.location())

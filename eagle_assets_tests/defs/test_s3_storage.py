@@ -138,6 +138,44 @@ def _materialize(assets, storage: StorageResource, config: dict, server: Inferen
 PROMPTS = {"prompts": {"config": {"source": "sharegpt", "num_prompts": 8, "max_prompt_tokens": 48}}}
 
 
+def test_a_corpus_being_written_is_published_when_due_so_another_node_resumes_from_it(s3, tmp_path):
+    from eagle_assets_tests.corpus.test_store import row
+
+    node_a = StorageResource(root=ROOT + "-periodic", mirror=str(tmp_path / "a"))
+    node_b = StorageResource(root=ROOT + "-periodic", mirror=str(tmp_path / "b"))
+    now = [0.0]
+    due = node_a.publisher(node_a.corpus("t"), every_s=300, clock=lambda: now[0])
+    store = CorpusStore(str(node_a.corpus("t")), shard_size=2)  # left open, as a run killed mid-way leaves it
+
+    def rows_node_b_resumes_from() -> int:
+        s3.invalidate_cache()
+        node_b.fetch(node_b.corpus("t"))
+        return CorpusStore(str(node_b.corpus("t")), mode="r").num_rows if node_b.corpus("t").exists() else 0
+
+    for i in range(3):  # one shard written, one row buffered
+        store.append(row(i))
+    now[0] = 299.0
+    due()
+    assert rows_node_b_resumes_from() == 0  # not due yet: nothing published
+    now[0] = 300.0
+    due()
+    assert rows_node_b_resumes_from() == 2  # the written shard; the buffered row is the process's alone
+    for i in range(3, 7):
+        store.append(row(i))
+    now[0] = 599.0
+    due()
+    assert rows_node_b_resumes_from() == 2  # 299 s since the last publish
+    now[0] = 600.0
+    due()
+    assert rows_node_b_resumes_from() == 6
+    assert CorpusStore(str(node_b.corpus("t")), mode="r").done_ids() == {f"s{i:03d}" for i in range(6)}
+    never = node_a.publisher(node_a.corpus("t"), every_s=0, clock=lambda: now[0])
+    store.append(row(7))  # with row 6 buffered: a third shard
+    now[0] = 10_000.0
+    never()
+    assert rows_node_b_resumes_from() == 6  # every_s=0: only the asset's own publish at the end
+
+
 def test_the_prompts_asset_writes_into_the_bucket_and_another_node_finds_them(s3, tmp_path, smollm2_path):
     node_a = StorageResource(root=ROOT, mirror=str(tmp_path / "a"))
     result = _materialize([prompts], node_a, PROMPTS)
