@@ -1,20 +1,18 @@
 """benchmarks/data_scaling_summary.py: the fit that says how much data an AL asks for."""
 
-import importlib.util
 import math
 from pathlib import Path
 
 import pytest
+
+from eagle_assets_tests.scripts import load_script
 
 SCRIPT = Path(__file__).resolve().parent.parent / "benchmarks" / "data_scaling_summary.py"
 
 
 @pytest.fixture(scope="module")
 def summary():
-    spec = importlib.util.spec_from_file_location("data_scaling_summary", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script(SCRIPT)
 
 
 def test_the_fit_recovers_a_line_in_log2_of_the_data_and_the_doublings_it_asks(summary):

@@ -1,10 +1,11 @@
 """benchmarks/env_override.py: the variable a benchmark sets for its servers is put back afterwards."""
 
-import importlib.util
 import os
 from pathlib import Path
 
 import pytest
+
+from eagle_assets_tests.scripts import load_script
 
 SCRIPT = Path(__file__).resolve().parent.parent / "benchmarks" / "env_override.py"
 NAME = "EAGLE_ASSETS_TEST_VARIABLE"
@@ -12,10 +13,7 @@ NAME = "EAGLE_ASSETS_TEST_VARIABLE"
 
 @pytest.fixture(scope="module")
 def environment_variable():
-    spec = importlib.util.spec_from_file_location("env_override", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.environment_variable
+    return load_script(SCRIPT).environment_variable
 
 
 @pytest.mark.parametrize("before", [None, "users"])

@@ -1,6 +1,5 @@
 """benchmarks/quality_drafter.py runs without Dagster: its copy of the asset defaults must stay true."""
 
-import importlib.util
 import json
 from pathlib import Path
 
@@ -9,16 +8,14 @@ import pytest
 from eagle_assets.defs.benchmark import BenchmarkConfig
 from eagle_assets.defs.corpus import CorpusConfig, PromptsConfig
 from eagle_assets.defs.drafter import DrafterConfig
+from eagle_assets_tests.scripts import load_script
 
 SCRIPT = Path(__file__).resolve().parent.parent / "benchmarks" / "quality_drafter.py"
 
 
 @pytest.fixture(scope="module")
 def script():
-    spec = importlib.util.spec_from_file_location("quality_drafter", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script(SCRIPT)
 
 
 @pytest.mark.parametrize(

@@ -13,7 +13,6 @@ is; the GPU host has no network, so the same wheel travels there).
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 import os
@@ -23,6 +22,8 @@ from pathlib import Path
 
 import pytest
 import torch
+
+from eagle_assets_tests.scripts import load_script
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "benchmarks" / "quality_vs_specforge.py"
@@ -43,10 +44,7 @@ def specforge_wheel() -> Path:
 
 @pytest.fixture(scope="module")
 def script(specforge_wheel):
-    spec = importlib.util.spec_from_file_location("quality_vs_specforge", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script(SCRIPT)
 
 
 @pytest.fixture(scope="module")

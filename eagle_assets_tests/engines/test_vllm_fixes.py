@@ -7,13 +7,11 @@ import importlib.util
 import torch
 
 from eagle_assets.engines.vllm_launch import ENGINE_SITE, engine_environment
+from eagle_assets_tests.scripts import load_script
 
 
 def load_fixes():
-    spec = importlib.util.spec_from_file_location("eagle_assets_vllm_fixes", ENGINE_SITE / "eagle_assets_vllm_fixes.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script(ENGINE_SITE / "eagle_assets_vllm_fixes.py")
 
 
 def test_expand_spreads_each_requests_value_over_its_positions_in_the_outputs_dtype():
