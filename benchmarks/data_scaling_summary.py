@@ -2,8 +2,8 @@
 
     python3 benchmarks/data_scaling_summary.py ROOT/sharegpt OUT
 
-Reads each variant's `quality_figures.json` under ROOT (the first source's corpus folder), fits AL = a + b * log2(share)
-by least squares over the seed-0, 8-epoch variants, and prints the slope per doubling of data,
+Reads each variant's `quality_figures.json` under ROOT (the first source's corpus folder), fits
+AL = a + b * log2(share) by least squares over the seed-0, 8-epoch variants, and prints the slope per doubling of data,
 the spread between the two seeds of the full run, and how many doublings of data the fit asks
 for each AL in `TARGETS` (a straight line in log data: where the curve bends down, more).
 Writes every figure to OUT/data_scaling.json.
@@ -36,12 +36,8 @@ def doublings_for(al: float, a: float, b: float) -> float:
 
 def main(root: Path, out: Path) -> dict:
     figures = {name: json.loads((root / name / "quality_figures.json").read_text()) for name in {**SCALING, **OTHERS}}
-    rows = []
     for name, share in {**SCALING, **OTHERS}.items():
         train, offline = figures[name]["train"], figures[name]["offline"]
-        rows.append(
-            (name, share, train.get("train_samples"), train.get("steps"), offline["al"], offline["per_position_acceptance"], train.get("val_al"))
-        )
         p_k = " / ".join(f"{p:.2f}" for p in offline["per_position_acceptance"])
         print(f"{name:9s} share {share:5.3f}  samples {train.get('train_samples')}  steps {train.get('steps')}  "
               f"MT-Bench AL {offline['al']:.3f} ({p_k})  validation AL {train.get('val_al', float('nan')):.3f}")  # fmt: skip

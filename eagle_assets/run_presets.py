@@ -96,8 +96,8 @@ RUN_PRESETS: dict[str, dict[str, dict]] = {
     # on prompts the target writes: every conversation ShareGPT's packaged file offers (what
     # EAGLE and SpecForge train on: ~9,500 that open with a human turn and fit the context, every
     # human turn kept, the target writing every answer; fewer than the 16,000 its share asks
-    # for) and 16,000 Magpie prompts
-    # spread over task types and subjects by the openings below; answers up to 256 tokens. On
+    # for) and 16,000 Magpie prompts spread over task types and subjects by the openings below;
+    # answers up to 256 tokens. On
     # MT-Bench, at the same steps, Magpie's prompts beat ShareGPT's and both together equal
     # Magpie's; all of both, with twice the steps, beat either
     # (benchmarks/results/prompt_sources_drafters_h200_2026-12-04.md). Either alone stays an option
@@ -107,8 +107,8 @@ RUN_PRESETS: dict[str, dict[str, dict]] = {
     # makes each draft step dearer, and served at concurrency 1 the target's width won, so the MLP
     # stays 1,536 (benchmarks/results/quality_ablations_h200+cpu2_2026-12-01.md).
     # More prompts are the lever left: each doubling of ShareGPT's adds 0.13 to 0.19 MT-Bench AL
-    # (benchmarks/results/data_scaling_sharegpt_h200_2026-12-04.md), so with a file of your own
-    # traffic, `source: file` and a larger num_prompts beat more epochs.
+    # (benchmarks/results/data_scaling_sharegpt_h200_2026-12-04.md), so a large file of your own
+    # traffic (`source: file`, which takes all its prompts) beats more epochs.
     "smollm2-quality": {
         "prompts": {
             "source": "mix",
