@@ -5,9 +5,9 @@ from pathlib import Path
 from types import ModuleType
 
 
-def load_script(path: Path, name: str | None = None) -> ModuleType:
-    """The module that `path` defines, executed once per call, named `name` (default its stem)."""
-    spec = importlib.util.spec_from_file_location(name or path.stem, path)
+def load_script(path: Path) -> ModuleType:
+    """The module that `path` defines, named by its stem and executed once per call."""
+    spec = importlib.util.spec_from_file_location(path.stem, path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module

@@ -2,7 +2,6 @@
 kernel's contract, and the engine's environment finds the plugin and nothing else of ours."""
 
 import importlib.metadata
-import importlib.util
 
 import torch
 
