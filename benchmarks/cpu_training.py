@@ -3,10 +3,9 @@
     python benchmarks/cpu_training.py --config data/drafter_checkpoint/<run>/run.json
     python benchmarks/cpu_training.py --config RUN.json --epochs 4 --out /tmp/cpu-training
 
-The trainer takes bf16 autocast on a CPU whose bf16 matmuls run at least 1.5x fp32's
-(`precision.bf16_autocast_pays`: AVX512-BF16 or AMX hosts), fp32 elsewhere. This reruns a
-training's own config (the `run.json` the drafter asset writes beside its checkpoints) once with
-`bf16=false` and once with `bf16=true`, each from scratch into its own folder under --out,
+A CPU trains in fp32 unless the run asks for `precision: bf16`. This reruns a training's own
+config (the `run.json` the drafter asset writes beside its checkpoints) once with
+`precision=fp32` and once with `precision=bf16`, each from scratch into its own folder under --out,
 nothing exported, and prints each run's precision, wall time, training tokens/s and validation
 (held-out loss, per-position acceptance and AL replayed along the held-out answers), with the
 bf16 / fp32 ratios. Only dependency-free modules of `eagle_assets` are imported.
@@ -26,7 +25,7 @@ PROJECT_ROOT = Path(__file__).resolve().parents[1]
 if str(PROJECT_ROOT) not in sys.path:
     sys.path.insert(0, str(PROJECT_ROOT))
 
-from eagle_assets import precision  # noqa: E402
+from eagle_assets.engines.cpu_isa import host_cpu  # noqa: E402
 from eagle_assets.drafter.run_config import TrainConfig  # noqa: E402
 from eagle_assets.drafter.train import train  # noqa: E402
 
@@ -54,14 +53,10 @@ def main(argv: list[str] | None = None) -> None:
     if args.epochs is not None:
         overrides["epochs"] = args.epochs
     out = args.out or Path(tempfile.mkdtemp(prefix="cpu-training-"))
-    print(
-        f"this CPU runs bf16 matmuls {precision.cpu_bf16_speedup():.1f}x as fast as fp32 "
-        f"(bf16 autocast pays from {precision.CPU_BF16_MIN_SPEEDUP}x); runs under {out}",
-        flush=True,
-    )
+    print(f"CPU: {host_cpu().describe()}; runs under {out}", flush=True)
     results = {}
-    for name, bf16 in (("fp32", False), ("bf16", True)):
-        cfg = base.replace(out_dir=str(out / name), bf16=bf16, **overrides)
+    for name in ("fp32", "bf16"):
+        cfg = base.replace(out_dir=str(out / name), precision=name, **overrides)
         results[name] = run(cfg)
         print(f"{name}: done in {results[name]['wall_s']:.0f} s", flush=True)
 

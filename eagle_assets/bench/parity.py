@@ -121,6 +121,17 @@ def _num(x: float | None) -> float:
     return math.nan if x is None else float(x)
 
 
+def warm_start_origin(summary: Mapping) -> str | None:
+    """One line on what a warm start exported, from the trainer's summary; None for a drafter
+    trained from scratch (or a summary written before the trainer said)."""
+    if not summary.get("warm_start"):
+        return None
+    if summary.get("finetune_skipped"):
+        return f"the parent drafter, {summary['finetune_skipped']}"
+    comparison = summary.get("parent_comparison")
+    return comparison["sentence"] if comparison else None
+
+
 @dataclass(frozen=True)
 class TrainingFacts:
     """What the drafter's training measured on its own corpus (the trainer's `summary.json`):
@@ -133,6 +144,9 @@ class TrainingFacts:
     train_tokens: int | None = None
     """Tokens of the training samples, prompts and answers."""
     epochs: int | None = None
+    origin: str | None = None
+    """For a warm start, which drafter was exported and why: the fine-tune or its parent, with the
+    comparison's numbers, or the parent unchanged where the corpus was too small to fine-tune on."""
 
     @classmethod
     def from_summary(cls, summary: Mapping) -> "TrainingFacts | None":
@@ -141,11 +155,11 @@ class TrainingFacts:
             return None
         accept = tuple(summary.get("val_accept") or ())
         validation = AcceptanceNumbers(float(summary["val_al"]), accept, None, "training validation (replayed along held-out corpus answers)")
-        return cls(validation, summary.get("train_samples"), summary.get("train_tokens"), summary.get("epochs"))
+        return cls(validation, summary.get("train_samples"), summary.get("train_tokens"), summary.get("epochs"), warm_start_origin(summary))
 
     @classmethod
     def from_dict(cls, d: Mapping) -> "TrainingFacts":
-        return cls(AcceptanceNumbers.from_dict(d["validation"]), d.get("train_samples"), d.get("train_tokens"), d.get("epochs"))
+        return cls(AcceptanceNumbers.from_dict(d["validation"]), d.get("train_samples"), d.get("train_tokens"), d.get("epochs"), d.get("origin"))
 
     def to_dict(self) -> dict:
         return {**asdict(self), "validation": _json_ready(self.validation)}

@@ -396,6 +396,8 @@ def to_markdown(report: BenchmarkReport, plots: Mapping[str, str] | None = None)
             out += [f"From the drafter's training: {report.training.describe()}. It walks the corpus's own answers "
                     "at the training K, so it reads above live decoding; far above the offline AL means these "
                     "prompts are unlike the training data.", ""]  # fmt: skip
+            if report.training.origin:
+                out += [f"The drafter served: {report.training.origin}.", ""]
     else:
         out += ["No acceptance measured (no speculative run with drafts, no offline numbers).", ""]
     if others := other_served_al(report):
@@ -600,6 +602,8 @@ def summary_text(report: BenchmarkReport) -> str:
 
         if report.training:
             lines.append(f"trained: {fmt(report.training.validation)} (held-out corpus answers, replayed)")
+            if report.training.origin:
+                lines.append(f"drafter: {report.training.origin}")
         lines.append(f"offline: {fmt(report.offline)}")
         lines.append(f"served : {fmt(report.served)}")
     if others := other_served_al(report):

@@ -52,7 +52,7 @@ def model_card(summary: Mapping[str, Any], cfg: Any, engine: str) -> str:
         "its config.json names the target layers it reads (`eagle_aux_hidden_state_layer_ids`).",
         "",
         f"- Trained: {summary.get('epochs')} epochs, {summary.get('steps')} steps, "
-        f"{summary.get('tokens_seen'):,} tokens seen, {summary.get('precision')}, {summary.get('world_size')} process(es), "
+        f"{summary.get('tokens_seen'):,} tokens seen, {summary.get('precision_note') or summary.get('precision')}, {summary.get('world_size')} process(es), "
         f"{summary.get('seconds', 0):.0f} s; " + (f"warm-started from {parent}" if parent else "from freshly initialised weights") + ".",
         f"- Data: the target's own answers, {summary.get('train_samples')} training samples "
         f"({summary.get('train_tokens'):,} tokens) from {', '.join(cfg.shard_dirs)}.",

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 PARALLELISMS = ("ddp", "fsdp2")
+PRECISIONS = ("auto", "fp32", "bf16")
 EXPORT_ENGINES = ("vllm", "sglang")
 
 
@@ -74,7 +75,13 @@ class TrainConfig:
     hold); None = all of them. Shards extracted once at more layers then serve several layer
     choices without a second forward pass over the corpus."""
     warm_start: str | None = None
-    """A parent drafter's HF folder to start from; its d2t/t2d must equal `vocab_mapping`'s."""
+    """A parent drafter's HF folder to start from; its d2t/t2d must equal `vocab_mapping`'s. The
+    run ends by comparing the fine-tune with the parent on the same held-out samples
+    (`parent_gate.py`) and exports whichever measured higher."""
+    min_finetune_samples: int = 256
+    """A warm start with fewer training samples than this is not fine-tuned: so few cannot move a
+    parent measurably, and the few samples such a corpus holds out cannot tell a fine-tune from
+    its parent. The parent is then exported as it is, measured on every sample of the corpus."""
 
     # --- data ---
     max_seq_len: int = 2048
@@ -118,9 +125,12 @@ class TrainConfig:
     # --- parallelism and precision ---
     parallelism: str = "ddp"
     """"ddp" (replicated weights) or "fsdp2" (sharded weights, `fully_shard`)."""
-    bf16: bool = True
-    """bf16 autocast on CUDA, and on a CPU whose bf16 matmuls run at least 1.5x fp32's (measured
-    at start: AVX512-BF16 or AMX hosts); elsewhere fp32. False: always fp32."""
+    precision: str = "auto"
+    """"auto": bf16 autocast on CUDA, fp32 on a CPU; "fp32": always fp32; "bf16": bf16 autocast
+    on any device. The weights, optimiser state and loss sums stay fp32 either way. A CPU trains
+    in fp32 by default because its bf16 matmuls run other kernels on each processor kind (AMX,
+    AVX-512 BF16, or emulated), so a bf16 run's numbers would depend on the host; on a GPU bf16
+    is the tensor cores' rate and the field's practice."""
 
     # --- validation, checkpoints, logging ---
     val_interval: int = 500
@@ -162,6 +172,8 @@ class TrainConfig:
         problems = []
         if not self.shard_dirs:
             problems.append("shard_dirs is empty: give at least one hidden-state shard folder")
+        if self.precision not in PRECISIONS:
+            problems.append(f"precision={self.precision!r}: use one of {PRECISIONS}")
         if self.parallelism not in PARALLELISMS:
             problems.append(f"parallelism={self.parallelism!r}: use one of {PARALLELISMS}")
         if self.micro_batch_tokens is None and self.micro_batch_samples is None:
@@ -176,6 +188,8 @@ class TrainConfig:
         for name in ("warmup_steps", "val_interval", "checkpoint_every", "log_every"):
             if getattr(self, name) < 0:
                 problems.append(f"{name}={getattr(self, name)} must be >= 0")
+        if self.min_finetune_samples < 0:
+            problems.append(f"min_finetune_samples={self.min_finetune_samples} must be >= 0")
         if self.keep_last < 1:
             problems.append(f"keep_last={self.keep_last} must be >= 1 (the newest checkpoint is what resume reads)")
         if not 0.0 <= self.val_fraction < 1.0:

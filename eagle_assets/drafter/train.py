@@ -10,7 +10,7 @@ What a run does (settings in `run_config.TrainConfig`):
   drafter), copies the target's embedding into it (frozen) and takes the target lm_head's
   draft-vocabulary rows as the teacher head;
 - wraps drafter + `ttt_loss` in one module, parallelised with DDP (default) or FSDP2; gloo on
-  CPU, nccl on GPU; bf16 autocast on GPU, and on a CPU with fast bf16 matmuls;
+  CPU, nccl on GPU; bf16 autocast or fp32 as `precision` says (auto: bf16 on GPU, fp32 on CPU);
 - accumulates `grad_accum` micro-batches per process (no gradient sync on all but the last)
   and normalises by the *global* count of trained positions, all-reduced, so N processes
   compute exactly what one process computes on the same global batch;
@@ -68,8 +68,9 @@ from eagle_assets.drafter.data import (
 )
 from eagle_assets.drafter.model import Eagle3Drafter
 from eagle_assets.drafter.parallelize import TrainObjective, grad_sync, parallelize
+from eagle_assets.drafter.parent_gate import ParentComparison, compare_with_parent
 from eagle_assets.drafter.run_config import TrainConfig
-from eagle_assets.drafter.ttt import replay_drafting
+from eagle_assets.drafter.ttt import replay_drafting_per_sequence
 from eagle_assets.durable import write_durably
 
 METRICS_FILE = "metrics.jsonl"
@@ -363,6 +364,33 @@ def optimizer_step(
 # ----------------------------------------------------------------------------- the trainer
 
 
+def finetune_skip_reason(cfg: TrainConfig, train_samples: int, samples: int) -> str | None:
+    """Why a warm start is not fine-tuned, or None when it is: on fewer training samples than
+    `min_finetune_samples`, a fine-tune cannot move the parent measurably, and the held-out share
+    of so small a corpus could not tell the two apart."""
+    if not cfg.warm_start or train_samples >= cfg.min_finetune_samples:
+        return None
+    return (
+        f"not fine-tuned: {train_samples} training samples are fewer than min_finetune_samples ({cfg.min_finetune_samples}), too "
+        f"few to move the parent drafter measurably or to tell a fine-tune from it; the parent is exported as it is, measured on "
+        f"all {samples} samples of the corpus"
+    )
+
+
+def _hardware(device: torch.device) -> str:
+    """What trained, for the summary: the GPU's name, or the CPU's kind (its kernels differ by kind)."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    from eagle_assets.engines.cpu_isa import host_cpu
+
+    return host_cpu().describe()
+
+
+def _drafter_state(drafter: Eagle3Drafter) -> dict[str, torch.Tensor]:
+    """A CPU copy of a plain drafter's weights in `_full_state`'s form (no frozen embedding)."""
+    return {k: v.detach().cpu().clone() for k, v in drafter.state_dict().items() if not k.startswith("embed_tokens.")}
+
+
 def _full_state(model, optimizer) -> tuple[dict, dict]:
     """Unsharded CPU state dicts of the drafter and the optimiser (a collective under FSDP2)."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, get_optimizer_state_dict
@@ -433,11 +461,18 @@ class Trainer:
 
         self.ds = ShardDataset(cfg.shard_dirs, cfg.max_seq_len, aux_layer_ids=cfg.aux_layer_ids)
         self.train_ids, self.val_ids = self.ds.split(cfg.val_fraction)
+        self.finetune_skipped = finetune_skip_reason(cfg, len(self.train_ids), len(self.ds))
+        if self.finetune_skipped:
+            # Nothing trains: every sample measures the parent.
+            self.train_ids, self.val_ids = [], sorted(self.train_ids + self.val_ids)
+            self.log(self.finetune_skipped)
         self.log(f"data: {describe(self.ds, self.train_ids, self.val_ids)}")
         mapping = load_vocab_mapping(cfg.vocab_mapping)
         embedding, lm_head = read_target_head(cfg.target)
         drafter = build_drafter(cfg, self.ds, mapping.d2t, mapping.t2d, embedding)
         self.drafter_config = drafter.config
+        # The parent's weights, exported instead of the fine-tune's where the parent measures higher.
+        self.parent_state = _drafter_state(drafter) if cfg.warm_start and env.is_main and not self.finetune_skipped else None
         if "sglang" in cfg.export_engines:
             # The SGLang export's own config refuses what SGLang cannot serve (more layers, the
             # last layer's output, ids it cannot number): ask it before training, not after it.
@@ -446,17 +481,11 @@ class Trainer:
             except ValueError as err:
                 raise ValueError(f"{err} So leave sglang out of export_engines (checked before training, not after it).") from None
 
-        # bf16 autocast on CUDA, and on a CPU whose bf16 matmuls are fast (the weights, optimiser
-        # and loss sums stay fp32 either way).
-        self.use_bf16 = cfg.bf16 and precision.bf16_autocast_pays(env.device)
-        if env.device.type == "cpu":  # measured per process: all ranks train in fp32 if any rank's CPU says so
-            agreed = _all_reduce(torch.tensor([0.0 if self.use_bf16 else 1.0]))
-            self.use_bf16 = bool(agreed.item() == 0)
-        if cfg.bf16 and env.device.type == "cpu":
-            self.log(
-                f"precision: this CPU runs bf16 matmuls {precision.cpu_bf16_speedup():.1f}x as fast as fp32, so training "
-                f"runs in " + ("bf16 autocast" if self.use_bf16 else f"fp32 (bf16 pays from {precision.CPU_BF16_MIN_SPEEDUP}x)")
-            )
+        # The setting decides, never a timing: the same run config gives the same numerics on
+        # every host of one device type (the weights, optimiser and loss sums stay fp32 either way).
+        self.use_bf16 = precision.trains_in_bf16(cfg.precision, env.device)
+        self.precision_note = precision.precision_note(cfg.precision, self.use_bf16, env.device)
+        self.log(f"precision: {self.precision_note}")
         head_dtype = torch.bfloat16 if self.use_bf16 else torch.float32
         self.target_head = draft_head(lm_head, mapping.d2t).to(env.device, head_dtype)  # (N, Ht)
         self.outside_head = outside_head(lm_head, mapping.t2d).to(env.device, head_dtype) if cfg.mask_undraftable else None  # (V-N, Ht)
@@ -468,8 +497,11 @@ class Trainer:
             batches_per_step=env.world_size * cfg.grad_accum,
             length_window=cfg.length_window,
         )
-        self.planner = BatchPlanner(self.ds.lengths(self.train_ids), self.train_ids, self.spec, cfg.seed)
-        self.total_steps = cfg.max_steps if cfg.max_steps is not None else self.planner.total_steps(cfg.epochs, None)
+        self.planner = BatchPlanner(self.ds.lengths(self.train_ids), self.train_ids, self.spec, cfg.seed) if self.train_ids else None
+        if self.planner is None:
+            self.total_steps = 0
+        else:
+            self.total_steps = cfg.max_steps if cfg.max_steps is not None else self.planner.total_steps(cfg.epochs, None)
         self.epoch_limit = cfg.epochs if cfg.max_steps is None else sys.maxsize
 
         # Resume: weights go into the plain module before it is wrapped; the rest after.
@@ -600,20 +632,27 @@ class Trainer:
     @torch.no_grad()
     def validate(self) -> dict:
         """Held-out loss, per-step accuracy, and the per-position acceptance and AL of chain
-        drafting replayed along the held-out answers (`ttt.replay_drafting`)."""
+        drafting replayed along the held-out answers (`ttt.replay_drafting`). The replay's counts
+        per held-out sample, in `val_ids` order, are left in `self.val_counts` ((n, K+1), for the
+        paired comparison with a parent)."""
         K = self.cfg.ttt_steps
         per_rank = validation_batches(self.ds.lengths(self.val_ids), self.val_ids, self.spec, self.env.world_size, self.cfg.val_max_batches)
         if not self.val_ids:
+            self.val_counts = np.zeros((0, K + 1))
             return {}
         mine = per_rank[self.env.rank]
         dtype = torch.bfloat16 if self.use_bf16 else torch.float32
         totals = torch.zeros(2 + 3 * K + K + 1, dtype=torch.float32, device=self.env.device)
+        row_of = {p: i for i, p in enumerate(self.val_ids)}
+        per_sample = torch.zeros(len(self.val_ids), K + 1, dtype=torch.float32, device=self.env.device)  # each filled by one rank
         self.model.eval()
         for positions, counts in mine:
             batch = self._to_device(self.ds.collate(positions, dtype))
             with autocast_context(self.use_bf16, self.env.device.type):
                 out = self.model(batch, self.target_head, self.outside_head, with_correct_rows=True)
-            rounds = replay_drafting(out.correct_rows, batch["loss_mask"], batch.get("lengths")).to(totals.device)
+            sequences = replay_drafting_per_sequence(out.correct_rows, batch["loss_mask"], batch.get("lengths")).to(totals.device)
+            if counts:
+                per_sample[[row_of[p] for p in positions]] = sequences
             row = torch.cat(
                 [
                     out.loss_sum.reshape(1),
@@ -621,12 +660,14 @@ class Trainer:
                     out.step_loss_sum,
                     out.step_tokens,
                     out.step_correct,
-                    rounds,
+                    sequences.sum(0),
                 ]
             ).float()
             totals += row * (1.0 if counts else 0.0)
         self.model.train()
         _all_reduce(totals)
+        _all_reduce(per_sample)
+        self.val_counts = per_sample.cpu().numpy()
         return validation_metrics(totals.cpu(), K)
 
     # ------------------------------------------------------------------ the loop
@@ -646,16 +687,16 @@ class Trainer:
         )
         last_val: dict = {}
         parent_file = self.out / PARENT_VALIDATION_FILE
-        if cfg.warm_start and start_step == 0:
-            # The parent on the same held-out samples, before any update: the no-regression gate
-            # compares the trained drafter with this. Written once; a resumed run reads it back.
+        if cfg.warm_start and start_step == 0 and not self.finetune_skipped:
+            # The parent on the same held-out samples, before any update: the end of the run
+            # compares the fine-tune with this. Written once; a resumed run reads it back.
             parent_val = self.validate()
             if env.is_main:
-                _write_json(parent_file, parent_val)
+                _write_json(parent_file, {**parent_val, "counts_per_sample": self.val_counts.tolist()})
             al = parent_val.get("val_al")
             self.log("parent drafter on the held-out samples: " + (f"AL {al:.3f}" if al is not None else "no held-out samples"))
         window_tokens, window_start, t0 = 0, time.perf_counter(), time.perf_counter()
-        stream = Prefetcher(self._batches(), depth=2)
+        stream = Prefetcher(self._batches() if self.total_steps else iter(()), depth=2)
         try:
             for next_pos, micro, tokens in stream:
                 if self.step >= self.total_steps:
@@ -693,10 +734,12 @@ class Trainer:
         finally:
             stream.close()
         last_val = self._validate_and_log() or last_val
-        exports = self.export()
+        comparison = self._compare_with_parent(parent_file) if env.is_main else None  # the main rank exports
+        keep_parent = comparison is not None and comparison.kept == "parent"
+        exports = self.export(self.parent_state if keep_parent else None)
         summary = None
         if env.is_main:
-            summary = self._summary(last_val, exports, time.perf_counter() - t0, start_step)
+            summary = self._summary(last_val, exports, time.perf_counter() - t0, start_step, comparison)
             _write_json(self.out / SUMMARY_FILE, summary)
             from eagle_assets.drafter.model_card import write_model_card
 
@@ -718,10 +761,24 @@ class Trainer:
             self.log(f"validation at step {self.step}: loss {metrics['val_loss']:.4f}, AL {metrics['val_al']:.3f}, p_k [{accept}]")
         return metrics
 
-    def export(self) -> dict[str, str]:
+    def _compare_with_parent(self, parent_file: Path) -> ParentComparison | None:
+        """The trained drafter against its parent on the same held-out samples (a warm start
+        that trained, with held-out samples), logged; None otherwise."""
+        if not self.cfg.warm_start or self.finetune_skipped or not self.val_ids or not parent_file.is_file():
+            return None
+        parent = json.loads(parent_file.read_text()).get("counts_per_sample")
+        if parent is None or not np.asarray(parent)[:, 0].any():  # written before counts were kept, or nothing drafted
+            return None
+        comparison = compare_with_parent(np.asarray(parent), self.val_counts, seed=self.cfg.seed)
+        self.log(comparison.sentence())
+        return comparison
+
+    def export(self, state: dict | None = None) -> dict[str, str]:
+        """Export the trained drafter, or `state` (the parent's weights) in its place."""
         if not self.cfg.export_engines:
             return {}
         drafter_state, _ = _full_state(self.model, None)
+        drafter_state = state if state is not None else drafter_state
         out = {}
         if self.env.is_main:
             from eagle_assets.drafter.export import export_sglang, export_vllm
@@ -735,10 +792,20 @@ class Trainer:
             self.log(f"exported the {engine} drafter to {path}")
         return out
 
-    def _summary(self, val: dict, exports: dict, seconds: float, start_step: int) -> dict:
+    def _summary(self, val: dict, exports: dict, seconds: float, start_step: int, comparison: ParentComparison | None = None) -> dict:
         last = ckpt.latest_checkpoint(self.cfg.checkpoint_dir)
         rows = _read_metrics(self.out / METRICS_FILE)
         train_rows = [r for r in rows if "loss" in r]
+        parent_file = self.out / PARENT_VALIDATION_FILE
+        finetuned_al = val.get("val_al")
+        if comparison is not None and comparison.kept == "parent":
+            val = json.loads(parent_file.read_text())  # the exported drafter's validation: the parent's
+        if not self.cfg.warm_start:
+            exported = "trained"
+        elif self.finetune_skipped:
+            exported = "parent, not fine-tuned"
+        else:
+            exported = comparison.kept if comparison is not None else "fine-tune"
         return {
             "steps": self.step,
             "resumed_from_step": start_step or None,
@@ -746,6 +813,9 @@ class Trainer:
             "world_size": self.env.world_size,
             "parallelism": self.cfg.parallelism,
             "precision": "bf16 autocast" if self.use_bf16 else "fp32",
+            "precision_setting": self.cfg.precision,
+            "precision_note": self.precision_note,
+            "hardware": _hardware(self.env.device),
             "final_loss": train_rows[-1]["loss"] if train_rows else None,
             "val_loss": val.get("val_loss"),
             "val_al": val.get("val_al"),
@@ -761,7 +831,11 @@ class Trainer:
             "drafter_config": self.drafter_config.to_dict(),
             "aux_layer_ids": list(self.drafter_config.aux_layer_ids),
             "warm_start": self.cfg.warm_start,
-            "parent_val_al": _parent_val_al(self.out / PARENT_VALIDATION_FILE) if self.cfg.warm_start else None,
+            "exported": exported,
+            "finetune_skipped": self.finetune_skipped,
+            "finetuned_val_al": finetuned_al if self.cfg.warm_start and not self.finetune_skipped else None,
+            "parent_val_al": (finetuned_al if self.finetune_skipped else _parent_val_al(parent_file)) if self.cfg.warm_start else None,
+            "parent_comparison": comparison.to_dict() if comparison is not None else None,
         }
 
 

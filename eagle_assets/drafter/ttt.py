@@ -529,22 +529,28 @@ def replay_drafting(correct_rows: torch.Tensor, loss_mask: torch.Tensor, lengths
     Returns (K+1,) fp32 counts [rounds, rounds with draft 1 accepted, ..., all K accepted]:
     p_k = counts[k] / counts[0] and AL = 1 + sum_k p_k, the reference decoder's definitions.
     """
+    return replay_drafting_per_sequence(correct_rows, loss_mask, lengths).sum(0)
+
+
+def replay_drafting_per_sequence(correct_rows: torch.Tensor, loss_mask: torch.Tensor, lengths: torch.Tensor | None = None) -> torch.Tensor:
+    """`replay_drafting`'s counts for each sequence of the batch apart: (B, K+1) fp32 (a paired
+    comparison of two drafters resamples sequences)."""
     K, B, T = correct_rows.shape
     lead = torch.cumprod(correct_rows.to(torch.int32), dim=0).sum(0).tolist()  # (B, T) drafts accepted per round
     mask = (loss_mask > 0).tolist()
     ends = [T] * B if lengths is None else [min(T, int(n)) for n in lengths.tolist()]
-    counts = [0] * (K + 1)
+    counts = [[0] * (K + 1) for _ in range(B)]
     for b in range(B):
-        t, row_lead, row_mask = 0, lead[b], mask[b]
+        t, row_lead, row_mask, row = 0, lead[b], mask[b], counts[b]
         while t + 2 < ends[b]:
             if not (row_mask[t + 1] and row_mask[t + 2]):
                 t += 1
                 continue
             a = row_lead[t]
             for k in range(a + 1):
-                counts[k] += 1
+                row[k] += 1
             t += a + 1
-    return torch.tensor(counts, dtype=torch.float32)
+    return torch.tensor(counts, dtype=torch.float32).reshape(B, K + 1)
 
 
 def _check_batch(cfg, aux, final, input_ids, loss_mask, target_head, steps) -> None:

@@ -210,3 +210,25 @@ def tail_lines(path: Path, n: int = 20, max_bytes: int = 1 << 16) -> list[str]:
     if size > max_bytes and lines:
         lines = lines[1:]  # the first line read is most likely cut
     return [strip_prefix(line) for line in lines if line.strip()][-n:]
+
+
+KERNELS_MARK = "eagle_assets kernels:"
+"""The prefix of the lines the engine plugin logs for each kernel choice
+(engine_site/eagle_assets_vllm_fixes.py, `announce_cpu_kernels`)."""
+
+
+def engine_kernels(path: Path, max_bytes: int = 1 << 22) -> list[str]:
+    """The kernel choices a launched CPU engine logged, each once, in order: "library _C",
+    "backend CPU_MLA", "attention path vec16 (float32, block size 16)"; [] when none were logged
+    (a GPU engine, or a log that is missing)."""
+    try:
+        with open(path, "rb") as f:
+            text = f.read(max_bytes).decode("utf-8", errors="replace")
+    except OSError:
+        return []
+    seen: list[str] = []
+    for line in text.splitlines():
+        _, mark, choice = line.partition(KERNELS_MARK)
+        if mark and choice.strip() and choice.strip() not in seen:
+            seen.append(choice.strip())
+    return seen

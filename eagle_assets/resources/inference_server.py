@@ -34,6 +34,7 @@ from eagle_assets.engines.vllm_launch import (
     DEFAULT_KV_CACHE_GIB,
     extraction_config,
     hidden_states_transfer,
+    served_dtype,
     serving_mode_note,
     speculative_config,
 )
@@ -160,9 +161,11 @@ class InferenceServerResource(dg.ConfigurableResource):
             )
 
     def served_dtype(self) -> str:
-        """The dtype a launched server computes in: fp32 on CPU hosts (`VllmLaunch`), else the model's
-        (bf16 for the targets here); a server of yours is taken to serve bf16."""
-        return "float32" if not self.url and (self.device or host_device()) == "cpu" else "bfloat16"
+        """The dtype a launched server computes in (`vllm_launch.served_dtype`: fp32 on most CPU
+        hosts, else bf16); a server of yours is taken to serve bf16."""
+        if self.url:
+            return "bfloat16"
+        return served_dtype(resolve_target(self.target, log=lambda m: None)[1], self.device or host_device())
 
     def serving_note(self) -> str | None:
         """How a launched server runs the models, for a report (None for a server of yours)."""

@@ -71,6 +71,19 @@ def test_a_failed_blocking_check_exits_1_and_a_missing_drafter_is_named(tmp_path
     result = CliRunner().invoke(app, ["check", "--only", "not_worse_than_parent"])
     assert result.exit_code == 0 and "not_worse_than_parent        passed" in result.output, result.output
 
+    # the trainer's paired comparison decides where it is recorded: a fine-tune lower within noise
+    # (the parent was exported) passes, one clearly worse fails, a corpus too small to fine-tune on passes
+    from eagle_assets.drafter.parent_gate import compare_with_parent
+    from eagle_assets_tests.drafter.test_parent_gate import FINETUNE_4, PARENT_4
+
+    within = compare_with_parent(PARENT_4, FINETUNE_4).to_dict()
+    worse = compare_with_parent([[10, 8, 5, 3]] * 8, [[10, 6, 3, 1]] * 8).to_dict()
+    cases = [({"parent_comparison": within}, 0), ({"parent_comparison": worse}, 1), ({"finetune_skipped": "not fine-tuned: 34 training samples"}, 0)]
+    for fields, code in cases:
+        (copy / "summary.json").write_text(json.dumps({**summary, "warm_start": "/parent", "val_al": 1.5, "parent_val_al": 1.6, **fields}))
+        result = CliRunner().invoke(app, ["check", "--only", "not_worse_than_parent"])
+        assert result.exit_code == code, (fields, result.output)
+
     (copy / "summary.json").unlink()
     result = CliRunner().invoke(app, ["check", "--only", "sglang_names"])
     assert result.exit_code == 1
