@@ -25,9 +25,9 @@ PROJECT_ROOT = Path(__file__).resolve().parents[1]
 if str(PROJECT_ROOT) not in sys.path:
     sys.path.insert(0, str(PROJECT_ROOT))
 
-from eagle_assets.engines.cpu_isa import host_cpu  # noqa: E402
 from eagle_assets.drafter.run_config import TrainConfig  # noqa: E402
 from eagle_assets.drafter.train import train  # noqa: E402
+from eagle_assets.engines.cpu_isa import host_cpu  # noqa: E402
 
 
 def run(cfg: TrainConfig) -> dict:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 
-from eagle_assets.engines.cpu_isa import CAP_VARIABLE, caps_for, cap_environment, host_cpu
+from eagle_assets.engines.cpu_isa import CAP_VARIABLE, cap_environment, caps_for, host_cpu
 
 NATIVE = host_cpu().native
 CAPS = caps_for(NATIVE)
