@@ -495,11 +495,13 @@ def build(teacher_dir: str | Path, out_root: str | Path, settings: BuildSettings
     from safetensors.torch import load_file
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from eagle_assets.precision import bf16_autocast_pays
+    from eagle_assets.engines.cpu_isa import host_cpu
 
     teacher_dir, out_root = Path(teacher_dir), Path(out_root)
     started = time.perf_counter()
-    fast_bf16 = bf16_autocast_pays("cpu")
+    # bf16 where the processor has bf16 instructions (several times fp32's rate there, emulated and
+    # slower elsewhere): decided by the processor's kind, recorded, never by a timing.
+    fast_bf16 = host_cpu().kind in ("amx", "avx512_bf16")
     tokenizer = AutoTokenizer.from_pretrained(teacher_dir)
     pad_id = TEXT_SHAPE["pad_token_id"]
     prompts_ids = [chat_prompt_ids(tokenizer, p) for p in distillation_prompts(settings.num_prompts, settings.seed)]
@@ -531,6 +533,7 @@ def build(teacher_dir: str | Path, out_root: str | Path, settings: BuildSettings
         "first_loss": round(losses[0], 4),
         "last_loss": round(losses[-1], 4),
         "bf16_autocast": fast_bf16,
+        "cpu": host_cpu().describe(),
         "seconds": round(time.perf_counter() - started, 1),
     }
     for folder in (deepseek_dir, kimi_dir):

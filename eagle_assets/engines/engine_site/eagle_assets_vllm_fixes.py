@@ -70,17 +70,19 @@ def announce_cpu_kernels() -> None:
     from vllm.logger import init_logger
     from vllm.platforms.cpu import CpuPlatform
     from vllm.v1.attention.backends import cpu_attn
+    from vllm.v1.attention.backends.registry import AttentionBackendEnum
 
     if getattr(cpu_attn._get_attn_isa, "announces", False):  # vLLM may load a plugin twice in a process
         return
-    logger = init_logger("eagle_assets_vllm_fixes")
+    logger = init_logger("vllm.eagle_assets_vllm_fixes")  # under "vllm": the logger vLLM gives a handler
     logger.info("%s library %s", KERNELS_MARK, kernel_library())
     pick_backend = CpuPlatform.get_attn_backend_cls.__func__
     pick_isa = cpu_attn._get_attn_isa
 
     def get_attn_backend_cls(cls, *args, **kwargs):
         path = pick_backend(cls, *args, **kwargs)
-        logger.info("%s backend %s", KERNELS_MARK, path.rsplit(".", 1)[-1])
+        name = next((b.name for b in AttentionBackendEnum if b.value == path), path.rsplit(".", 1)[-1])
+        logger.info("%s backend %s", KERNELS_MARK, name)
         return path
 
     def get_attn_isa(dtype, block_size, *args, **kwargs):
