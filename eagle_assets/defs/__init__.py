@@ -1,32 +1,17 @@
-"""Dagster wiring only: assets with their checks, the executor, automation, resources. Pure code lives elsewhere."""
+"""Dagster wiring only: assets with their checks, the executor, automation, resources, sessions.
+Pure code lives elsewhere.
+
+`ASSETS` and `build_definitions` (defs/graph.py) load on first use, so the modules here that run
+as commands of their own (`python -m eagle_assets.defs.session`, `...code_versions`) start
+without importing every asset's dependencies.
+"""
 
 from __future__ import annotations
 
-import dagster as dg
 
-from eagle_assets.defs.benchmark import benchmark_report
-from eagle_assets.defs.corpus import prompts, synthetic_corpus
-from eagle_assets.defs.drafter import DRAFTER_CHECKS, drafter_checkpoint
-from eagle_assets.defs.hidden_states import hidden_state_shards, vocab_mapping
-from eagle_assets.defs.jobs import executor_from_env
-from eagle_assets.defs.resources import default_resources
-from eagle_assets.defs.sensors import automation_enabled, default_sensors, with_automation
+def __getattr__(name: str):
+    if name in ("ASSETS", "build_definitions"):
+        from eagle_assets.defs import graph
 
-ASSETS = [prompts, synthetic_corpus, vocab_mapping, hidden_state_shards, drafter_checkpoint, benchmark_report]
-
-
-def build_definitions(automation: bool | None = None) -> dg.Definitions:
-    """The project's Definitions. `automation` (default: EAGLE_ASSETS_AUTOMATION, on unless 0)
-    gives each asset its automation condition and runs the automation sensor (defs/sensors.py).
-    Every run, whoever starts it, is a run of Dagster's own asset job with the executor from
-    EAGLE_ASSETS_EXECUTOR (defs/jobs.py). The assets' settings are the code location's
-    (defs/settings.py). The resources' fields set from the environment are EnvVars, read by each
-    run as it starts (defs/resources.py)."""
-    automation = automation_enabled() if automation is None else automation
-    return dg.Definitions(
-        assets=with_automation(ASSETS) if automation else ASSETS,
-        asset_checks=DRAFTER_CHECKS,
-        executor=executor_from_env(),
-        sensors=default_sensors(automation),
-        resources=default_resources(deferred=True),
-    )
+        return getattr(graph, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -92,10 +92,10 @@ def with_defaults(config: type, asset: str, settings: LocationSettings | None = 
     fields = {name: (config.model_fields[name].annotation, pydantic.Field(default=value, description=config.model_fields[name].description))
               for name, value in values.items()}  # fmt: skip
     try:
-        made = pydantic.create_model(config.__name__, __base__=config, __module__=config.__module__, **fields)
-        made()  # the defaults must fit the fields' types and checks
+        config(**values)  # the defaults must fit the fields' types and checks (pydantic never checks a default)
     except pydantic.ValidationError as exc:
         raise ValueError(f"settings of {asset} from {settings.run_file or 'run preset ' + settings.preset} do not fit its Config: {exc}") from None
+    made = pydantic.create_model(config.__name__, __base__=config, __module__=config.__module__, **fields)
     made.__doc__ = config.__doc__
     return made
 
