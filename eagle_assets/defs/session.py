@@ -58,6 +58,8 @@ DAEMON_HEARTBEAT_MAX_AGE_S = 90.0
 """A daemon writes a heartbeat every 30 s: one older than this has stopped."""
 STARTUP_TIMEOUT_S = 600.0
 STOP_WAIT_S = 120.0
+WORKER_CHECK_S = 5.0
+"""How often the supervisor looks for runs whose worker was killed."""
 """How long runs being cancelled get to tear down (stop the servers they launched)."""
 FINISHED = frozenset({dg.DagsterRunStatus.SUCCESS, dg.DagsterRunStatus.FAILURE, dg.DagsterRunStatus.CANCELED})
 IN_FLIGHT = (
@@ -449,6 +451,37 @@ def cancel_in_flight(instance: dg.DagsterInstance, log: Callable[[str], None], w
     return [r.run_id for r in runs]
 
 
+def worker_pid(instance: dg.DagsterInstance, run_id: str) -> int | None:
+    """The pid of the run's worker process, from its RUN_START event (None before it started)."""
+    for entry in instance.all_logs(run_id, of_type=dg.DagsterEventType.RUN_START):
+        if entry.dagster_event is not None:
+            return entry.dagster_event.pid
+    return None
+
+
+def fail_killed_runs(instance: dg.DagsterInstance, log: Callable[[str], None]) -> list[str]:
+    """Mark failed, naming the kill, every STARTED run whose worker process is gone.
+
+    Dagster's run monitoring cannot see this for the DefaultRunLauncher, which has no worker
+    health check: a run whose worker was SIGKILLed (by hand, by the out-of-memory killer) would
+    stay STARTED for ever. The session's runs all start on this host, so the worker's pid says."""
+    failed = []
+    for record in instance.get_run_records(dg.RunsFilter(statuses=[dg.DagsterRunStatus.STARTED])):
+        run = record.dagster_run
+        pid = worker_pid(instance, run.run_id)
+        if pid is None or _alive(pid):
+            continue
+        now = instance.get_run_by_id(run.run_id)
+        if now is None or now.status != dg.DagsterRunStatus.STARTED:
+            continue  # it finished as it exited
+        message = (f"its run worker (pid {pid}) was killed: it ended without reporting an error or its end "
+                   "(a SIGKILL, the out-of-memory killer); what its steps had finished is kept")  # fmt: skip
+        log(f"run {run.run_id}: {message}")
+        instance.report_run_failed(now, message)
+        failed.append(run.run_id)
+    return failed
+
+
 def supervise(workspace: str, host: str, port: int, log_file: str) -> int:
     """Run `dagster dev` until standard input closes, then stop it as the module doc says."""
     out = open(log_file, "ab", buffering=0)
@@ -464,14 +497,23 @@ def supervise(workspace: str, host: str, port: int, log_file: str) -> int:
     cmd = [sys.executable, "-m", "dagster", "dev", "-w", workspace, "-h", host, "-p", str(port)]
     dev = subprocess.Popen(cmd, cwd=PROJECT_ROOT, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
     note(f"dagster dev started (pid {dev.pid})")
+    instance = dg.DagsterInstance.get()
+    checked = time.monotonic()
     while not stopping and dev.poll() is None:
         ready, _, _ = select.select([sys.stdin], [], [], 1.0)
         if ready and not os.read(sys.stdin.fileno(), 4096):
             break  # EOF: the command ended (or was killed)
+        if time.monotonic() - checked > WORKER_CHECK_S:
+            checked = time.monotonic()
+            try:
+                fail_killed_runs(instance, note)
+            except Exception as exc:  # the instance busy for a moment: the next check tries again
+                note(f"checking run workers failed: {exc!r}")
     note("the command ended: cancelling runs, then stopping Dagster")
     try:
-        with dg.DagsterInstance.get() as instance:
-            cancel_in_flight(instance, note)
+        fail_killed_runs(instance, note)
+        cancel_in_flight(instance, note)
+        instance.dispose()
     except Exception as exc:  # the group is stopped below whatever happened here
         note(f"cancelling runs failed: {exc!r}")
     if dev.poll() is None:

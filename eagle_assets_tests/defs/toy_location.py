@@ -21,12 +21,12 @@ from eagle_assets_tests.defs.toy_graph import make_assets
 
 def build_definitions() -> dg.Definitions:
     assets = make_assets(Path(os.environ["EAGLE_TOY_DATA"]), c_seconds=float(os.environ.get("EAGLE_TOY_C_SECONDS", "0")))
-    return dg.Definitions(assets=assets, executor=executor_from_env())
+    return dg.Definitions(assets=assets, jobs=[dg.define_asset_job("toy", dg.AssetSelection.all())], executor=executor_from_env())
 
 
 def toy_job() -> dg.JobDefinition:
-    """The toy graph's asset job, as a module-level function `dg.reconstructable` can point at."""
-    return build_definitions().resolve_implicit_global_asset_job_def()
+    """A job of the whole toy graph, as a module-level function `dg.reconstructable` can point at."""
+    return build_definitions().resolve_job_def("toy")
 
 
 defs = build_definitions()
