@@ -95,6 +95,9 @@ def drafter_checkpoint(
     draft vocabulary), launched with torchrun through Dagster Pipes, exported for vLLM and
     SGLang and smoke-loaded in the real vLLM server."""
     preset, path = target_of(inference_server)
+    # The graph is one run: a server the stages before kept warm would hold the memory (a GPU's)
+    # that training needs for minutes to hours, to save a start-up of seconds.
+    inference_server.stop_warm()
     out = storage.drafter(preset.name)
     # With a URL root: the shards, the vocabulary and the earlier checkpoints (training resumes from the newest).
     storage.fetch(storage.hidden_states(preset.name), storage.vocab_mapping(preset.name), out, log=context.log.info)
