@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 export DAGSTER_HOME ?= $(CURDIR)/.dagster_home
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: setup run test ui browser compose clean-runs
+.PHONY: setup run test ui browser compose clean-runs relock
 
 # The pipeline's environment: rebuilt when pyproject.toml changes.
 $(BIN)/.installed: pyproject.toml
@@ -47,6 +47,11 @@ test: setup browser compose
 # The Dagster web UI for a person: http://127.0.0.1:3000/asset-groups
 ui: setup
 	$(BIN)/eagle-assets ui
+
+# After changing what an asset's computation runs: raise its version in eagle_assets/defs/code_versions.py
+# if its output changes, then renew the lock of the assets' code (the test of the lock says when).
+relock: $(BIN)/.installed
+	$(BIN)/python -m eagle_assets.defs.code_versions --relock
 
 clean-runs:
 	rm -rf .runs data .dagster_home

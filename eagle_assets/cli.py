@@ -5,7 +5,8 @@
     eagle-assets preflight --engine vllm --target smollm2-135m-instruct --drafter PATH
     eagle-assets serve --target smollm2-135m-instruct [--drafter PATH -k 3] [--check]
     eagle-assets serve --stop --port 8000
-    eagle-assets run [--preset smollm2-default] [--stale-only]
+    eagle-assets run [--preset smollm2-default] [--stale-only] [--part corpus ...]
+    eagle-assets ui [--preset smollm2-tiny] [--config run.yaml]
     eagle-assets plan --preset kimi-k2.5 --samples 10000 --tokens-per-sample 1450
 
 Exit codes: 0 success, 1 a refusal or failure (the message says why), 130 interrupted.
@@ -429,8 +430,8 @@ def run(
     stale_only: bool = typer.Option(
         False,
         "--stale-only",
-        help="Materialise only stale or missing assets and partitions (what the UI calls unsynced). "
-        "Without --preset each keeps the settings it last ran with; with it, changed settings count as stale.",
+        help="Materialise only what the UI calls stale or missing (of --part's assets, when given), in waves until "
+        "nothing is: a new code version, new settings (the preset's, the run file's) or a parent's new content.",
     ),
     part: Optional[list[str]] = typer.Option(
         None,
@@ -439,10 +440,12 @@ def run(
         "benchmark; e.g. one at a time where one host serves, extracts and trains in turn.",
     ),
 ) -> None:
-    """Materialise the whole asset graph (or only its stale part) as Dagster runs, then print the benchmark summary.
+    """Materialise the asset graph (or its parts, or what is stale) as a Dagster run, then print the benchmark summary.
 
-    The runs go to the instance's run queue ($DAGSTER_HOME/dagster.yaml); a Dagster daemon (the
-    UI's, or one started here for the duration) launches them with the instance's run launcher.
+    The command holds a Dagster session for its duration (the web UI, whose address it prints,
+    the daemon and a code server with this run's settings): the run is queued and launched as
+    the UI's "Materialize" launches one. Another session on the same data folder or instance is
+    refused, naming it. A rerun after a failure keeps what was finished.
     """
     from eagle_assets.bench.report import SUMMARY_TXT
     from eagle_assets.paths import data_dir
@@ -453,11 +456,12 @@ def run(
         import eagle_assets.definitions  # noqa: F401
         from eagle_assets.defs.resources import default_resources
         from eagle_assets.defs.run_file import RunFile, read_run_file
-        from eagle_assets.defs.runner import materialize_graph, materialize_stale, selected_stages
+        from eagle_assets.defs.runner import materialize, selected_assets
+        from eagle_assets.defs.session import SessionBusy
 
         reports_root = data_dir()
         env_target = default_resources()["inference_server"].target
-    except SettingError as exc:
+    except (SettingError, ValueError) as exc:
         _fail(str(exc))
 
     try:
@@ -470,33 +474,27 @@ def run(
     preset = preset or run_file.preset
     if preset is not None and preset not in RUN_PRESETS:
         _fail(f"unknown run preset {preset!r}; known: {', '.join(RUN_PRESETS)}")
-    if part and stale_only:
-        _fail("--part and --stale-only choose what to run two ways: give one of them")
     try:
-        selected_stages(part)
+        selected_assets(part)
     except ValueError as exc:
         _fail(str(exc))
-    changes = run_file.asset_settings()
     ran = preset or default_preset(target or env_target)
     try:
-        if stale_only:
-            # Without a preset (or a run file's settings) each asset keeps its last settings.
-            wanted = preset or (ran if changes else None)
-            done = materialize_stale(wanted, changes=changes, target=target)
-            if not done.steps:
-                typer.echo("nothing to do: every asset is up to date")
-                return
-        else:
-            materialize_graph(ran, parts=part, changes=changes, target=target)
+        runs = materialize(ran, parts=part, stale_only=stale_only, run_file=str(config_file) if config_file else None, target=target)
+    except SessionBusy as exc:
+        _fail(str(exc))
     except Exception as exc:  # a failed Dagster run: its error is the message
         _fail(f"the run failed: {exc}")
+    if stale_only and not runs:
+        typer.echo("nothing to do: every asset is up to date")
+        return
     reports = sorted(reports_root.glob("*/report/report.md"), key=lambda p: p.stat().st_mtime)
     if reports:
         summary = reports[-1].with_name(SUMMARY_TXT)
         if summary.is_file():
             typer.echo(summary.read_text())
         typer.echo(f"report: {reports[-1]}")
-    if ran in RUN_PRESET_NOTES and not (stale_only and preset is None):
+    if ran in RUN_PRESET_NOTES:
         typer.echo(RUN_PRESET_NOTES[ran])
 
 
@@ -579,10 +577,13 @@ def check(
     try:
         from eagle_assets.defs import ASSETS
         from eagle_assets.defs.drafter import DRAFTER_CHECK_NAMES, DRAFTER_CHECKS
-        from eagle_assets.defs.instance_runs import run_error
-        from eagle_assets.defs.runner import ensure_dagster_home, run_resources
+        from eagle_assets.defs.resources import default_resources
+        from eagle_assets.defs.runner import ensure_dagster_home
+        from eagle_assets.defs.session import run_error
 
-        resources, _ = run_resources(target)
+        resources = default_resources()
+        if target is not None:
+            resources["inference_server"] = resources["inference_server"].model_copy(update={"target": target})
     except SettingError as exc:
         _fail(str(exc))
     if target is not None:
@@ -608,35 +609,47 @@ def check(
 
 
 @app.command()
-def ui(port: int = typer.Option(3000), host: str = typer.Option("127.0.0.1")) -> None:
-    """Start the Dagster web UI and daemon for this project (Ctrl-C stops both).
+def ui(
+    port: int = typer.Option(3000),
+    host: str = typer.Option("127.0.0.1"),
+    preset: Optional[str] = typer.Option(None, help="Run preset of the assets' settings (as `run --preset`); default: the target's."),
+    config_file: Optional[Path] = typer.Option(
+        None, "--config", help="A run file whose settings the assets take; edit it and click Reload definitions to see what it makes stale."
+    ),
+) -> None:
+    """Start the Dagster web UI and daemon for this project (Ctrl-C stops both, and the runs they started).
 
-    Runs launched from the UI wait in the instance's run queue ($DAGSTER_HOME/dagster.yaml),
-    which this daemon drains; `eagle-assets run` meanwhile uses the same daemon.
+    Runs launched from the UI (and by the automation, defs/sensors.py) wait in the instance's run
+    queue ($DAGSTER_HOME/dagster.yaml), which this daemon drains. It holds the instance and the
+    data folder as `eagle-assets run` does: one session at a time.
     """
-    import os
-    import subprocess
+    import time
 
-    from eagle_assets.defs.runner import ensure_dagster_home
-    from eagle_assets.paths import PROJECT_ROOT
+    from eagle_assets.defs.run_file import read_run_file
+    from eagle_assets.defs.runner import absolute_path_variables, ensure_dagster_home
+    from eagle_assets.defs.session import DagsterSession, SessionBusy
+    from eagle_assets.defs.settings import PRESET_ENV, RUN_FILE_ENV
+    from eagle_assets.paths import data_dir
+    from eagle_assets.run_presets import RUN_PRESETS
 
-    ensure_dagster_home()
-    cmd = [sys.executable, "-m", "dagster", "dev", "-w", str(PROJECT_ROOT / "workspace.yaml"), "-h", host, "-p", str(port)]
-    typer.echo(f"Dagster UI at http://{host}:{port}/asset-groups (Ctrl-C stops it)")
-    # Its own process group: `dagster dev` ignores signals sent from a job-control shell, and
-    # one killpg then stops the webserver, the daemon and the code server together.
-    proc = subprocess.Popen(cmd, cwd=PROJECT_ROOT, start_new_session=True, env=dict(os.environ))
+    if preset is not None and preset not in RUN_PRESETS:
+        _fail(f"unknown run preset {preset!r}; known: {', '.join(RUN_PRESETS)}")
+    if config_file is not None:
+        try:
+            read_run_file(config_file)
+        except ValueError as exc:
+            _fail(str(exc))
+    absolute_path_variables()
+    env = {**({PRESET_ENV: preset} if preset else {}), **({RUN_FILE_ENV: str(config_file.resolve())} if config_file else {})}
     try:
-        code = proc.wait()
-        if code:  # e.g. the port is taken: its own message is above; the exit status says it too
-            _fail(f"dagster dev exited with code {code}", code)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
+        with DagsterSession(ensure_dagster_home(), data_dir(), env=env, port=port, host=host, log=typer.echo) as session:
+            while session.supervisor.poll() is None:
+                time.sleep(1)
+            _fail(f"Dagster stopped (exit {session.supervisor.returncode}); its log ends:\n{session.log_tail()}")
+    except SessionBusy as exc:
+        _fail(str(exc))
+    except RuntimeError as exc:
+        _fail(str(exc))
 
 
 def _raise_interrupt(signum, frame):

@@ -1,5 +1,5 @@
 """The Dagster Definitions of eagle_assets: loaded by `workspace.yaml`."""
 
-from eagle_assets.defs import build_definitions
+from eagle_assets.defs.graph import build_definitions
 
 defs = build_definitions()

@@ -70,9 +70,10 @@ def smollm2_extraction_server(smollm2_path, engine_python, tmp_path_factory):
 
 def _materialise(tmp_path_factory, name: str, preset: str, target: str | None = None):
     """The whole asset graph materialised with run `preset` on `target` (None: the embedded one)
-    as real Dagster runs in a private DAGSTER_HOME and data folder: queued in the instance and
-    launched by the daemon `materialize_graph` starts for them. The target travels in the runs'
-    config, as `eagle-assets run --target` sends it. Yields (instance, data_dir, dagster_home)."""
+    as `eagle-assets run` does it: a Dagster session (webserver, daemon, code server) on a private
+    DAGSTER_HOME and data folder, and one run of the asset job launched through the UI's API.
+    The target travels in the session's environment, as `eagle-assets run --target` sends it.
+    Yields (instance, data_dir, dagster_home); the session has ended by then."""
     import os
 
     import dagster as dg
@@ -84,11 +85,11 @@ def _materialise(tmp_path_factory, name: str, preset: str, target: str | None = 
     saved = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
     try:
-        from eagle_assets.defs.runner import ensure_dagster_home, materialize_graph
+        from eagle_assets.defs.runner import ensure_dagster_home, materialize
 
         ensure_dagster_home()
-        with dg.DagsterInstance.get() as instance:
-            materialize_graph(preset, log=lambda m: None, instance=instance, target=target)
+        materialize(preset, log=lambda m: None, target=target, home=home)
+        with dg.DagsterInstance.from_config(str(home)) as instance:
             yield instance, data, home
     finally:
         for k, v in saved.items():

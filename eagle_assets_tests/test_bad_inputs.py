@@ -56,7 +56,6 @@ CASES = [
     Case("num_shards_float", (*CLI, "run"), ("EAGLE_ASSETS_NUM_SHARDS", "'2.5'"), env=run_env(EAGLE_ASSETS_NUM_SHARDS="2.5")),
     Case("automation_maybe", (*CLI, "run"), ("EAGLE_ASSETS_AUTOMATION", "'maybe'"), env=run_env(EAGLE_ASSETS_AUTOMATION="maybe")),
     Case("preset_unknown", (*CLI, "run"), ("EAGLE_ASSETS_PRESET", "'nope'"), env=run_env(EAGLE_ASSETS_PRESET="nope")),
-    Case("retrain_cron", (*CLI, "run"), ("EAGLE_ASSETS_RETRAIN_CRON", "'every sunday'"), env=run_env(EAGLE_ASSETS_RETRAIN_CRON="every sunday")),
     Case("nproc_0", (*CLI, "run"), ("EAGLE_ASSETS_NPROC_PER_NODE", ">= 1"), env=run_env(EAGLE_ASSETS_NPROC_PER_NODE="0")),
     Case("serve_compiled", (*CLI, "run"), ("EAGLE_ASSETS_SERVE_COMPILED", "'sometimes'"), env=run_env(EAGLE_ASSETS_SERVE_COMPILED="sometimes")),
     Case("target_missing", (*CLI, "run"), ("EAGLE_ASSETS_TARGET", "/nonexistent/model"), env=run_env(EAGLE_ASSETS_TARGET="/nonexistent/model")),

@@ -13,19 +13,9 @@ import eagle_assets
 
 PACKAGE = Path(eagle_assets.__file__).resolve().parent
 
-PRIVATE_IMPORTS = {
-    # defs/instance_runs.py: no public API creates a run of a code location's job and submits it.
-    ("defs/instance_runs.py", "dagster._core.definitions.selector", "JobSubsetSelector"),
-    ("defs/instance_runs.py", "dagster._core.workspace.context", "WorkspaceProcessContext"),
-    ("defs/instance_runs.py", "dagster._core.workspace.load_target", "WorkspaceFileTarget"),
-    # defs/staleness.py: no public API for the UI's staleness, nor for a config schema's defaults.
-    ("defs/staleness.py", "dagster._config", "process_config"),
-    ("defs/staleness.py", "dagster._core.asset_graph_view.asset_graph_view", "AssetGraphView"),
-    ("defs/staleness.py", "dagster._core.asset_graph_view.asset_graph_view", "TemporalContext"),
-    ("defs/staleness.py", "dagster._core.definitions.assets.graph.asset_graph", "AssetGraph"),
-    ("defs/staleness.py", "dagster._core.definitions.data_version", "CachingStaleStatusResolver"),
-    ("defs/staleness.py", "dagster._core.definitions.data_version", "StaleStatus"),
-}
+PRIVATE_IMPORTS: set[tuple[str, str, str]] = set()
+"""None: runs are launched and staleness read through the web UI's public GraphQL API
+(defs/session.py), staleness is Dagster's own automation (defs/sensors.py)."""
 
 
 @functools.cache

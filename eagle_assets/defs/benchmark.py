@@ -13,8 +13,10 @@ from eagle_assets.bench.benchmark import BenchmarkSettings, benchmark_k, run_ben
 from eagle_assets.bench.checks import BASELINE, CONTROL, NGRAM, against, host_drift, round_speedups
 from eagle_assets.bench.parity import ParityTolerance
 from eagle_assets.bench.served import PromptSet, context_fit, user_prompt_set
-from eagle_assets.defs.common import GROUP, check_result, hash_files, metadata, stage_version, target_of
+from eagle_assets.defs.code_versions import code_version
+from eagle_assets.defs.common import GROUP, check_result, hash_files, image_markdown, metadata, target_of
 from eagle_assets.defs.drafter import drafter_checkpoint
+from eagle_assets.defs.settings import with_defaults
 from eagle_assets.engines.k_schedule import KSchedule
 from eagle_assets.resources.inference_server import NEEDS_DRAFTER_SERVER, InferenceServerResource
 from eagle_assets.resources.storage import StorageResource
@@ -84,10 +86,14 @@ class BenchmarkConfig(dg.Config):
         )
 
 
+ReportSettings = with_defaults(BenchmarkConfig, "benchmark_report")
+"""BenchmarkConfig with the code location's settings as defaults (defs/settings.py)."""
+
+
 @dg.asset(
     group_name=GROUP,
     deps=[drafter_checkpoint],
-    code_version=stage_version("bench", "defs/benchmark.py", BenchmarkConfig),
+    code_version=code_version("benchmark_report", ReportSettings),
     check_specs=[
         dg.AssetCheckSpec("speedup", asset="benchmark_report", description="Tokens/s with the drafter above tokens/s without, at concurrency 1."),
         dg.AssetCheckSpec("parity", asset="benchmark_report", description="Served AL and per-position acceptance agree with the offline reference."),
@@ -100,7 +106,7 @@ class BenchmarkConfig(dg.Config):
         ),
     ],
 )
-def benchmark_report(context: dg.AssetExecutionContext, config: BenchmarkConfig, inference_server: InferenceServerResource, storage: StorageResource):
+def benchmark_report(context: dg.AssetExecutionContext, config: ReportSettings, inference_server: InferenceServerResource, storage: StorageResource):
     """The drafter in the real engine: the same prompts (MT-Bench's, or prompts_url's) without
     speculation, with our EAGLE-3 drafter and with vLLM's n-gram speculation, over a concurrency sweep; acceptance
     from the engine's own counters against the offline reference decoder, with a verdict on
@@ -141,7 +147,7 @@ def benchmark_report(context: dg.AssetExecutionContext, config: BenchmarkConfig,
     text = paths.summary.read_text().rstrip("\n")
     context.log.info("\n" + text)
     k_schedule = report.k_schedule_dict()
-    plots = {f"plot_{name}": dg.MetadataValue.path(str(p)) for name, p in paths.plots.items()}
+    plots = {f"plot_{name}": image_markdown(p, name.replace("_", " ")) for name, p in paths.plots.items()}
     yield dg.MaterializeResult(
         metadata={
             **metadata(

@@ -1,10 +1,10 @@
-"""Helpers shared by the asset modules: code versions, data versions, the target in use."""
+"""Helpers shared by the asset modules: data versions, metadata, the target in use (code versions:
+`code_versions.py`)."""
 
 from __future__ import annotations
 
+import base64
 import hashlib
-import inspect
-import json
 from pathlib import Path
 from typing import Iterable
 
@@ -13,29 +13,7 @@ import dagster as dg
 from eagle_assets.embedded_target import resolve_target
 from eagle_assets.targets import TargetPreset
 
-PACKAGE = Path(__file__).resolve().parent.parent
 GROUP = "eagle3"
-
-
-def stage_version(*parts: object) -> str:
-    """A code version from the source of a stage's modules and the defaults of its settings.
-
-    Each part is a module, a package folder name under eagle_assets/, or a `dg.Config` class
-    (its field defaults are hashed: changing a default setting makes the asset stale).
-    """
-    h = hashlib.sha256()
-    for part in parts:
-        if isinstance(part, str):
-            folder = PACKAGE / part
-            files = sorted(folder.rglob("*.py")) if folder.is_dir() else [PACKAGE / part]
-            for f in files:
-                h.update(f.read_bytes())
-        elif isinstance(part, type) and issubclass(part, dg.Config):
-            defaults = {name: repr(field.default) for name, field in part.model_fields.items()}
-            h.update(json.dumps(defaults, sort_keys=True).encode())
-        else:
-            h.update(inspect.getsource(part).encode())
-    return h.hexdigest()[:16]
 
 
 def hash_files(paths: Iterable[Path]) -> str:
@@ -76,3 +54,9 @@ def _metadata(meta: dict) -> dict:
 
 
 metadata = _metadata
+
+
+def image_markdown(path: Path, title: str) -> dg.MetadataValue:
+    """A PNG as Markdown metadata with the image inline, which the UI draws (a path it would only print)."""
+    data = base64.b64encode(Path(path).read_bytes()).decode()
+    return dg.MetadataValue.md(f"**{title}**\n\n![{title}](data:image/png;base64,{data})")

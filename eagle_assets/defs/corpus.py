@@ -2,6 +2,8 @@
 
 # No `from __future__ import annotations`: Dagster resolves Config types from real annotations.
 
+import hashlib
+import json
 import os
 import posixpath
 from typing import Optional
@@ -16,13 +18,18 @@ from eagle_assets.corpus.prompt_formats import ContextFit, ReadStats, combine, m
 from eagle_assets.corpus.prompts import MagpieSettings, ensure_training_prompts, load_prompt_file, synthesize_prompts, write_prompts
 from eagle_assets.corpus.store import CorpusStore
 from eagle_assets.corpus.target import load_tokenizer, target_fingerprint
-from eagle_assets.defs.common import GROUP, check_result, hash_tree, metadata, stage_version, target_of
+from eagle_assets.defs.code_versions import code_version
+from eagle_assets.defs.common import GROUP, check_result, hash_tree, metadata, target_of
+from eagle_assets.defs.settings import with_defaults
+from eagle_assets.durable import write_durably
 from eagle_assets.paths import data_dir
 from eagle_assets.resources.inference_server import InferenceServerResource
 from eagle_assets.resources.storage import StorageResource
 from eagle_assets.settings_env import env_list, env_str
 
 PROMPTS_FILE = "prompts.jsonl"
+PROMPTS_KEY_FILE = "prompts.key.json"
+"""Beside the prompts: what they were made from, so a rerun with the same inputs keeps them."""
 PROMPT_ROOTS_ENV = "EAGLE_ASSETS_PROMPT_ROOTS"
 
 
@@ -113,12 +120,43 @@ class PromptsConfig(dg.Config):
 
 
 PROMPT_SOURCES = ("magpie", "file", "sharegpt")
+PromptsSettings = with_defaults(PromptsConfig, "prompts")
+"""PromptsConfig with the code location's settings as defaults (defs/settings.py)."""
+PROMPTS_VERSION = code_version("prompts", PromptsSettings)
 
 
-@dg.asset(group_name=GROUP, code_version=stage_version("corpus/prompts.py", "corpus/prompt_formats.py", "defs/corpus.py", PromptsConfig))
+def _file_stamp(url: str) -> str:
+    """What changes when the prompt file at `url` changes: its size and modification stamp."""
+    fs, path = fsspec.core.url_to_fs(url)
+    info = fs.info(path)
+    return f"{info.get('size')}:{info.get('ETag') or info.get('etag') or info.get('mtime') or info.get('LastModified')}"
+
+
+def prompts_key(config: PromptsConfig, target: str) -> str:
+    """A hash of everything the prompts are made from: the settings, the target, the code
+    version and, for a prompt file, the file's stamp."""
+    stamp = _file_stamp(config.file_url) if config.file_url and config.source in ("file", "mix") else None
+    parts = {"config": config.model_dump(), "target": target, "code_version": PROMPTS_VERSION, "file": stamp}
+    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def kept_prompts(out, key: str) -> dict | None:
+    """The metadata of prompts already in `out` that were made from `key` and are intact, else None."""
+    try:
+        record = json.loads((out / PROMPTS_KEY_FILE).read_text())
+        if record.get("key") != key:
+            return None
+        if hashlib.sha256((out / PROMPTS_FILE).read_bytes()).hexdigest() != record.get("sha256"):
+            return None
+        return record["metadata"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+@dg.asset(group_name=GROUP, code_version=PROMPTS_VERSION)
 def prompts(
     context: dg.AssetExecutionContext,
-    config: PromptsConfig,
+    config: PromptsSettings,
     inference_server: InferenceServerResource,
     storage: StorageResource,
 ) -> dg.MaterializeResult:
@@ -141,6 +179,14 @@ def prompts(
         raise ValueError("prompts use a file but file_url is empty: give the prompt file's path or URL")
     if "file" in counts:
         check_prompt_url(config.file_url, storage.root or None)
+    # A rerun after a failure further down keeps prompts made from the same inputs: Magpie's would
+    # differ with the server's timing, and with them every corpus sample id.
+    key = prompts_key(config, target_fingerprint(path))
+    storage.fetch(out, log=context.log.info)
+    kept = kept_prompts(out, key)
+    if kept is not None:
+        context.log.info(f"prompts kept: {out / PROMPTS_FILE} was made from these settings, target and code, and is intact")
+        return dg.MaterializeResult(metadata=metadata({**kept, "kept": True}), data_version=dg.DataVersion(hash_tree(out, PROMPTS_FILE)))
     tokenizer = load_tokenizer(path, trust_remote_code=preset.trust_remote_code)
     fit = None
     if {"file", "sharegpt"} & set(counts):
@@ -183,23 +229,21 @@ def prompts(
         raise RuntimeError("no prompts were produced: see the log and the metadata for why candidates were dropped")
     ensure_training_prompts(items)
     write_prompts(items, str(out / PROMPTS_FILE))
-    storage.publish(out, log=context.log.info)
     turns = [len(p.turns) for p in items]
-    return dg.MaterializeResult(
-        metadata=metadata(
-            {
-                "num_prompts": len(items),
-                "sources": {s: sum(p.source == s for p in items) for s in sorted({p.source for p in items})},
-                "multi_turn": sum(t > 1 for t in turns),
-                "user_turns": sum(turns),
-                "path": str(out / PROMPTS_FILE),
-                "preview": [p.to_messages()[-1]["content"][:120] for p in items[:5]],
-                **(fit.as_metadata("fit_") if fit else {}),
-                **stats,
-            }
-        ),
-        data_version=dg.DataVersion(hash_tree(out)),
-    )
+    facts = {
+        "num_prompts": len(items),
+        "sources": {s: sum(p.source == s for p in items) for s in sorted({p.source for p in items})},
+        "multi_turn": sum(t > 1 for t in turns),
+        "user_turns": sum(turns),
+        "path": str(out / PROMPTS_FILE),
+        "preview": [p.to_messages()[-1]["content"][:120] for p in items[:5]],
+        **(fit.as_metadata("fit_") if fit else {}),
+        **stats,
+    }
+    digest = hashlib.sha256((out / PROMPTS_FILE).read_bytes()).hexdigest()
+    write_durably(out / PROMPTS_KEY_FILE, json.dumps({"key": key, "sha256": digest, "metadata": facts}, default=str).encode())
+    storage.publish(out, log=context.log.info)
+    return dg.MaterializeResult(metadata=metadata(facts), data_version=dg.DataVersion(hash_tree(out, PROMPTS_FILE)))
 
 
 class CorpusConfig(dg.Config):
@@ -223,10 +267,14 @@ class CorpusConfig(dg.Config):
     resumes elsewhere; 0 publishes only when the run ends or fails."""
 
 
+CorpusSettings = with_defaults(CorpusConfig, "synthetic_corpus")
+"""CorpusConfig with the code location's settings as defaults (defs/settings.py)."""
+
+
 @dg.asset(
     group_name=GROUP,
     deps=[prompts],
-    code_version=stage_version("corpus", "defs/corpus.py", CorpusConfig),
+    code_version=code_version("synthetic_corpus", CorpusSettings),
     check_specs=[
         dg.AssetCheckSpec("error_rate", asset="synthetic_corpus", blocking=True, description="Failed samples stay under max_error_rate."),
         dg.AssetCheckSpec(
@@ -243,7 +291,7 @@ class CorpusConfig(dg.Config):
 )
 def synthetic_corpus(
     context: dg.AssetExecutionContext,
-    config: CorpusConfig,
+    config: CorpusSettings,
     inference_server: InferenceServerResource,
     storage: StorageResource,
 ):

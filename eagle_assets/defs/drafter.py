@@ -9,8 +9,10 @@ from typing import Optional
 import dagster as dg
 
 from eagle_assets.checked_reads import read_json_object
-from eagle_assets.defs.common import GROUP, check_result, hash_tree, metadata, stage_version, target_of
+from eagle_assets.defs.code_versions import code_version
+from eagle_assets.defs.common import GROUP, check_result, hash_tree, metadata, target_of
 from eagle_assets.defs.hidden_states import hidden_state_shards, vocab_mapping
+from eagle_assets.defs.settings import with_defaults
 from eagle_assets.drafter.config import folder_drafts_in_parallel, folder_num_layers, vllm_only_reason
 from eagle_assets.drafter.export import check_sglang_names, read_drafter_tensors
 from eagle_assets.drafter.parent_gate import AL_ROUNDING
@@ -77,14 +79,18 @@ PASSED_TO_TRAINER = tuple(name for name in DrafterConfig.model_fields if name in
 preset's and the shards' values where unset)."""
 
 
+DrafterSettings = with_defaults(DrafterConfig, "drafter_checkpoint")
+"""DrafterConfig with the code location's settings as defaults (defs/settings.py)."""
+
+
 @dg.asset(
     group_name=GROUP,
     deps=[vocab_mapping, hidden_state_shards],
-    code_version=stage_version("drafter", "defs/drafter.py", DrafterConfig),
+    code_version=code_version("drafter_checkpoint", DrafterSettings),
 )
 def drafter_checkpoint(
     context: dg.AssetExecutionContext,
-    config: DrafterConfig,
+    config: DrafterSettings,
     inference_server: InferenceServerResource,
     storage: StorageResource,
     trainer: TrainerResource,
@@ -94,6 +100,9 @@ def drafter_checkpoint(
     draft vocabulary), launched with torchrun through Dagster Pipes, exported for vLLM and
     SGLang and smoke-loaded in the real vLLM server."""
     preset, path = target_of(inference_server)
+    # The graph is one run: a server the stages before kept warm would hold the memory (a GPU's)
+    # that training needs for minutes to hours, to save a start-up of seconds.
+    inference_server.stop_warm()
     out = storage.drafter(preset.name)
     # With a URL root: the shards, the vocabulary and the earlier checkpoints (training resumes from the newest).
     storage.fetch(storage.hidden_states(preset.name), storage.vocab_mapping(preset.name), out, log=context.log.info)

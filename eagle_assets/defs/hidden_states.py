@@ -10,12 +10,14 @@ import torch
 
 from eagle_assets.corpus.store import CorpusStore
 from eagle_assets.corpus.target import target_fingerprint
-from eagle_assets.defs.common import GROUP, check_result, hash_files, metadata, stage_version, target_of
+from eagle_assets.defs.code_versions import code_version
+from eagle_assets.defs.common import GROUP, check_result, hash_files, metadata, target_of
 from eagle_assets.defs.corpus import synthetic_corpus
-from eagle_assets.formats import SHARD_MANIFEST_FILE, SHARD_STATES_FILE, shard_name
+from eagle_assets.defs.settings import with_defaults
+from eagle_assets.formats import SHARD_MANIFEST_FILE, SHARD_STATES_FILE
 from eagle_assets.hidden_states.corpus_io import corpus_token_counts
 from eagle_assets.hidden_states.engine_extract import EngineExtractor, EngineStateClient, final_norm_of
-from eagle_assets.hidden_states.extract import ExtractSettings, extract_shard, load_target
+from eagle_assets.hidden_states.extract import ExtractSettings, extract_all, load_target
 from eagle_assets.hidden_states.reader import ShardReader
 from eagle_assets.hidden_states.source import choose_source, hf_loadable
 from eagle_assets.hidden_states.vocab import (
@@ -29,9 +31,10 @@ from eagle_assets.resources.storage import StorageResource
 from eagle_assets.settings_env import env_int
 
 NUM_SHARDS = env_int("EAGLE_ASSETS_NUM_SHARDS", 4, min=1)
-"""Hidden-state partitions. Samples go to shards by a stable hash of their id, so one shard
-can be rebuilt alone; changing the count re-assigns samples (rebuild all shards then)."""
-shard_partitions = dg.StaticPartitionsDefinition([f"{i:05d}" for i in range(NUM_SHARDS)])
+"""Hidden-state shards. Samples go to shards by a stable hash of their id, so a rerun rebuilds
+only the shards whose samples changed or that a failure left unfinished; changing the count
+re-assigns samples (every shard is rebuilt then). Why shards are not Dagster partitions:
+docs/design.md, "How it runs"."""
 
 
 class VocabConfig(dg.Config):
@@ -41,17 +44,21 @@ class VocabConfig(dg.Config):
     """Warm start: the parent drafter's folder; its d2t/t2d are taken as they are, never rebuilt."""
 
 
+VocabSettings = with_defaults(VocabConfig, "vocab_mapping")
+"""VocabConfig with the code location's settings as defaults (defs/settings.py)."""
+
+
 @dg.asset(
     group_name=GROUP,
     deps=[synthetic_corpus],
-    code_version=stage_version("hidden_states/vocab.py", "defs/hidden_states.py", VocabConfig),
+    code_version=code_version("vocab_mapping", VocabSettings),
     check_specs=[
         dg.AssetCheckSpec(
             "consistent", asset="vocab_mapping", blocking=True, description="d2t and t2d describe the same draft vocabulary within the target's."
         )
     ],
 )
-def vocab_mapping(context: dg.AssetExecutionContext, config: VocabConfig, inference_server: InferenceServerResource, storage: StorageResource):
+def vocab_mapping(context: dg.AssetExecutionContext, config: VocabSettings, inference_server: InferenceServerResource, storage: StorageResource):
     """The draft vocabulary: the N most frequent target tokens in the corpus's assistant turns,
     as `d2t` (target_id = draft_id + d2t[draft_id]) and `t2d`. On a warm start it is the
     parent drafter's own mapping, kept as it is so that the parent's lm_head stays aligned."""
@@ -131,76 +138,91 @@ def engine_max_model_len(preset, corpus: str) -> int:
     return max(longest, preset.max_model_len) + 1
 
 
+ShardSettings = with_defaults(HiddenStatesConfig, "hidden_state_shards")
+"""HiddenStatesConfig with the code location's settings as defaults (defs/settings.py)."""
+
+
 @dg.asset(
     group_name=GROUP,
     deps=[synthetic_corpus],
-    partitions_def=shard_partitions,
-    code_version=stage_version("hidden_states", "formats.py", "defs/hidden_states.py", HiddenStatesConfig),
+    code_version=code_version("hidden_state_shards", ShardSettings),
     check_specs=[
         dg.AssetCheckSpec(
-            "matches_corpus", asset="hidden_state_shards", blocking=True, description="The shard holds exactly its corpus samples, token for token."
+            "matches_corpus", asset="hidden_state_shards", blocking=True, description="Every shard holds exactly its corpus samples, token for token."
         )
     ],
 )
 def hidden_state_shards(
-    context: dg.AssetExecutionContext, config: HiddenStatesConfig, inference_server: InferenceServerResource, storage: StorageResource
+    context: dg.AssetExecutionContext, config: ShardSettings, inference_server: InferenceServerResource, storage: StorageResource
 ):
     """The target's auxiliary hidden states and its normed final state for every corpus token,
-    one partition per shard (bf16 safetensors + JSON manifest), written atomically. They come
-    from the serving engine (vLLM's extract_hidden_states: the target as it is served, one
-    server for every shard) or from a Hugging Face forward pass here; only the configured
-    layers are kept, and free disk space is checked before anything is written."""
+    in NUM_SHARDS shards (bf16 safetensors + JSON manifest), each written atomically; a rerun
+    keeps every finished shard that still matches the corpus and settings. They come from the
+    serving engine (vLLM's extract_hidden_states: the target as it is served, one server for
+    every shard) or from a Hugging Face forward pass here (the target loaded once); only the
+    configured layers are kept, and free disk space is checked before anything is written."""
     preset, path = target_of(inference_server)
-    index = int(context.partition_key)
-    # The corpus only: a shard is rebuilt whole, never resumed, so its earlier output is not needed here.
-    storage.fetch(storage.corpus(preset.name), log=context.log.info)
+    out = storage.hidden_states(preset.name)
+    # The corpus, and the shards a failed run finished elsewhere (they are kept).
+    storage.fetch(storage.corpus(preset.name), out, log=context.log.info)
     settings = extraction_settings(config, preset)
     corpus = str(storage.corpus(preset.name))
     fingerprint = target_fingerprint(path)
-    out = storage.hidden_states(preset.name)
     source = hidden_states_source(config, preset, path)
-    context.log.info(f"hidden states of shard {index} from {'the serving engine' if source == 'engine' else 'Hugging Face'}")
-    if source == "engine":
-        ids = engine_layer_ids(settings, preset)
-        with inference_server.extraction_server(ids, engine_max_model_len(preset, corpus), log=context.log.info) as server:
-            client = EngineStateClient(server.base_url, server.model, ids, api_key=server.api_key, concurrency=config.engine_concurrency)
-            with closing(client), EngineExtractor(client, settings, preset.num_layers, preset.hidden_size, preset.vocab_size,
-                                                  final_norm_of(path)) as extractor:  # fmt: skip
-                result = extract_shard(extractor, corpus, out, index, settings, target_fingerprint=fingerprint)
-    else:
-        device = _device(config.device)
-        # CPUs without bf16 matrix units run a bf16 forward several times slower than fp32; the
-        # states are stored as bf16 either way.
-        model, tokenizer = load_target(path, device=device, dtype=torch.float32 if device == "cpu" else torch.bfloat16,
-                                       max_memory_per_device=config.max_memory_per_device,
-                                       trust_remote_code=preset.trust_remote_code)  # fmt: skip
-        result = extract_shard(model, corpus, out, index, settings, tokenizer=tokenizer, target_fingerprint=fingerprint)
-    manifest = result.manifest
-    shard_dir = out / shard_name(index)
-    storage.publish(shard_dir, log=context.log.info)  # this partition's shard only: the others are other runs'
+    context.log.info(f"hidden states of {NUM_SHARDS} shards from {'the serving engine' if source == 'engine' else 'Hugging Face'}")
+    try:
+        if source == "engine":
+            ids = engine_layer_ids(settings, preset)
+            with inference_server.extraction_server(ids, engine_max_model_len(preset, corpus), log=context.log.info) as server:
+                client = EngineStateClient(server.base_url, server.model, ids, api_key=server.api_key, concurrency=config.engine_concurrency)
+                with closing(client), EngineExtractor(client, settings, preset.num_layers, preset.hidden_size, preset.vocab_size,
+                                                      final_norm_of(path)) as extractor:  # fmt: skip
+                    results = extract_all(extractor, corpus, out, settings, target_fingerprint=fingerprint)
+        else:
+            device = _device(config.device)
+            # CPUs without bf16 matrix units run a bf16 forward several times slower than fp32; the
+            # states are stored as bf16 either way.
+            model, tokenizer = load_target(path, device=device, dtype=torch.float32 if device == "cpu" else torch.bfloat16,
+                                           max_memory_per_device=config.max_memory_per_device,
+                                           trust_remote_code=preset.trust_remote_code)  # fmt: skip
+            results = extract_all(model, corpus, out, settings, tokenizer=tokenizer, target_fingerprint=fingerprint)
+    finally:  # a failed run's finished shards too: a rerun elsewhere keeps them
+        storage.publish(out, log=context.log.info)
+    built = [r for r in results if r.built]
+    kept = len(results) - len(built)
+    context.log.info(f"{len(built)} shard(s) extracted, {kept} kept from an earlier run")
+    files = [r.shard_dir / name for r in results for name in (SHARD_MANIFEST_FILE, SHARD_STATES_FILE)]
+    tokens = sum(sum(r.manifest.token_counts) for r in results)
+    seconds = sum(r.seconds for r in built)
     yield dg.MaterializeResult(
         metadata=metadata(
             {
-                "samples": len(manifest.sample_ids),
-                "tokens": sum(manifest.token_counts),
-                "aux_layer_ids": manifest.aux_layer_ids,
-                "layer_id_convention": manifest.layer_id_convention,
-                "source": manifest.extra.get("source"),
-                "bytes": (shard_dir / SHARD_STATES_FILE).stat().st_size,
-                "bytes_per_token": manifest.bytes_per_token,
-                "tokens_per_s": round(result.tokens_per_s, 1),
-                "path": str(shard_dir),
+                "shards": len(results),
+                "shards_extracted": len(built),
+                "shards_kept": kept,
+                "samples": sum(len(r.manifest.sample_ids) for r in results),
+                "tokens": tokens,
+                "aux_layer_ids": results[0].manifest.aux_layer_ids if results else [],
+                "layer_id_convention": results[0].manifest.layer_id_convention if results else None,
+                "source": source,
+                "bytes": sum((r.shard_dir / SHARD_STATES_FILE).stat().st_size for r in results),
+                "tokens_per_s": round(sum(sum(r.manifest.token_counts) for r in built) / seconds, 1) if seconds else None,
+                "path": str(out),
             }
         ),
-        data_version=dg.DataVersion(hash_files([shard_dir / SHARD_MANIFEST_FILE, shard_dir / SHARD_STATES_FILE])),
+        data_version=dg.DataVersion(hash_files(files)),
     )
-    expected = corpus_token_counts(corpus, NUM_SHARDS).get(index, {})
-    reader = ShardReader(shard_dir)
-    got = dict(zip(reader.sample_ids, reader.manifest.token_counts))
-    passed = got == expected
+    expected = corpus_token_counts(corpus, NUM_SHARDS)
+    wrong = []
+    for r in results:
+        reader = ShardReader(r.shard_dir)
+        if dict(zip(reader.sample_ids, reader.manifest.token_counts)) != expected.get(r.manifest.shard, {}):
+            wrong.append(r.shard_dir.name)
+    counted = {i for i, samples in expected.items() if samples}
+    missing = sorted(counted - {r.manifest.shard for r in results})
     yield check_result(
-        passed,
-        {"samples": len(got), "expected_samples": len(expected), "missing": sorted(set(expected) - set(got))[:10]},
+        not wrong and not missing,
+        {"shards": len(results), "differ_from_corpus": wrong, "missing_shards": missing},
         check_name="matches_corpus",
     )
 

@@ -15,6 +15,7 @@ from urllib.parse import urlsplit
 
 import dagster as dg
 
+from eagle_assets.defs.settings import location_settings
 from eagle_assets.hub_target import hub_folder, is_hub_id, is_pulled
 from eagle_assets.paths import data_location
 from eagle_assets.resources.inference_server import InferenceServerResource
@@ -36,9 +37,13 @@ def default_resources(deferred: bool = False) -> dict:
         return _from_env(name, value) if deferred else value
 
     data = str(data_location()) if env_str("EAGLE_ASSETS_DATA") else ""
+    file_target = location_settings().target  # a run file the code location reads may name it
+    if file_target is not None and not is_target(file_target):
+        raise ValueError(f"{location_settings().run_file}: target {file_target!r} is not {TARGET_EXPECTED}")
     return {
         "inference_server": InferenceServerResource(
-            target=bound("EAGLE_ASSETS_TARGET", env_str("EAGLE_ASSETS_TARGET", EMBEDDED_TARGET, check=is_target, expect=TARGET_EXPECTED)),
+            target=file_target
+            or bound("EAGLE_ASSETS_TARGET", env_str("EAGLE_ASSETS_TARGET", EMBEDDED_TARGET, check=is_target, expect=TARGET_EXPECTED)),
             url=bound("EAGLE_ASSETS_SERVER_URL", env_str("EAGLE_ASSETS_SERVER_URL", None, check=_is_http_url, expect=HTTP_URL)),
             speculative_url=bound("EAGLE_ASSETS_SPECULATIVE_URL", env_str("EAGLE_ASSETS_SPECULATIVE_URL", None, check=_is_http_url, expect=HTTP_URL)),
             extraction_url=bound("EAGLE_ASSETS_EXTRACTION_URL", env_str("EAGLE_ASSETS_EXTRACTION_URL", None, check=_is_http_url, expect=HTTP_URL)),

@@ -1,6 +1,6 @@
-"""Real Dagster instances for the defs tests: toy-graph instances made once and copied (creating
-a SQLite instance costs seconds, copying one a fraction of that), and the toy graph as a code
-location served by the real daemon (`toy_location`)."""
+"""Real Dagster instances for the defs tests: a blank instance made once and copied (creating a
+SQLite instance costs seconds, copying one a fraction of that), and the toy graph as a code
+location (`toy_location`)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ import psutil
 import pytest
 
 from eagle_assets.paths import PROJECT_ROOT
-from eagle_assets_tests.defs.toy_graph import make_assets, persistent_instance
+from eagle_assets_tests.defs.toy_graph import persistent_instance
 
 
 def _open(src: Path, dest: Path) -> dg.DagsterInstance:
@@ -34,32 +34,11 @@ def _blank_home(tmp_path_factory) -> Path:
     return home
 
 
-@pytest.fixture(scope="session")
-def _built_toy(tmp_path_factory, _blank_home) -> Path:
-    """The toy graph materialised once: `home/` (the instance) and `data/` (its files)."""
-    base = tmp_path_factory.mktemp("built")
-    with _open(_blank_home, base / "home") as instance:
-        assets = make_assets(base / "data")
-        dg.materialize(assets, selection=["a", "b"], instance=instance)
-        for partition in ("0", "1"):
-            dg.materialize(assets, selection=["c"], partition_key=partition, instance=instance)
-        dg.materialize(assets, selection=["d"], instance=instance)
-    return base
-
-
 @pytest.fixture
 def instance(tmp_path, _blank_home):
     """An empty on-disk instance of this test's own."""
     with _open(_blank_home, tmp_path / "home") as inst:
         yield inst
-
-
-@pytest.fixture
-def built(tmp_path, _built_toy):
-    """(data folder, instance) of this test's own copy of the fully built toy graph."""
-    shutil.copytree(_built_toy / "data", tmp_path / "data")
-    with _open(_built_toy / "home", tmp_path / "home") as inst:
-        yield tmp_path / "data", inst
 
 
 @dataclass
@@ -119,7 +98,7 @@ def toy_location(tmp_path, monkeypatch):
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(p for p in (str(PROJECT_ROOT), os.environ.get("PYTHONPATH")) if p))
     # dagster-celery starts `celery` by name: the interpreter's own scripts come first.
     monkeypatch.setenv("PATH", os.pathsep.join((str(Path(sys.executable).parent), os.environ.get("PATH", ""))))
-    for name in ("EAGLE_ASSETS_EXECUTOR", "EAGLE_TOY_CRON", "EAGLE_TOY_B_SCALE", "EAGLE_TOY_B_NOTE", "EAGLE_TOY_C_SECONDS"):
+    for name in ("EAGLE_ASSETS_EXECUTOR", "EAGLE_TOY_C_SECONDS"):
         monkeypatch.delenv(name, raising=False)
     with dg.DagsterInstance.from_config(str(home)) as instance:
         yield ToyLocation(instance, home, data, workspace)

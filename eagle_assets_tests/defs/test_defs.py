@@ -1,8 +1,7 @@
 """The project's Definitions load, with the asset keys, checks, versions and jobs the UI shows.
 
-The first tests load the Definitions the way `workspace.yaml` does. The last one reads the
-graph that the shared `materialized_graph` fixture built for real: every materialisation
-carries a content-hash data version, and a stale-only run right after has nothing to do.
+The first tests load the Definitions the way `workspace.yaml` does; the slow ones read the graph
+that the shared `materialized_graph` fixture built for real.
 """
 
 from __future__ import annotations
@@ -12,11 +11,9 @@ import re
 
 import dagster as dg
 import pytest
-from dagster._core.definitions.data_version import CODE_VERSION_TAG, DATA_VERSION_IS_USER_PROVIDED_TAG, DATA_VERSION_TAG
 
-from eagle_assets.defs import build_definitions
+from eagle_assets.defs.graph import build_definitions
 from eagle_assets.defs.resources import default_resources
-from eagle_assets.defs.staleness import stale_report
 from eagle_assets.resources.inference_server import InferenceServerResource
 from eagle_assets.resources.storage import StorageResource
 from eagle_assets.resources.trainer import TrainerResource
@@ -94,24 +91,19 @@ def test_asset_keys_lineage_and_checks_per_asset(defs):
         assert {p.to_user_string() for p in graph.get(key).parent_keys} == EXPECTED_DEPS[name], name
         assert {c.name for c in graph.get(key).check_keys} == EXPECTED_CHECKS[name], name
         assert graph.get(key).group_name == "eagle3"
-    assert [
-        k.to_user_string() for k in graph.asset_keys_for_partitions_def(partitions_def=graph.get(dg.AssetKey("hidden_state_shards")).partitions_def)
-    ] == ["hidden_state_shards"]
+    from eagle_assets.defs.runner import DEPENDS, GRAPH
+
+    assert {a: set(deps) for a, deps in DEPENDS.items()} == EXPECTED_DEPS and set(GRAPH) == set(EXPECTED_DEPS)
 
 
-def test_every_asset_has_a_description_and_a_code_version_from_its_stage(defs):
-    from eagle_assets.defs.common import stage_version
-    from eagle_assets.defs.corpus import PromptsConfig
+def test_every_asset_has_a_description_and_an_explicit_code_version(defs):
+    from eagle_assets.defs.code_versions import VERSIONS
 
     graph = defs.resolve_asset_graph()
-    versions = {}
     for key in graph.get_all_asset_keys():
         node = graph.get(key)
         assert node.description and len(node.description) > 40, key  # the UI shows it to the user
-        assert node.code_version and len(node.code_version) == 16, key
-        versions[key.to_user_string()] = node.code_version
-    assert len(set(versions.values())) == len(versions)  # each stage its own version
-    assert versions["prompts"] == stage_version("corpus/prompts.py", "corpus/prompt_formats.py", "defs/corpus.py", PromptsConfig)
+        assert re.fullmatch(rf"v{VERSIONS[key.to_user_string()]}-[0-9a-f]{{8}}", node.code_version), (key, node.code_version)
 
 
 def test_checks_carry_descriptions_and_blocking_where_a_bad_output_must_stop_the_graph(defs):
@@ -125,36 +117,38 @@ def test_checks_carry_descriptions_and_blocking_where_a_bad_output_must_stop_the
     assert ("drafter_checkpoint", "samples_under_speculation") not in blocking  # the engine's fault, not the drafter's
 
 
-def test_stage_jobs_never_mix_partitioned_and_unpartitioned_assets(defs):
-    repo = defs.get_repository_def()
-    for name in ("corpus_job", "hidden_states_job", "drafter_job"):
-        keys = repo.get_job(name).asset_layer.executable_asset_keys
-        partitioned = {repo.asset_graph.get(k).is_partitioned for k in keys}
-        assert len(partitioned) == 1, (name, keys)
+def _configs() -> dict:
+    """Each asset's own Config class (without a code location's defaults)."""
+    from eagle_assets.defs.benchmark import BenchmarkConfig
+    from eagle_assets.defs.corpus import CorpusConfig, PromptsConfig
+    from eagle_assets.defs.drafter import DrafterConfig
+    from eagle_assets.defs.hidden_states import HiddenStatesConfig, VocabConfig
+
+    return {
+        "prompts": PromptsConfig,
+        "synthetic_corpus": CorpusConfig,
+        "vocab_mapping": VocabConfig,
+        "hidden_state_shards": HiddenStatesConfig,
+        "drafter_checkpoint": DrafterConfig,
+        "benchmark_report": BenchmarkConfig,
+    }
 
 
 @pytest.mark.engine
 @pytest.mark.slow
-def test_real_graph_materialisations_carry_versions_and_nothing_is_stale_after(materialized_graph):
+def test_real_graph_materialisations_carry_versions(materialized_graph):
+    from eagle_assets.defs.code_versions import code_version
+    from eagle_assets.defs.settings import LocationSettings, with_defaults
+
     instance, _, _ = materialized_graph
-    from dagster._core.definitions.assets.graph.asset_graph import AssetGraph
-
-    from eagle_assets.defs import ASSETS
-    from eagle_assets.defs.runner import materialize_stale
-
-    graph = AssetGraph.from_assets(ASSETS)
-    for key in graph.get_all_asset_keys():
-        partitions = graph.get(key).partitions_def.get_partition_keys() if graph.get(key).is_partitioned else [None]
-        for partition in partitions:
-            record = instance.get_latest_data_version_record(key, False, partition)
-            assert record is not None, (key, partition)
-            tags = record.asset_materialization.tags
-            assert tags[CODE_VERSION_TAG] == graph.get(key).code_version
-            assert tags[DATA_VERSION_IS_USER_PROVIDED_TAG] == "true"  # our content hash, not Dagster's run id
-            assert re.fullmatch(r"[0-9a-f]{16,64}", tags[DATA_VERSION_TAG]), (key, tags)
-    report = stale_report(graph, instance, settings=None)
-    assert report.fresh, report.render()
-    assert materialize_stale(None, log=lambda m: None, instance=instance).steps == []
+    for name, config in _configs().items():
+        record = instance.get_latest_data_version_record(dg.AssetKey(name), False)
+        assert record is not None, name
+        tags = record.asset_materialization.tags
+        # The version of the session's settings: the smollm2-tiny preset's.
+        assert tags["dagster/code_version"] == code_version(name, with_defaults(config, name, LocationSettings("smollm2-tiny"))), name
+        assert tags["dagster/data_version_is_user_provided"] == "true", name  # our content hash, not Dagster's run id
+        assert re.fullmatch(r"[0-9a-f]{16,64}", tags["dagster/data_version"]), (name, tags)
 
 
 def test_a_part_whose_upstream_was_never_materialised_is_refused_before_any_run(tmp_path):
@@ -162,13 +156,13 @@ def test_a_part_whose_upstream_was_never_materialised_is_refused_before_any_run(
     from typer.testing import CliRunner
 
     from eagle_assets.cli import app
-    from eagle_assets.defs.runner import missing_upstream, selected_stages
+    from eagle_assets.defs.runner import missing_upstream, selected_assets
 
-    assert selected_stages(["benchmark", "corpus"]) == [["prompts", "synthetic_corpus", "vocab_mapping"], [], ["benchmark_report"]]
+    assert selected_assets(["benchmark", "corpus"]) == ["prompts", "synthetic_corpus", "vocab_mapping", "benchmark_report"]
     with dg.DagsterInstance.ephemeral() as empty:
-        assert missing_upstream(empty, selected_stages(None)) == []  # the whole graph reads nothing outside it
-        assert missing_upstream(empty, selected_stages(["drafter"])) == ["vocab_mapping", "hidden_state_shards"]
-        assert missing_upstream(empty, selected_stages(["hidden_states", "drafter"])) == ["synthetic_corpus", "vocab_mapping"]
+        assert missing_upstream(empty, selected_assets(None)) == []  # the whole graph reads nothing outside it
+        assert missing_upstream(empty, selected_assets(["drafter"])) == ["vocab_mapping", "hidden_state_shards"]
+        assert missing_upstream(empty, selected_assets(["hidden_states", "drafter"])) == ["synthetic_corpus", "vocab_mapping"]
     result = CliRunner().invoke(app, ["run", "--part", "hidden_states"], env={"DAGSTER_HOME": str(tmp_path)})
     assert result.exit_code == 1
     assert "--part hidden_states reads synthetic_corpus, which this instance" in result.output and "run --part corpus first" in result.output
@@ -179,11 +173,11 @@ def test_a_part_whose_upstream_was_never_materialised_is_refused_before_any_run(
 @pytest.mark.engine
 @pytest.mark.slow
 def test_after_the_graph_every_part_finds_its_upstream(materialized_graph):
-    from eagle_assets.defs.runner import PARTS, missing_upstream, selected_stages
+    from eagle_assets.defs.runner import PARTS, missing_upstream, selected_assets
 
     instance, _, _ = materialized_graph
     for part in PARTS:
-        assert missing_upstream(instance, selected_stages([part])) == [], part
+        assert missing_upstream(instance, selected_assets([part])) == [], part
 
 
 def test_run_preset_notes_name_presets_that_exist():
@@ -200,19 +194,17 @@ def test_run_preset_notes_name_presets_that_exist():
 
 @pytest.mark.parametrize("preset", sorted(RUN_PRESETS))
 def test_every_run_preset_fits_its_assets_configs(defs, preset):
-    from eagle_assets.defs.staleness import resolved_config
-    from eagle_assets.run_presets import RUN_PRESETS, run_config
+    from eagle_assets.defs.benchmark import BenchmarkConfig
+    from eagle_assets.defs.settings import LocationSettings, with_defaults
+    from eagle_assets.run_presets import RUN_PRESETS
 
-    assert preset in RUN_PRESETS
-    graph = defs.resolve_asset_graph()
-    for op, body in run_config(preset)["ops"].items():
-        resolved = resolved_config(graph, dg.AssetKey(op), body["config"])  # raises on a field the Config lacks
-        assert {k: resolved[k] for k in body["config"]} == body["config"], op
+    configs = _configs()
+    for asset, values in RUN_PRESETS[preset].items():
+        made = with_defaults(configs[asset], asset, LocationSettings(preset))()  # raises on a field the Config lacks
+        assert {k: getattr(made, k) for k in values} == values, asset
     # The benchmark's settings refuse what cannot run, e.g. fewer prompts than a concurrency level
     # keeps in flight: caught here, not at the end of a `make run`.
-    from eagle_assets.defs.benchmark import BenchmarkConfig
-
-    BenchmarkConfig(**resolved_config(graph, dg.AssetKey("benchmark_report"), run_config(preset)["ops"]["benchmark_report"]["config"])).settings(k=3)
+    with_defaults(BenchmarkConfig, "benchmark_report", LocationSettings(preset))().settings(k=3)
 
 
 def test_benchmark_config_reads_a_k_schedule_and_refuses_a_bad_one():

@@ -46,10 +46,11 @@ def test_dg_check_defs_fails_with_the_settings_message_when_the_definitions_cann
     assert "EAGLE_ASSETS_SERVER_URL='localhost:8000' is not an http:// or https:// URL" in result.stdout + result.stderr
 
 
-def test_dg_list_defs_shows_the_assets_jobs_and_resources():
+def test_dg_list_defs_shows_the_assets_sensors_and_resources():
     result = dg("list", "defs", "--json")
     assert result.returncode == 0, result.stderr
     listed = json.loads(result.stdout)
     assert sorted(a["asset_key"] for a in listed["assets"]) == sorted(a.key.to_user_string() for a in ASSETS)
-    assert {j["name"] for j in listed["jobs"]} == {"corpus_job", "hidden_states_job", "drafter_job"}
+    assert listed["jobs"] == []  # every run is one of Dagster's own asset job (defs/jobs.py)
+    assert {s["name"] for s in listed["sensors"]} == {"eagle3_automation", "new_prompt_files"}
     assert {r["name"] for r in listed["resources"]} == {"inference_server", "storage", "trainer"}

@@ -147,17 +147,15 @@ def test_instance_files_pass_dagsters_schema(path, tmp_path, monkeypatch):
     assert config
 
 
-def test_instance_files_queue_runs_under_the_local_files_limits():
-    """Every instance queues its runs (the daemon launches them) with one run of a retraining wave
-    at a time; where runs share one host (local, Compose, Celery's run workers), one Hugging Face
-    extraction at a time, as dagster.yaml has it. Kubernetes runs each get a pod of their own."""
+def test_instance_files_queue_runs_one_at_a_time_and_retry_when_asked():
+    """Every instance queues its runs (the daemon launches them), one at a time (they write one
+    data folder), and retries a failed run that asks for it (the automation's do)."""
     for path in INSTANCE_FILES:
-        coordinator = yaml.safe_load(path.read_text())["run_coordinator"]
+        config = yaml.safe_load(path.read_text())
+        coordinator = config["run_coordinator"]
         assert coordinator["class"] == "QueuedRunCoordinator", path.name
-        limits = {(limit["key"], limit.get("value")): limit["limit"] for limit in coordinator["config"]["tag_concurrency_limits"]}
-        assert limits[("eagle_assets/retrain", None)] == 1, path.name
-        if path.name != "dagster.k8s.yaml":
-            assert limits[("eagle_assets/extraction", "hf")] == 1, path.name
+        assert coordinator["config"]["max_concurrent_runs"] == 1, path.name
+        assert config["run_retries"] == {"enabled": True, "max_retries": 0}, path.name
 
 
 def test_a_misspelt_instance_key_is_refused(tmp_path):

@@ -3,7 +3,6 @@
 
 import dataclasses
 
-import dagster as dg
 import pytest
 from typer.testing import CliRunner
 
@@ -100,18 +99,18 @@ def test_the_default_preset_follows_the_target():
     assert default_preset("/models/Llama-3.1-8B-Instruct") == "gpu-default"
 
 
-def test_the_target_travels_in_run_config_that_each_stage_job_accepts():
-    """`--target` reaches runs launched by any daemon as the inference_server resource's config."""
-    from eagle_assets.defs import build_definitions
-    from eagle_assets.defs.jobs import JOBS
-    from eagle_assets.defs.runner import run_resources
+def test_a_run_file_becomes_the_code_locations_settings_and_its_target(tmp_path, monkeypatch):
+    """`--config`, `--preset` and `--target` reach every run of a session as the code location's
+    settings (the assets' Config defaults), through the session's environment."""
+    from eagle_assets.defs.corpus import CorpusConfig, PromptsConfig
+    from eagle_assets.defs.settings import read_location_settings, session_environment, with_defaults
 
-    defs = build_definitions(automation=False)  # bound from this test's environment, not an earlier one's
-    resources, config = run_resources("tiny-kimi-k2.5")
-    assert resources["inference_server"].target == "tiny-kimi-k2.5"
-    assert config["resources"]["inference_server"]["config"]["target"] == "tiny-kimi-k2.5"
-    for job in JOBS:
-        job_def = defs.resolve_job_def(job.name)
-        assert dg.validate_run_config(
-            job_def, {**run_config("standin-tiny", [k.to_user_string() for k in job_def.asset_layer.executable_asset_keys]), **config}
-        )
+    run = tmp_path / "run.yaml"
+    run.write_text("target: tiny-kimi-k2.5\npreset: standin-tiny\nsynthetic_corpus: {max_tokens: 48}\n")
+    for name, value in session_environment("smollm2-tiny", str(run), None).items():
+        monkeypatch.setenv(name, value)
+    settings = read_location_settings()
+    assert (settings.preset, settings.target) == ("standin-tiny", "tiny-kimi-k2.5")  # the file's preset over the variable's
+    corpus = with_defaults(CorpusConfig, "synthetic_corpus", settings)()
+    assert corpus.max_tokens == 48 and corpus.concurrency == run_config("standin-tiny")["ops"]["synthetic_corpus"]["config"]["concurrency"]
+    assert with_defaults(PromptsConfig, "prompts", settings)().source == "sharegpt"

@@ -1,12 +1,15 @@
-"""The web UI in a real browser, over the graph the session fixture materialised for real.
+"""The web UI over the graph the session fixture materialised for real, in a real browser.
 
-`dagster dev` (webserver + daemon) starts from the project's `workspace.yaml` against the
-DAGSTER_HOME of `materialized_graph` (the whole graph on the embedded SmolLM2, "smollm2-tiny"),
-in its own process group (it ignores signals from a job-control shell); the first-visit modal
-is dismissed through GraphQL (`setNuxSeen`); Debian's headless Chromium loads /asset-groups and
-saves the screenshot to test-artifacts/ui/asset-groups.png. GraphQL then confirms what the page
-draws: every asset and partition materialised and fresh, every check executed, the blocking
-ones passed. Needs `chromium` (apt-get install chromium); skipped with a message without it.
+The UI starts as `eagle-assets ui --preset smollm2-tiny --config run.yaml` starts it: a session
+(defs/session.py: `dagster dev` under its supervisor) over the DAGSTER_HOME and data folder of
+`materialized_graph` (the whole graph on the embedded SmolLM2, "smollm2-tiny", built by
+`eagle-assets run`'s path), whose code location takes the run file's settings. The first-visit
+modal is dismissed through GraphQL (`setNuxSeen`); Debian's headless Chromium loads
+/asset-groups and saves the screenshot to test-artifacts/ui/asset-groups.png (skipped without
+`chromium`: `make browser`). GraphQL then confirms what the page draws: every asset
+materialised and fresh under the same settings (the UI's runs and `eagle-assets run`'s are the
+same runs), every check executed, the report's plots as images; and after the run file changes
+one asset's setting and the definitions reload, that asset alone is stale, with its cause.
 """
 
 from __future__ import annotations
@@ -18,7 +21,6 @@ import shutil
 import signal
 import socket
 import subprocess
-import sys
 import time
 import urllib.error
 import urllib.request
@@ -46,14 +48,15 @@ ASSET_QUERY = """
 query {
   assetNodes {
     assetKey { path }
-    isPartitioned
-    partitionKeys
     opVersion
     dataVersion
     staleStatus
     staleCauses { reason }
-    assetMaterializations(limit: 1) { runId tags { key value } }
-    assetPartitionStatuses { ... on DefaultPartitionStatuses { materializedPartitions failedPartitions } }
+    assetMaterializations(limit: 1) {
+      runId
+      tags { key value }
+      metadataEntries { label __typename ... on MarkdownMetadataEntry { mdStr } ... on PathMetadataEntry { path } }
+    }
     assetChecksOrError {
       ... on AssetChecks {
         checks { name blocking executionForLatestMaterialization { status evaluation { success severity } } }
@@ -93,48 +96,19 @@ def _tail(path: Path, lines: int = 60) -> str:
 
 @pytest.fixture(scope="module")
 def dagster_ui(materialized_graph, tmp_path_factory):
-    """`dagster dev` over the materialised graph; yields (base URL, log path); stops its whole group."""
-    _chromium()
+    """A session over the materialised graph, as `eagle-assets ui --preset smollm2-tiny --config
+    run.yaml` holds one; yields (session, run file)."""
+    from eagle_assets.defs.session import DagsterSession
+    from eagle_assets.defs.settings import PRESET_ENV, RUN_FILE_ENV
+
     _, data, home = materialized_graph
-    port = _free_port()
-    log = tmp_path_factory.mktemp("dagster_dev") / "dagster-dev.log"
-    env = {**os.environ, "DAGSTER_HOME": str(home), "EAGLE_ASSETS_DATA": str(data)}
-    cmd = [sys.executable, "-m", "dagster", "dev", "-w", str(PROJECT_ROOT / "workspace.yaml"), "-h", "127.0.0.1", "-p", str(port)]
-    with open(log, "wb") as out:
-        proc = subprocess.Popen(cmd, cwd=PROJECT_ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + STARTUP_TIMEOUT_S
-        while True:
-            if proc.poll() is not None:
-                pytest.fail(f"dagster dev exited with {proc.returncode} before answering; its log:\n{_tail(log)}")
-            try:
-                # Answers only once the code location has loaded.
-                repos = _graphql(url, "{ repositoriesOrError { __typename ... on RepositoryConnection { nodes { name } } } }", 5)
-                if repos["repositoriesOrError"].get("nodes"):
-                    break
-            except (urllib.error.URLError, ConnectionError, TimeoutError, AssertionError):
-                pass
-            if time.monotonic() > deadline:
-                pytest.fail(f"dagster dev did not answer at {url} within {STARTUP_TIMEOUT_S} s; its log:\n{_tail(log)}")
-            time.sleep(1)
+    run_file = tmp_path_factory.mktemp("ui") / "run.yaml"
+    run_file.write_text("preset: smollm2-tiny\n")
+    env = {"EAGLE_ASSETS_DATA": str(data), PRESET_ENV: "smollm2-tiny", RUN_FILE_ENV: str(run_file), "EAGLE_ASSETS_AUTOMATION": "0"}
+    with DagsterSession(home, data, env=env, log=lambda m: None, command="eagle-assets ui (test)") as session:
         # The first visit shows a modal over the whole UI until this is recorded.
-        assert _graphql(url, "mutation { setNuxSeen }")["setNuxSeen"] is True
-        yield url, log
-    finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=10)
-        # The webserver, daemon and code servers are in the same group: none may outlive the test.
-        time.sleep(1)
-        try:
-            os.killpg(proc.pid, 0)
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+        assert _graphql(session.url, "mutation { setNuxSeen }")["setNuxSeen"] is True
+        yield session, run_file
 
 
 def _browse(url: str, tmp_path: Path, *mode: str) -> subprocess.CompletedProcess:
@@ -151,11 +125,11 @@ def _browse(url: str, tmp_path: Path, *mode: str) -> subprocess.CompletedProcess
 
 
 def test_asset_graph_page_renders_every_asset_and_is_saved_as_a_screenshot(dagster_ui, tmp_path):
-    url, log = dagster_ui
-    page = f"{url}/asset-groups"
+    session, _ = dagster_ui
+    page = f"{session.url}/asset-groups"
     dom = _browse(page, tmp_path, "--dump-dom")
     missing = {a for a in ASSETS if a not in dom.stdout}
-    assert not missing, f"/asset-groups drew no node for {sorted(missing)}; dagster dev log:\n{_tail(log)}"
+    assert not missing, f"/asset-groups drew no node for {sorted(missing)}; the session's log:\n{session.log_tail()}"
     assert "Welcome to Dagster" not in dom.stdout  # the first-visit modal is gone
 
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
@@ -172,31 +146,19 @@ def test_asset_graph_page_renders_every_asset_and_is_saved_as_a_screenshot(dagst
     assert colours is not None and len(colours) > 200, "the screenshot is (nearly) blank"
 
 
-def test_graphql_shows_every_asset_materialised_fresh_with_its_checks(dagster_ui):
-    url, _ = dagster_ui
-    nodes = {"/".join(n["assetKey"]["path"]): n for n in _graphql(url, ASSET_QUERY)["assetNodes"]}
+def test_graphql_shows_every_asset_fresh_with_its_checks_and_the_plots_as_images(dagster_ui):
+    session, _ = dagster_ui
+    nodes = {"/".join(n["assetKey"]["path"]): n for n in _graphql(session.url, ASSET_QUERY)["assetNodes"]}
     assert set(nodes) == ASSETS
     for name, node in nodes.items():
         assert node["assetMaterializations"], f"{name} was never materialised"
         tags = {t["key"]: t["value"] for t in node["assetMaterializations"][0]["tags"]}
         assert re.fullmatch(r"[0-9a-f]{16,64}", tags["dagster/data_version"]), (name, tags)  # our content hash
         assert tags["dagster/data_version_is_user_provided"] == "true", name
-        # Source edited in this checkout while the session ran gives a new code version: that,
-        # and only that, may make an asset stale here (a fresh CI clone sees FRESH everywhere).
-        code_changed = node["opVersion"] != tags["dagster/code_version"]
-        if node["isPartitioned"]:
-            statuses = node["assetPartitionStatuses"]
-            assert sorted(statuses["materializedPartitions"]) == sorted(node["partitionKeys"]), name
-            assert statuses["failedPartitions"] == [], name
-            keys = json.dumps(node["partitionKeys"])
-            stale = _graphql(
-                url, f'{{ assetNodeOrError(assetKey: {{path: ["{name}"]}}) {{ ... on AssetNode {{ staleStatusByPartition(partitions: {keys}) }} }} }}'
-            )
-            assert code_changed or set(stale["assetNodeOrError"]["staleStatusByPartition"]) == {"FRESH"}, name
-        elif code_changed:
-            assert {c["reason"] for c in node["staleCauses"]} <= {"has a new code version"}, (name, node["staleCauses"])
-        else:
-            assert node["staleStatus"] == "FRESH", (name, node["staleCauses"])
+        # The run of `eagle-assets run --preset smollm2-tiny` and this UI's settings are the same:
+        # same code versions, nothing stale (a docstring edit in this checkout changes none).
+        assert node["opVersion"] == tags["dagster/code_version"], name
+        assert node["staleStatus"] == "FRESH", (name, node["staleCauses"])
         for check in node["assetChecksOrError"]["checks"]:
             execution = check["executionForLatestMaterialization"]
             assert execution is not None and execution["evaluation"] is not None, f"{name}.{check['name']} did not run"
@@ -206,3 +168,21 @@ def test_graphql_shows_every_asset_materialised_fresh_with_its_checks(dagster_ui
                 # Warnings (the benchmark's speedup on two CPU cores) are reported, not hidden.
                 assert execution["status"] in ("SUCCEEDED", "FAILED"), f"{name}.{check['name']}: {execution}"
                 assert execution["evaluation"]["success"] or execution["evaluation"]["severity"] == "WARN"
+    entries = nodes["benchmark_report"]["assetMaterializations"][0]["metadataEntries"]
+    plots = [e for e in entries if e["label"].startswith("plot_")]
+    assert plots and all(e["__typename"] == "MarkdownMetadataEntry" and "](data:image/png;base64," in e["mdStr"] for e in plots), plots
+
+
+def test_a_changed_setting_in_the_run_file_makes_that_asset_alone_stale_with_its_cause(dagster_ui):
+    session, run_file = dagster_ui
+    run_file.write_text("preset: smollm2-tiny\nvocab_mapping: {draft_vocab_size: 4000}\n")
+    reloaded = _graphql(session.url, 'mutation { reloadRepositoryLocation(repositoryLocationName: "eagle_assets") { __typename } }')
+    assert reloaded["reloadRepositoryLocation"]["__typename"] == "WorkspaceLocationEntry", reloaded
+    deadline = time.monotonic() + STARTUP_TIMEOUT_S
+    while True:  # the code server restarts with the new settings
+        stale = session.stale()
+        if stale["vocab_mapping"][0] == "STALE" or time.monotonic() > deadline:
+            break
+        time.sleep(2)
+    assert stale["vocab_mapping"] == ("STALE", ["has a new code version"]), stale
+    assert {a: s for a, (s, _) in stale.items() if a != "vocab_mapping"} == {a: "FRESH" for a in ASSETS - {"vocab_mapping"}}

@@ -1,27 +1,24 @@
-"""A four-asset graph with the pipeline's shape and staleness machinery, cheap enough for tests.
+"""A five-asset graph with the pipeline's machinery, cheap enough for tests.
 
-    a -> b -> c (partitioned "0", "1", like hidden_state_shards) -> d
+    a -> b -> c0, c1 (side by side, like two steps a Celery worker may run at once) -> d
 
-Like the real assets: code versions from `stage_version` over each asset's Config (changing
-a default makes it stale), data versions from the content hash of the files they write,
-stages that never mix partitioned and unpartitioned assets. Each asset writes a text file
-under `root` whose content depends on its parents' files and its settings.
+Like the real assets: code versions from each asset's Config defaults (changing a default makes
+it stale), data versions from the content hash of the files they write. Each asset writes a text
+file under `root` whose content depends on its parents' files and its settings.
 """
 
 # No `from __future__ import annotations`: Dagster resolves Config types from real annotations.
 
+import hashlib
+import json
 import time
 from pathlib import Path
 
 import dagster as dg
 
-from eagle_assets.defs.common import hash_files, stage_version
-from eagle_assets.resources.inference_server import InferenceServerResource
+from eagle_assets.defs.common import hash_files
 
-PARTITIONS = dg.StaticPartitionsDefinition(["0", "1"])
-STAGES = {"first_job": ["a", "b"], "shards_job": ["c"], "last_job": ["d"]}
-BOUND_SERVER = InferenceServerResource(target="toy-target", port=8123, kv_cache_gib=3)
-"""The inference-server resource as toy_location.py binds it (values that are not the defaults)."""
+CS = ("0", "1")
 
 
 def _config_class(name: str, **defaults) -> type[dg.Config]:
@@ -29,11 +26,14 @@ def _config_class(name: str, **defaults) -> type[dg.Config]:
     return type(name, (dg.Config,), {"__annotations__": annotations, **defaults})
 
 
-def make_assets(root: Path, b_scale: int = 1, b_note: str = "first", c_seconds: float = 0.0,
-                c_resources: frozenset[str] = frozenset()) -> list[dg.AssetsDefinition]:  # fmt: skip
+def _version(config: type[dg.Config]) -> str:
+    defaults = {name: repr(field.default) for name, field in config.model_fields.items()}
+    return hashlib.sha256(json.dumps(defaults, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def make_assets(root: Path, b_scale: int = 1, b_note: str = "first", c_seconds: float = 0.0) -> list[dg.AssetsDefinition]:
     """The toy graph. `b_scale` changes b's output; `b_note` changes only b's code version;
-    `c_seconds` makes each partition of c take that long (so parallel runs overlap); c records
-    the config of each resource named in `c_resources` in its materialisation's metadata."""
+    `c_seconds` makes each c take that long (so steps run side by side overlap)."""
     root = Path(root)
     root.mkdir(parents=True, exist_ok=True)
     AConfig = _config_class("AConfig", text="hello")
@@ -48,36 +48,32 @@ def make_assets(root: Path, b_scale: int = 1, b_note: str = "first", c_seconds: 
         tmp.rename(path)
         return dg.DataVersion(hash_files([path]))
 
-    @dg.asset(code_version=stage_version(AConfig))
+    @dg.asset(code_version=_version(AConfig))
     def a(config: AConfig) -> dg.MaterializeResult:
         return dg.MaterializeResult(data_version=write("a.txt", config.text))
 
-    @dg.asset(deps=[a], code_version=stage_version(BConfig))
+    @dg.asset(deps=[a], code_version=_version(BConfig))
     def b(config: BConfig) -> dg.MaterializeResult:
         return dg.MaterializeResult(data_version=write("b.txt", (root / "a.txt").read_text() * config.scale))
 
-    @dg.asset(deps=[b], partitions_def=PARTITIONS, code_version=stage_version(CConfig), required_resource_keys=set(c_resources),
-              check_specs=[dg.AssetCheckSpec("not_empty", asset="c")])  # fmt: skip
-    def c(context: dg.AssetExecutionContext, config: CConfig):
-        if config.salt < 0:
-            raise ValueError(f"salt {config.salt} < 0: a failing run for tests")
-        time.sleep(c_seconds)
-        text = f"{context.partition_key}:{config.salt}:" + (root / "b.txt").read_text()
-        seen = {name: getattr(context.resources, name).model_dump() for name in sorted(c_resources)}
-        yield dg.MaterializeResult(data_version=write(f"c{context.partition_key}.txt", text),
-                                   metadata={"resources": dg.MetadataValue.json(seen)} if seen else None)  # fmt: skip
-        yield dg.AssetCheckResult(check_name="not_empty", passed=bool(text))
+    def make_c(index: str):
+        @dg.asset(name=f"c{index}", deps=[b], code_version=_version(CConfig))
+        def c(config: CConfig) -> dg.MaterializeResult:
+            if config.salt < 0:
+                raise ValueError(f"salt {config.salt} < 0: a failing run for tests")
+            time.sleep(c_seconds)
+            return dg.MaterializeResult(data_version=write(f"c{index}.txt", f"{index}:{config.salt}:" + (root / "b.txt").read_text()))
 
-    @dg.asset(deps=[c], code_version=stage_version(DConfig))
+        return c
+
+    cs = [make_c(i) for i in CS]
+
+    @dg.asset(deps=cs, code_version=_version(DConfig))
     def d(config: DConfig) -> dg.MaterializeResult:
-        parts = [(root / f"c{k}.txt").read_text() for k in PARTITIONS.get_partition_keys()]
+        parts = [(root / f"c{i}.txt").read_text() for i in CS]
         return dg.MaterializeResult(data_version=write("d.txt", "|".join(parts) + config.suffix))
 
-    return [a, b, c, d]
-
-
-def make_jobs() -> list:
-    return [dg.define_asset_job(name, selection=assets) for name, assets in STAGES.items()]
+    return [a, b, *cs, d]
 
 
 def persistent_instance(home: Path) -> dg.DagsterInstance:
@@ -107,8 +103,5 @@ telemetry: {{enabled: false}}
     return dg.DagsterInstance.from_config(str(home))
 
 
-def materialization_count(instance: dg.DagsterInstance, asset: str, partition: str | None = None) -> int:
-    records = instance.fetch_materializations(
-        dg.AssetRecordsFilter(asset_key=dg.AssetKey(asset), asset_partitions=[partition] if partition else None), limit=1000
-    ).records
-    return len(records)
+def materialization_count(instance: dg.DagsterInstance, asset: str) -> int:
+    return len(instance.fetch_materializations(dg.AssetKey(asset), limit=1000).records)
