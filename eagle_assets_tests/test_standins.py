@@ -200,10 +200,16 @@ def test_vllm_serves_the_kimi_stand_in_as_transformers_does(standin_paths, kimi,
     a held-out prompt equal transformers' fp32 greedy ids, all 32 of them. The stand-in's logits
     are peaked along its answers (no top-2 gap under 1e-3 in test_greedy_answers_are_varied_and_peaked's
     measure, median gap of several logits), far above the ~1e-6 relative difference the two fp32
-    implementations show, so any difference is a fault, not rounding."""
+    implementations show, so any difference is a fault, not rounding. Where the host serves MLA
+    in bf16 (an AMX host's AMX_MLA backend), the two may part only where transformers' top-2
+    margin is within bf16's rounding (`greedy_check.NEAR_TIE_MARGIN`), and agree before it."""
     from transformers import AutoTokenizer
 
+    from eagle_assets.bench.greedy_check import NEAR_TIE_MARGIN
+    from eagle_assets.engines.logs import engine_kernels
     from eagle_assets.engines.serving import launch_vllm
+    from eagle_assets.engines.vllm_launch import served_dtype
+    from eagle_assets_tests.cpu_caps import NATIVE, mla_backend
 
     folder = standin_paths[KIMI_STANDIN]
     tokenizer = AutoTokenizer.from_pretrained(folder, trust_remote_code=True)
@@ -219,6 +225,7 @@ def test_vllm_serves_the_kimi_stand_in_as_transformers_does(standin_paths, kimi,
                                          {"Content-Type": "application/json"})  # fmt: skip
         with urllib.request.urlopen(request, timeout=300) as resp:
             answer = json.loads(resp.read())
+        assert f"backend {mla_backend(NATIVE)}" in engine_kernels(server.log_path)
 
     assert answer["prompt_token_ids"] == prompt_ids
     served = answer["choices"][0]["token_ids"]
@@ -228,7 +235,16 @@ def test_vllm_serves_the_kimi_stand_in_as_transformers_does(standin_paths, kimi,
         return ids[:-1] if ids and ids[-1] == EOS else ids
 
     assert len(expected) >= 16
-    assert without_eos(served) == without_eos(expected)
+    served, expected = without_eos(served), without_eos(expected)
+    dtype = served_dtype(folder, "cpu")
+    if dtype == "float32":
+        assert served == expected
+        return
+    parted = next((i for i, (a, b) in enumerate(zip(served, expected)) if a != b), None)
+    if parted is not None:
+        with torch.no_grad():
+            margin = float(top2_margins(kimi, [prompt_ids], [expected])[parted])
+        assert margin <= NEAR_TIE_MARGIN[dtype], (parted, margin)
 
 
 def test_extraction_loads_the_kimi_layout_spread_by_device_map_within_max_memory(standin_paths, deepseek, prompt_ids, one_thread):
