@@ -114,6 +114,6 @@ def test_the_drafter_serves_as_offline_under_every_lesser_cpu_cap(cap, standin_g
     report = json.loads((out / "report.json").read_text())
     assert report["parity"]["parity_ok"], report["parity"]["sentence"]
     assert report["greedy_check"]["verdict"] in ("equal", "near_ties"), report["greedy_check"]
-    kernels = next(n for n in report["notes"] if n.startswith("served on "))
+    kernels = report["serving"]
     assert f"capped from {NATIVE}" in kernels and f"library {KERNEL_LIBRARY[cap]}" in kernels and f"backend {mla_backend(cap)}" in kernels
     print(f"{cap}: served AL {report['served']['al']:.3f}, offline AL {report['offline']['al']:.3f}; {kernels}")

@@ -363,8 +363,6 @@ def run_benchmark(
         if note:
             notes.append(note)
     notes += _measurement_notes([*runs, *confirmation], kept)
-    if kernels.note(settings.served_dtype):
-        notes.append(kernels.note(settings.served_dtype))
     report = build_report(
         target=target_name,
         drafter=str(served_drafter_dir),
@@ -382,6 +380,7 @@ def run_benchmark(
         confirmation=confirmation,
         greedy_check=streams.check if streams else None,
         prompt_set=prompt_set.name,
+        serving=kernels.note(settings.served_dtype) or "",
     )
     paths = write_report(report, out_dir)
     kept.finish()

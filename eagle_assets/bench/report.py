@@ -109,6 +109,9 @@ class BenchmarkReport:
     target's margin where they part (`bench/greedy_check.py`); None when not checked."""
     prompt_set: str = ""
     """What the prompts were (MT-Bench's first turns, or a user's file), served and offline alike."""
+    serving: str = ""
+    """What served the runs, where the project launched them on a CPU: the processor's kind, the
+    dtype and the kernels vLLM took (they differ by kind); empty where unknown."""
 
     def run(self, label: str) -> ServedRun | None:
         return next((r for r in self.runs if r.label == label), None)
@@ -153,6 +156,7 @@ class BenchmarkReport:
                 "created_at": self.created_at,
                 "notes": list(self.notes),
                 "prompt_set": self.prompt_set,
+                "serving": self.serving,
                 "training": self.training.to_dict() if self.training else None,
                 "confirmation_runs": [r.to_dict() for r in self.confirmation],
                 "greedy_check": self.greedy_check.to_dict() if self.greedy_check else None,
@@ -178,6 +182,7 @@ class BenchmarkReport:
             created_at=float(d.get("created_at", 0.0)),
             notes=tuple(d.get("notes", ())),
             prompt_set=d.get("prompt_set", ""),
+            serving=d.get("serving", ""),
             training=TrainingFacts.from_dict(d["training"]) if d.get("training") else None,
             confirmation=tuple(ServedRun.from_dict(_nan_back(r)) for r in d.get("confirmation_runs", ())),
             greedy_check=GreedyCheck.from_dict(d["greedy_check"]) if d.get("greedy_check") else None,
@@ -236,6 +241,7 @@ def build_report(
     confirmation: Sequence[ServedRun] = (),
     greedy_check: GreedyCheck | None = None,
     prompt_set: str = "",
+    serving: str = "",
 ) -> BenchmarkReport:
     """Put the runs, offline numbers and verdict together and run the checks.
 
@@ -285,6 +291,7 @@ def build_report(
         confirmation=tuple(confirmation),
         greedy_check=greedy_check,
         prompt_set=prompt_set,
+        serving=serving,
     )
 
 
@@ -353,6 +360,8 @@ def to_markdown(report: BenchmarkReport, plots: Mapping[str, str] | None = None)
         )
     if report.prompt_set:
         out.append(f"- prompts: {report.prompt_set}")
+    if report.serving:
+        out.append(f"- {report.serving}")
     ks = [f"{r.label} {'by batch size' if run_schedule(r) else k}" for r in report.runs if (k := draft_tokens_per_step(r)) is not None]
     if ks:
         out.append(f"- draft tokens per step (K): {', '.join(ks)}; parity and checks at `{report.spec_label}`'s")
@@ -589,6 +598,8 @@ def summary_text(report: BenchmarkReport) -> str:
     lines = [f"benchmark: {report.drafter} on {report.target} ({report.engine}{f', K={k}' if k else ''})"]
     if report.prompt_set:
         lines.append(f"prompts: {report.prompt_set}")
+    if report.serving:
+        lines.append(report.serving)
     if report.parity:
         lines.append(f"verdict: {report.parity.verdict} - {report.parity.sentence}")
     if report.greedy_check:

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from eagle_assets.checked_reads import read_json_object
-from eagle_assets.engines.cpu_isa import cap_environment, host_cpu
+from eagle_assets.engines.cpu_isa import HostCpu, cap_environment, host_cpu
 from eagle_assets.engines.k_schedule import KSchedule
 from eagle_assets.engines.preflight import DRAFTER_CONFIG_FIX, wrong_engine_export
 from eagle_assets.settings_env import SettingError, env_choice
@@ -166,16 +166,16 @@ def uses_mla(model: Path) -> bool:
 SERVED_DTYPES = ("auto", "float32", "bfloat16")
 
 
-def served_dtype(model: Path, device: str) -> str:
+def served_dtype(model: Path, device: str, cpu: HostCpu | None = None) -> str:
     """The dtype a launched server computes in. On a CPU, by default fp32: the offline reference's
     precision, so served and offline acceptance compare token for token (in bf16 the two streams
     part at near ties), and faster than bf16 on processors without bf16 matrix units. The
     exception is an MLA target on an AMX host: vLLM takes its AMX_MLA backend there, which runs
     bf16 only (EAGLE_ASSETS_CPU_ISA=avx512_bf16 takes CPU_MLA, and fp32, instead).
-    EAGLE_ASSETS_SERVE_DTYPE chooses otherwise. On a GPU, bf16."""
+    EAGLE_ASSETS_SERVE_DTYPE chooses otherwise. On a GPU, bf16. `cpu`: the host's (default)."""
     if device != "cpu":
         return "bfloat16"
-    amx_mla = host_cpu().amx and uses_mla(model)
+    amx_mla = (cpu or host_cpu()).amx and uses_mla(model)
     asked = env_choice("EAGLE_ASSETS_SERVE_DTYPE", "auto", SERVED_DTYPES)
     if asked == "float32" and amx_mla:
         raise SettingError(
