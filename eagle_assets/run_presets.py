@@ -32,10 +32,12 @@ _SMOLLM2_SMALL = {
 }
 
 RUN_PRESETS: dict[str, dict[str, dict]] = {
-    # The seeds' way: a few thousand tokens of fresh corpus fine-tune a parent drafter trained on
-    # real prompts (warm start: the parent's layers and vocabulary mapping), and the blocking
-    # not_worse_than_parent check holds the result to the parent's acceptance on the same
-    # held-out samples. A low learning rate: the corpus is small and the parent already good.
+    # The seeds' way: a warm start from a parent drafter trained on real prompts (its layers and
+    # vocabulary mapping). On the 32 prompts here the parent is served as it is, measured on the
+    # new corpus: fewer training samples than min_finetune_samples cannot move it. With a prompt
+    # file of your traffic (`run --config`), these settings fine-tune it, and the trainer exports
+    # the better of fine-tune and parent on the same held-out samples. A low learning rate: the
+    # parent is already good.
     "smollm2-default": {
         **_SMOLLM2_SMALL,
         "vocab_mapping": {"parent_drafter": SMOLLM2_PARENT_DRAFTER},
