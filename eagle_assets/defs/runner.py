@@ -24,6 +24,7 @@ from typing import Callable, Iterator, Sequence
 import dagster as dg
 
 from eagle_assets.defs import ASSETS
+from eagle_assets.defs.drafter import HIDDEN_STATES_TAG, DrafterConfig, training_source
 from eagle_assets.defs.hidden_states import (
     HiddenStatesConfig,
     engine_layer_ids,
@@ -35,7 +36,7 @@ from eagle_assets.defs.hidden_states import (
 from eagle_assets.defs.instance_runs import WORKSPACE_FILE, RunSession, RunSpec
 from eagle_assets.defs.jobs import CORPUS_STAGE, HIDDEN_STAGE, JOBS, STAGES
 from eagle_assets.defs.resources import default_resources
-from eagle_assets.defs.staleness import STALE_ONLY_TAG, StaleRun, Step, run_stale
+from eagle_assets.defs.staleness import STALE_ONLY_TAG, StaleRun, Step, last_run_config, run_stale
 from eagle_assets.embedded_target import resolve_target
 from eagle_assets.engines.serving import launch_extraction_server
 from eagle_assets.paths import PROJECT_ROOT
@@ -107,9 +108,10 @@ def selected_stages(parts: Sequence[str] | None) -> list[list[str]]:
 _graph_order = [asset.key for asset in ASSETS]
 
 
-def missing_upstream(instance: dg.DagsterInstance, stages: Sequence[Sequence[str]]) -> list[str]:
+def missing_upstream(instance: dg.DagsterInstance, stages: Sequence[Sequence[str]], online: bool = False) -> list[str]:
     """The assets outside `stages` that an asset in them reads and `instance` has never
-    materialised (for a partitioned one: some partition never materialised), by name."""
+    materialised (for a partitioned one: some partition never materialised), by name. `online`:
+    the drafter may train without hidden_state_shards, whose absence is then no refusal."""
     selected = {asset for stage in stages for asset in stage}
     missing: list[str] = []
     for asset in ASSETS:
@@ -118,6 +120,8 @@ def missing_upstream(instance: dg.DagsterInstance, stages: Sequence[Sequence[str
         for dep in sorted(asset.dependency_keys, key=_graph_order.index):  # a set: its order varies by run
             name = dep.to_user_string()
             if name in selected or name in missing:
+                continue
+            if name in HIDDEN_STAGE and online:
                 continue
             if name in HIDDEN_STAGE:  # partitioned: every partition must be there
                 done = instance.get_materialized_partitions(dep)
@@ -153,19 +157,32 @@ def materialize_graph(preset: str = DEFAULT_PRESET, log: Callable[[str], None] =
     if instance is None:
         ensure_dagster_home()
         instance = dg.DagsterInstance.get()
-    missing = missing_upstream(instance, stages)
+    asked = _drafter_settings(run_config(preset, changes=changes)).hidden_states
+    missing = missing_upstream(instance, stages, online=asked != "shards")
     if missing:
         needed = [part for part, assets in PARTS.items() if set(assets) & set(missing)]
         raise ValueError(f"--part {' --part '.join(parts or ())} reads {', '.join(missing)}, which this instance ({instance.root_directory}) "
                          f"has never materialised: run --part {' --part '.join(needed)} first (or the whole graph)")  # fmt: skip
     resources, target_config = run_resources(target)
     runs: list[dg.DagsterRun] = []
+    source = None  # where the drafter takes its states: decided once the corpus is there
+    trains = any("drafter_checkpoint" in stage for stage in stages)
     with RunSession(instance, workspace_file, log=log) as session:
         for job, stage in zip(JOBS, stages):
             if not stage:
                 continue
             config = {**run_config(preset, stage, changes), **target_config}
             tags = {STAGE_TAG: job.name}
+            if "drafter_checkpoint" in stage or (stage == HIDDEN_STAGE and trains):
+                source = source or drafter_source(resources, run_config(preset, changes=changes), log)
+            if stage == HIDDEN_STAGE and trains and source != "shards":  # asked for alone (--part), they are built
+                log(f"hidden_state_shards is not built: the drafter trains online, its states from the {source}")
+                continue
+            if "drafter_checkpoint" in stage:
+                # The choice travels in the run's config: the asset trains as decided here, and the run records it.
+                drafter = config["ops"].setdefault("drafter_checkpoint", {"config": {}})["config"]
+                config["ops"]["drafter_checkpoint"]["config"] = {**drafter, "hidden_states": source}
+                tags[HIDDEN_STATES_TAG] = source
             if stage != HIDDEN_STAGE:
                 runs += session.run([RunSpec(job.name, tuple(stage), run_config=config, tags=tags)])
                 continue
@@ -174,6 +191,24 @@ def materialize_graph(preset: str = DEFAULT_PRESET, log: Callable[[str], None] =
                                  tags={**tags, EXTRACTION_TAG: source}) for key in shard_partitions.get_partition_keys()]  # fmt: skip
                 runs += session.run(specs)
     return runs
+
+
+def _drafter_settings(config: dict) -> DrafterConfig:
+    return DrafterConfig(**config.get("ops", {}).get("drafter_checkpoint", {}).get("config", {}))
+
+
+def drafter_source(resources: dict, config: dict, log: Callable[[str], None]) -> str:
+    """ "shards", "target" or "server": where the drafter of a run with this run config takes its
+    states (`defs/drafter.training_source`; "auto" reads the corpus's size against the free disk)."""
+    drafter = _drafter_settings(config)
+    preset, path = resolve_target(resources["inference_server"].target, log=log)
+    storage = resources["storage"]
+    if drafter.hidden_states == "auto":
+        storage.fetch(storage.corpus(preset.name), log=log)
+    source = training_source(drafter.hidden_states, drafter.epochs, preset, path, storage, _hidden_settings(config))
+    if drafter.hidden_states == "auto":
+        log(f"hidden states for training: {source} (auto: {drafter.epochs} epoch(s))")
+    return source
 
 
 def _hidden_settings(config: dict) -> HiddenStatesConfig:
@@ -235,9 +270,29 @@ def materialize_stale(preset: str | None = None, log: Callable[[str], None] = pr
             sources[key] = extraction_source(resources, config, log)
         return {EXTRACTION_TAG: sources[key]}
 
+    assets = ASSETS
+    source = stale_run_source(resources, settings, instance, log)
+    if source is not None and settings is not None:  # as materialize_graph records it: no false "settings changed"
+        drafter = settings.setdefault("drafter_checkpoint", {"config": {}})
+        drafter["config"] = {**drafter.get("config", {}), "hidden_states": source}
+    if source not in (None, "shards"):  # online: the shards are no part of this graph's work
+        log(f"hidden_state_shards is left out: the drafter trains online, its states from the {source}")
+        assets = [a for a in ASSETS if a.key.to_user_string() not in HIDDEN_STAGE]
     with RunSession(instance, workspace_file, log=log) as session:
-        return run_stale(ASSETS, stages, instance, resources, settings=settings, fallback=run_config(DEFAULT_PRESET)["ops"],
+        return run_stale(assets, stages, instance, resources, settings=settings, fallback=run_config(DEFAULT_PRESET)["ops"],
                          log=log, execute=wave_submitter(session, extraction_tag, target_config))  # fmt: skip
+
+
+def stale_run_source(resources: dict, settings: dict | None, instance: dg.DagsterInstance, log: Callable[[str], None]) -> str | None:
+    """Where the drafter of a stale-only run takes its states: from the wanted settings, else from
+    its last run's; None while that cannot be known yet ("auto" before any corpus exists)."""
+    if settings is None:
+        last = last_run_config(instance, dg.AssetKey("drafter_checkpoint")) or {}
+        return last.get("hidden_states") if last.get("hidden_states") in ("shards", "target", "server") else None
+    asked = _drafter_settings({"ops": settings}).hidden_states
+    if asked == "auto" and instance.get_latest_materialization_event(dg.AssetKey("synthetic_corpus")) is None:
+        return None
+    return drafter_source(resources, {"ops": settings}, log)
 
 
 def wave_submitter(session: RunSession, tags_for: Callable[[Step, dict], dict] = lambda step, config: {}, extra_config: dict | None = None):
