@@ -4,8 +4,9 @@
     python -m eagle_assets.drafter.train --config run.json        # one process (CPU or one GPU)
 
 What a run does (settings in `run_config.TrainConfig`):
-- reads the shards through `data.ShardDataset`, holds out a stable hash-chosen validation
-  split, and plans length-aware micro-batches whose order is fixed by (seed, epoch);
+- reads the shards through `data.ShardDataset`, or computes the states online from the target
+  or an extraction server (`sources.py`), holds out a stable hash-chosen validation split, and
+  plans length-aware micro-batches whose order is fixed by (seed, epoch);
 - builds the drafter (new, from the target's config.json, or warm-started from a parent
   drafter), copies the target's embedding into it (frozen) and takes the target lm_head's
   draft-vocabulary rows as the teacher head;
@@ -17,7 +18,8 @@ What a run does (settings in `run_config.TrainConfig`):
 - AdamW with linear warm-up and cosine decay, gradient clipping;
 - every `checkpoint_every` steps, rank 0 writes an atomic checkpoint (model, optimiser,
   scheduler, RNG states of every rank, data position); a restart resumes from the newest
-  complete one and follows the same trajectory as an uninterrupted run;
+  complete one and follows the same trajectory as an uninterrupted run; an online source that
+  fails (its server died) checkpoints the steps trained before the run stops;
 - logs loss, per-step accuracy, learning rate and tokens/s to TensorBoard, `metrics.jsonl`
   and a tqdm bar (rank 0 only); validates every `val_interval` steps (per-position
   acceptance estimate and acceptance length); exports the drafter with `export.py`.

@@ -137,9 +137,33 @@ def test_training_from_the_server_equals_shard_training(runs, server):
     assert not list(server[1].iterdir()), "every spool file was read and removed"
 
 
+class CountingStates(ServerStates):
+    """The server source, counting its requests in flight and the samples it has asked for and
+    not yet handed over."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.in_flight = self.most_in_flight = self.most_asked = 0
+        self.counter = threading.Lock()
+
+    def _fetch(self, position):
+        with self.counter:
+            self.in_flight += 1
+            self.most_in_flight = max(self.most_in_flight, self.in_flight)
+            self.most_asked = max(self.most_asked, len(self._outstanding))
+        try:
+            return super()._fetch(position)
+        finally:
+            with self.counter:
+                self.in_flight -= 1
+
+
 def test_the_spool_stays_bounded_and_is_left_clean(world, smollm2_path, server):
-    """With requests in flight and steps asked for ahead, at most `extraction_concurrency` files
-    sit in the spool at any moment; closing the source mid-stream leaves none."""
+    """With steps asked for ahead, at most `extraction_concurrency` requests are in flight (each
+    holds at most one file in the spool) and at most `lookahead_steps` + 1 steps are asked for;
+    closing the source mid-stream leaves the spool empty."""
+    from eagle_assets.drafter.data import SamplerState
+
     engine, spool = server
     cfg = config(
         world,
@@ -149,31 +173,19 @@ def test_the_spool_stays_bounded_and_is_left_clean(world, smollm2_path, server):
         shard_dirs=(),
         extraction_url=engine.base_url,
         extraction_concurrency=2,
-        lookahead_steps=4,
+        lookahead_steps=3,
     )
-    source = open_training_data(cfg, torch.device("cpu"))
-    assert isinstance(source, ServerStates)
-    most, stop = [0], threading.Event()
-
-    def watch():
-        while not stop.is_set():
-            most[0] = max(most[0], sum(1 for p in spool.iterdir() if p.suffix == ".safetensors"))
-            time.sleep(0.005)
-
-    watcher = threading.Thread(target=watch, daemon=True)
-    watcher.start()
-    from eagle_assets.drafter.data import SamplerState
-
+    source = CountingStates.connect(cfg)
     plan = ((SamplerState(0, i + 1), [[i % len(source)], [(i + 1) % len(source)]], 0) for i in range(12))
     stream = source.stream(plan, torch.float32, torch.device("cpu"))
     steps = iter(stream)
-    got = [next(steps) for _ in range(3)]  # three steps taken, more asked for ahead
+    got = [next(steps) for _ in range(3)]
+    time.sleep(1.0)  # the look-ahead fills while no step is taken
     stream.close()
     source.close()
-    stop.set()
-    watcher.join()
     assert [s for s, _, _ in got] == [SamplerState(0, 1), SamplerState(0, 2), SamplerState(0, 3)]
-    assert 1 <= most[0] <= 2, most[0]
+    assert source.most_in_flight == 2, source.most_in_flight
+    assert 2 < source.most_asked <= (3 + 1) * 2, source.most_asked
     assert not list(spool.iterdir())
 
 
