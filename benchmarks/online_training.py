@@ -161,14 +161,14 @@ def sync(device: torch.device) -> None:
 class Trainable:
     """A fresh drafter (seeded), its optimiser and the teacher heads: what one timed path trains."""
 
-    def __init__(self, p: TargetPreset, model, aux: tuple[int, ...], device: torch.device):
+    def __init__(self, p: TargetPreset, model, aux: tuple[int, ...], device: torch.device, embedding: torch.Tensor):
         config = DrafterConfig.from_target_config(hf_config(p), aux_layer_ids=aux, draft_vocab_size=p.draft_vocab_size)
         d2t = torch.zeros(p.draft_vocab_size, dtype=torch.long)  # the lowest ids: target id = draft id
         t2d = torch.zeros(p.vocab_size, dtype=torch.bool)
         t2d[: p.draft_vocab_size] = True
         torch.manual_seed(0)
         drafter = Eagle3Drafter(config)
-        drafter.load_target_embedding(model.model.embed_tokens.weight.detach().float().cpu())
+        drafter.load_target_embedding(embedding)
         drafter.set_vocab_mapping(d2t, t2d)
         drafter.to(device)
         self.bf16 = True
@@ -282,6 +282,7 @@ def measure(p: TargetPreset, sizes: Sizes, device: torch.device, scratch: Path, 
                 yield SamplerState(here.epoch, here.step + 1), rank_micro_batches(step, 0, 1), sum(shards.lengths(step[0]))
 
         dtype = torch.bfloat16
+        embedding = model.model.embed_tokens.weight.detach().float().cpu()  # (V, H): each fresh drafter copies it
         # The drafter's step alone: every batch on the device before the clock starts.
         ready = [(s, [{k: v.to(device) for k, v in shards.collate(b, dtype).items()} for b in mine], n) for s, mine, n in plan()]
         online = TargetStates(model, corpus, aux, overlap=False)
@@ -292,13 +293,13 @@ def measure(p: TargetPreset, sizes: Sizes, device: torch.device, scratch: Path, 
                 online._rows(b)
 
         paths = {
-            "drafter": lambda: timed(iter(ready), Trainable(p, model, aux, device), sizes, device),
+            "drafter": lambda: timed(iter(ready), Trainable(p, model, aux, device, embedding), sizes, device),
             "forward": lambda: timed(plan(), None, sizes, device, consume=forward_only),
-            "shards": lambda: timed(shards.stream(plan(), dtype, device), Trainable(p, model, aux, device), sizes, device),
-            "online": lambda: timed(online.stream(plan(), dtype, device), Trainable(p, model, aux, device), sizes, device),
+            "shards": lambda: timed(shards.stream(plan(), dtype, device), Trainable(p, model, aux, device, embedding), sizes, device),
+            "online": lambda: timed(online.stream(plan(), dtype, device), Trainable(p, model, aux, device, embedding), sizes, device),
         }
         if overlapped is not None:
-            paths["overlap"] = lambda: timed(overlapped.stream(plan(), dtype, device), Trainable(p, model, aux, device), sizes, device)
+            paths["overlap"] = lambda: timed(overlapped.stream(plan(), dtype, device), Trainable(p, model, aux, device, embedding), sizes, device)
         # In rounds, the order rotating: a slow spell of a shared host slows every path alike; the median is kept.
         names, measured = list(paths), {name: [] for name in paths}
         for r in range(rounds):

@@ -416,18 +416,18 @@ class ServerStates(OnlineStates):
             window: deque = deque()
             it = iter(steps)
 
-            def ask_ahead() -> None:
-                while len(window) < self.lookahead_steps + 1:  # the step about to train and those ahead of it
+            def ask_ahead(steps_asked: int) -> None:
+                while len(window) < steps_asked:
                     item = next(it, None)
                     if item is None:
                         return
                     state, mine, tokens = item
                     window.append((state, mine, tokens, [[self._submit(p) for p in b] for b in mine]))
 
-            ask_ahead()
+            ask_ahead(self.lookahead_steps + 1)
             while window:
                 state, mine, tokens, futures = window.popleft()
-                ask_ahead()
+                ask_ahead(self.lookahead_steps)  # with this one: the step about to train and `lookahead_steps` after it
                 batches = [self.collate(b, dtype, rows=self._gather(fs)) for b, fs in zip(mine, futures)]
                 if device.type == "cuda":
                     batches = [{k: v.pin_memory() for k, v in b.items()} for b in batches]

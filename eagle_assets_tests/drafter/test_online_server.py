@@ -198,11 +198,12 @@ def _proxy(port: int, target_url: str) -> subprocess.Popen:
 
 def _remove_orphans(spool: Path, before: set[str]) -> None:
     """A dead server's requests in flight leave their files in its spool (nobody reads them): the
-    shared server's spool is emptied of what this test left, once the engine has written it."""
-    deadline, quiet = time.monotonic() + 30, 0
-    while time.monotonic() < deadline and quiet < 20:
-        new = [p for p in spool.iterdir() if p.name not in before]
-        quiet = quiet + 1 if not any(p.suffix == ".lock" for p in new) else 0
+    shared server's spool is emptied of what this test left, once the engine has stopped writing."""
+    deadline, last, quiet = time.monotonic() + 30, None, 0
+    while time.monotonic() < deadline and quiet < 10:
+        now = {p.name for p in spool.iterdir() if p.name not in before}
+        quiet = quiet + 1 if now == last else 0
+        last = now
         time.sleep(0.05)
     for p in spool.iterdir():
         if p.name not in before:
