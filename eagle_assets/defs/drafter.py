@@ -85,8 +85,7 @@ class DrafterConfig(dg.Config):
     "target", the target loaded in the trainer beside the drafter, its forward in each step;
     "server", an extraction server (EAGLE_ASSETS_EXTRACTION_URL, or a vLLM launched for the
     run) asked a few steps ahead. "auto": shards where they pay (two epochs or more) and fit
-    the disk, else online: the target where Hugging Face would extract it, else the server
-    (benchmarks/results/online_training_*.md)."""
+    the disk, else online: the target where Hugging Face would extract it, else the server."""
 
 
 PASSED_TO_TRAINER = tuple(
