@@ -42,7 +42,7 @@ VERSIONS: dict[str, int] = {
     "prompts": 1,
     "synthetic_corpus": 1,
     "vocab_mapping": 1,
-    "hidden_state_shards": 1,
+    "hidden_state_shards": 2,
     "drafter_checkpoint": 2,
     "benchmark_report": 2,
 }

@@ -3,6 +3,7 @@
 # No `from __future__ import annotations`: Dagster resolves Config types from real annotations.
 
 import dataclasses
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Optional
 
@@ -11,12 +12,15 @@ import dagster as dg
 from eagle_assets.checked_reads import read_json_object
 from eagle_assets.defs.code_versions import code_version
 from eagle_assets.defs.common import GROUP, check_result, hash_tree, metadata, target_of
+from eagle_assets.defs.corpus import synthetic_corpus
+from eagle_assets.defs.hidden_state_settings import NUM_SHARDS, engine_max_model_len, training_source
 from eagle_assets.defs.hidden_states import hidden_state_shards, vocab_mapping
 from eagle_assets.defs.settings import with_defaults
 from eagle_assets.drafter.config import folder_drafts_in_parallel, folder_num_layers, vllm_only_reason
 from eagle_assets.drafter.export import check_sglang_names, read_drafter_tensors
 from eagle_assets.drafter.parent_gate import AL_ROUNDING
 from eagle_assets.drafter.run_config import TrainConfig
+from eagle_assets.drafter.sources import online_aux_layer_ids
 from eagle_assets.drafter.train import SUMMARY_FILE
 from eagle_assets.engines.serving import SMOKE_PROMPTS, chat_once, cold_sampling_check
 from eagle_assets.hidden_states.reader import stored_aux_layer_ids
@@ -72,11 +76,22 @@ class DrafterConfig(dg.Config):
     precision: str = _TRAINER["precision"]
     """"auto" (bf16 autocast on a GPU, fp32 on a CPU, where bf16 kernels differ by processor
     kind), "fp32" or "bf16". Recorded in summary.json and the model card."""
+    hidden_states: str = "auto"
+    """Where training takes the target's states from. "shards": hidden_state_shards, extracted
+    once and read every epoch. Online, never on disk (hidden_state_shards is then not built):
+    "target", the target loaded in the trainer beside the drafter, its forward in each step;
+    "server", an extraction server (EAGLE_ASSETS_EXTRACTION_URL, or a vLLM launched for the
+    run) asked a few steps ahead. "auto": shards where they pay (two epochs or more) and fit
+    the disk, else online: the target where Hugging Face would extract it, else the server."""
 
 
-PASSED_TO_TRAINER = tuple(name for name in DrafterConfig.model_fields if name in _TRAINER and name not in ("ttt_steps", "aux_layer_ids"))
+PASSED_TO_TRAINER = tuple(
+    name for name in DrafterConfig.model_fields if name in _TRAINER and name not in ("ttt_steps", "aux_layer_ids", "hidden_states")
+)
 """The settings handed to the trainer as they are (ttt_steps and aux_layer_ids get the
-preset's and the shards' values where unset)."""
+preset's and the shards' values where unset; hidden_states is resolved first)."""
+HIDDEN_STATES_TAG = "eagle_assets/hidden_states"
+"""Tag on drafter runs `eagle-assets run` submits: "shards", "target" or "server"."""
 
 
 DrafterSettings = with_defaults(DrafterConfig, "drafter_checkpoint")
@@ -85,7 +100,7 @@ DrafterSettings = with_defaults(DrafterConfig, "drafter_checkpoint")
 
 @dg.asset(
     group_name=GROUP,
-    deps=[vocab_mapping, hidden_state_shards],
+    deps=[vocab_mapping, hidden_state_shards, synthetic_corpus],
     code_version=code_version("drafter_checkpoint", DrafterSettings),
 )
 def drafter_checkpoint(
@@ -98,32 +113,48 @@ def drafter_checkpoint(
     """An EAGLE-3 drafter trained on the target's hidden states with the engines' exact draft
     function (training-time test over K steps, loss against the target's distribution on the
     draft vocabulary), launched with torchrun through Dagster Pipes, exported for vLLM and
-    SGLang and smoke-loaded in the real vLLM server."""
+    SGLang and smoke-loaded in the real vLLM server. The states come from the shards, or online
+    (`hidden_states`): from the target in the trainer or an extraction server, never on disk."""
     preset, path = target_of(inference_server)
     # The graph is one run: a server the stages before kept warm would hold the memory (a GPU's)
     # that training needs for minutes to hours, to save a start-up of seconds.
     inference_server.stop_warm()
     out = storage.drafter(preset.name)
-    # With a URL root: the shards, the vocabulary and the earlier checkpoints (training resumes from the newest).
-    storage.fetch(storage.hidden_states(preset.name), storage.vocab_mapping(preset.name), out, log=context.log.info)
+    # With a URL root: the corpus, the vocabulary and the earlier checkpoints (training resumes from the newest).
+    storage.fetch(storage.corpus(preset.name), storage.vocab_mapping(preset.name), out, log=context.log.info)
+    source = training_source(config.hidden_states, config.epochs, preset, path, storage)
+    context.log.info(f"hidden states: {source}" + ("" if source == "shards" else " (online: hidden_state_shards is not read)"))
+    if source == "shards":
+        storage.fetch(storage.hidden_states(preset.name), log=context.log.info)
     # A warm start keeps its parent's layers; SGLang serves one-layer step-by-step drafters only.
     num_layers = folder_num_layers(config.warm_start) if config.warm_start else config.drafter_num_layers
     parallel = folder_drafts_in_parallel(config.warm_start) if config.warm_start else config.ptd_token_id is not None
-    aux_layer_ids = config.aux_layer_ids or stored_aux_layer_ids(storage.hidden_states(preset.name))
+    if config.aux_layer_ids or source != "shards":
+        aux_layer_ids = online_aux_layer_ids(config.aux_layer_ids, config.warm_start, preset.num_layers)
+    else:
+        aux_layer_ids = stored_aux_layer_ids(storage.hidden_states(preset.name))
     vllm_only = vllm_only_reason(num_layers, aux_layer_ids, preset.num_layers, parallel)
     train_config = TrainConfig(
-        shard_dirs=(str(storage.hidden_states(preset.name)),),
+        shard_dirs=(str(storage.hidden_states(preset.name)),) if source == "shards" else (),
         vocab_mapping=str(storage.vocab_mapping(preset.name)),
         target=str(path),
         out_dir=str(out),
+        hidden_states=source,
+        corpus_dir=str(storage.corpus(preset.name)),
+        num_shards=NUM_SHARDS,
         ttt_steps=config.ttt_steps or preset.ttt_steps,
-        aux_layer_ids=tuple(config.aux_layer_ids) if config.aux_layer_ids else None,
+        aux_layer_ids=tuple(aux_layer_ids) if config.aux_layer_ids or source != "shards" else None,
         **{name: getattr(config, name) for name in PASSED_TO_TRAINER},
         tensorboard_dir=str(out / "tensorboard"),
         export_engines=("vllm",) if vllm_only else ("vllm", "sglang"),
     )
     try:
-        summary = trainer.train(context, train_config)
+        with _extraction_server(source, inference_server, preset, aux_layer_ids, storage, context.log.info) as server:
+            if server is not None:
+                train_config = train_config.replace(
+                    extraction_url=server.base_url, extraction_model=server.model, extraction_api_key_env=inference_server.api_key_env
+                )
+            summary = trainer.train(context, train_config)
     finally:  # a failed run's checkpoints too: a rerun elsewhere resumes from them
         storage.publish(out, log=context.log.info)
     vllm_dir = Path(summary["exports"]["vllm"])
@@ -141,10 +172,25 @@ def drafter_checkpoint(
                 "sglang_export": str(sglang_dir) if sglang_dir else vllm_only,
                 "seconds": summary.get("seconds"),
                 "warm_start": config.warm_start,
+                "hidden_states": summary.get("hidden_states", source),
+                "hidden_states_origin": summary.get("hidden_states_origin"),
             }
         ),
         data_version=dg.DataVersion(hash_tree(vllm_dir)),
     )
+
+
+@contextmanager
+def _extraction_server(source: str, inference_server: InferenceServerResource, preset, aux_layer_ids, storage: StorageResource, log):
+    """For "server": the extraction server training streams from, for as long as it trains
+    (`extraction_url`, or a vLLM launched for it); else None."""
+    if source != "server":
+        with nullcontext(None) as none:
+            yield none
+        return
+    ids = sorted(set(aux_layer_ids) | {preset.num_layers})
+    with inference_server.extraction_server(ids, engine_max_model_len(preset, str(storage.corpus(preset.name))), log=log) as server:
+        yield server
 
 
 # The checks read what the asset left (the trainer's summary.json and the exports), so each can

@@ -13,13 +13,22 @@ from eagle_assets.corpus.target import target_fingerprint
 from eagle_assets.defs.code_versions import code_version
 from eagle_assets.defs.common import GROUP, check_result, hash_files, metadata, target_of
 from eagle_assets.defs.corpus import synthetic_corpus
+from eagle_assets.defs.hidden_state_settings import (
+    NUM_SHARDS,
+    HiddenStatesConfig,
+    drafter_training_source,
+    engine_layer_ids,
+    engine_max_model_len,
+    extraction_device,
+    extraction_settings,
+    hidden_states_source,
+)
 from eagle_assets.defs.settings import with_defaults
 from eagle_assets.formats import SHARD_MANIFEST_FILE, SHARD_STATES_FILE
 from eagle_assets.hidden_states.corpus_io import corpus_token_counts
 from eagle_assets.hidden_states.engine_extract import EngineExtractor, EngineStateClient, final_norm_of
-from eagle_assets.hidden_states.extract import ExtractSettings, extract_all, load_target
+from eagle_assets.hidden_states.extract import extract_all, load_target
 from eagle_assets.hidden_states.reader import ShardReader
-from eagle_assets.hidden_states.source import choose_source, hf_loadable
 from eagle_assets.hidden_states.vocab import (
     build_vocab_mapping,
     count_assistant_tokens,
@@ -28,13 +37,6 @@ from eagle_assets.hidden_states.vocab import (
 )
 from eagle_assets.resources.inference_server import InferenceServerResource
 from eagle_assets.resources.storage import StorageResource
-from eagle_assets.settings_env import env_int
-
-NUM_SHARDS = env_int("EAGLE_ASSETS_NUM_SHARDS", 4, min=1)
-"""Hidden-state shards. Samples go to shards by a stable hash of their id, so a rerun rebuilds
-only the shards whose samples changed or that a failure left unfinished; changing the count
-re-assigns samples (every shard is rebuilt then). Why shards are not Dagster partitions:
-docs/design.md, "How it runs"."""
 
 
 class VocabConfig(dg.Config):
@@ -88,56 +90,6 @@ def vocab_mapping(context: dg.AssetExecutionContext, config: VocabSettings, infe
     yield check_result(consistent, {"draft_vocab_size": mapping.draft_vocab_size, "vocab_size": len(mapping.t2d)}, check_name="consistent")
 
 
-class HiddenStatesConfig(dg.Config):
-    aux_layer_ids: Optional[list[int]] = None
-    """Aux ids (HF hidden_states numbering); default: the preset's (2, L//2, L-3)."""
-    source: str = "auto"
-    """"engine" (the serving engine extracts them: vLLM's extract_hidden_states, one server for
-    every shard), "hf" (a Hugging Face forward pass here) or "auto": the preset's choice, else the
-    engine wherever the target needs several GPUs or transformers cannot load it."""
-    batch_tokens: int = 8192
-    """Hugging Face: padded tokens per forward pass."""
-    device: str = "auto"
-    """Hugging Face: "auto" (every visible GPU, layers spread by accelerate's device_map; the
-    host where there is none), "cpu", "cuda" or "cuda:N"."""
-    max_memory_per_device: Optional[str] = None
-    """Hugging Face with device "auto": the most each device may hold (e.g. "130GiB"), leaving
-    room for activations; default: what it has."""
-    engine_concurrency: int = 16
-    """Engine: samples in flight at once (the engine batches them)."""
-
-
-def _device(choice: str) -> str:
-    if choice == "auto":
-        return "auto" if torch.cuda.is_available() else "cpu"
-    return "auto" if choice == "balanced" else choice
-
-
-def extraction_settings(config: HiddenStatesConfig, preset) -> ExtractSettings:
-    return ExtractSettings(
-        aux_layer_ids=tuple(config.aux_layer_ids or preset.default_aux_layer_ids),
-        num_shards=NUM_SHARDS,
-        batch_tokens=config.batch_tokens,
-    )
-
-
-def hidden_states_source(config: HiddenStatesConfig, preset, path) -> str:
-    """ "engine" or "hf" for this target (`hidden_states/source.py`)."""
-    return choose_source(config.source, preset, hf_loadable(path, preset.trust_remote_code))
-
-
-def engine_layer_ids(settings: ExtractSettings, preset) -> list[int]:
-    """What the extraction server captures: the aux ids and L (r_L, for the normed final state)."""
-    return sorted(set(settings.aux_layer_ids) | {preset.num_layers})
-
-
-def engine_max_model_len(preset, corpus: str) -> int:
-    """Context the extraction server needs: the longest sample (or the preset's context) and the
-    one token it generates."""
-    longest = max((n for shard in corpus_token_counts(corpus, 1).values() for n in shard.values()), default=0)
-    return max(longest, preset.max_model_len) + 1
-
-
 ShardSettings = with_defaults(HiddenStatesConfig, "hidden_state_shards")
 """HiddenStatesConfig with the code location's settings as defaults (defs/settings.py)."""
 
@@ -165,6 +117,15 @@ def hidden_state_shards(
     out = storage.hidden_states(preset.name)
     # The corpus, and the shards a failed run finished elsewhere (they are kept).
     storage.fetch(storage.corpus(preset.name), out, log=context.log.info)
+    training = drafter_training_source(preset, path, storage, config)
+    if training != "shards":
+        # The drafter trains online: its states never touch the disk, so none are extracted here.
+        reason = f"not built: the drafter trains online, its states from the {training} (drafter_checkpoint's hidden_states)"
+        context.log.info(reason)
+        yield dg.MaterializeResult(metadata=metadata({"built": False, "reason": reason, "path": str(out)}),
+                                   data_version=dg.DataVersion(f"online-{training}"))  # fmt: skip
+        yield check_result(True, {"note": reason}, check_name="matches_corpus")
+        return
     settings = extraction_settings(config, preset)
     corpus = str(storage.corpus(preset.name))
     fingerprint = target_fingerprint(path)
@@ -179,7 +140,7 @@ def hidden_state_shards(
                                                       final_norm_of(path)) as extractor:  # fmt: skip
                     results = extract_all(extractor, corpus, out, settings, target_fingerprint=fingerprint)
         else:
-            device = _device(config.device)
+            device = extraction_device(config.device)
             # CPUs without bf16 matrix units run a bf16 forward several times slower than fp32; the
             # states are stored as bf16 either way.
             model, tokenizer = load_target(path, device=device, dtype=torch.float32 if device == "cpu" else torch.bfloat16,

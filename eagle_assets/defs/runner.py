@@ -35,7 +35,7 @@ DEPENDS = {
     "synthetic_corpus": ["prompts"],
     "vocab_mapping": ["synthetic_corpus"],
     "hidden_state_shards": ["synthetic_corpus"],
-    "drafter_checkpoint": ["vocab_mapping", "hidden_state_shards"],
+    "drafter_checkpoint": ["synthetic_corpus", "vocab_mapping", "hidden_state_shards"],
     "benchmark_report": ["drafter_checkpoint"],
 }
 """What each asset reads (the test of the definitions holds this to their lineage)."""

@@ -102,6 +102,19 @@ class SampleRef:
     """Tokens used for training (after cutting to max_seq_len)."""
 
 
+def split_positions(samples: Sequence[SampleRef], val_fraction: float) -> tuple[list[int], list[int]]:
+    """(train positions, validation positions) of `samples` by the stable hash of each sample_id."""
+    train, val = [], []
+    for pos, ref in enumerate(samples):
+        (val if is_validation(ref.sample_id, val_fraction) else train).append(pos)
+    if not train:
+        raise ValueError(
+            f"no training samples: all {len(samples)} samples fell in the validation split "
+            f"(val_fraction={val_fraction}); lower val_fraction or add data"
+        )
+    return train, val
+
+
 class ShardDataset:
     """All samples of a set of shard folders, addressed by a flat position."""
 
@@ -175,15 +188,31 @@ class ShardDataset:
 
     def split(self, val_fraction: float) -> tuple[list[int], list[int]]:
         """(train positions, validation positions) by the stable hash of each sample_id."""
-        train, val = [], []
-        for pos, ref in enumerate(self.samples):
-            (val if is_validation(ref.sample_id, val_fraction) else train).append(pos)
-        if not train:
-            raise ValueError(
-                f"no training samples: all {len(self.samples)} samples fell in the validation split "
-                f"(val_fraction={val_fraction}); lower val_fraction or add data"
-            )
-        return train, val
+        return split_positions(self.samples, val_fraction)
+
+    source = "shards"
+    """Where the states come from (`sources.py` has the online ones)."""
+
+    @property
+    def origin(self) -> str:
+        return f"{len(self.folders)} shards"
+
+    def stream(self, steps: Iterator[tuple["SamplerState", list[list[int]], int]], dtype: torch.dtype, device: torch.device) -> "Prefetcher":
+        """Collated micro-batches of each planned step, `(position after it, this rank's micro-batches,
+        global tokens)`, two steps ahead in a thread (pinned for a GPU): reading and collation
+        overlap the step before."""
+
+        def collated():
+            for state, mine, tokens in steps:
+                batches = [self.collate(b, dtype) for b in mine]
+                if device.type == "cuda":
+                    batches = [{k: v.pin_memory() for k, v in b.items()} for b in batches]
+                yield state, batches, tokens
+
+        return Prefetcher(collated(), depth=2)
+
+    def close(self) -> None:
+        """Nothing to release: the memory maps go with the readers."""
 
     def sample(self, pos: int) -> dict[str, torch.Tensor]:
         """One sample's tensors, cut to max_seq_len: input_ids, loss_mask, aux, final."""
@@ -377,7 +406,7 @@ def describe(ds: ShardDataset, train: Sequence[int], val: Sequence[int]) -> str:
     """One line about the data, for the log."""
     ntok = sum(ds.lengths(train))
     return (
-        f"{len(ds.folders)} shards, {len(train)} train / {len(val)} validation samples, {ntok} train tokens, "
+        f"{ds.origin}, {len(train)} train / {len(val)} validation samples, {ntok} train tokens, "
         f"aux ids {list(ds.aux_layer_ids)}, hidden {ds.hidden_size}"
     )
 

@@ -26,6 +26,7 @@ from pathlib import Path
 
 PARALLELISMS = ("ddp", "fsdp2")
 PRECISIONS = ("auto", "fp32", "bf16")
+HIDDEN_STATE_SOURCES = ("shards", "target", "server")
 EXPORT_ENGINES = ("vllm", "sglang")
 
 
@@ -42,6 +43,31 @@ class TrainConfig:
     """The target's HF folder: `config.json` plus safetensors with embed_tokens and lm_head."""
     out_dir: str
     """Where checkpoints, logs, TensorBoard events and the exported drafter go."""
+
+    # --- where the hidden states come from (drafter/sources.py) ---
+    hidden_states: str = "shards"
+    """"shards": read from `shard_dirs` (extracted once, read every epoch). Online, never written
+    to disk: "target", the target loaded beside the drafter (frozen), each micro-batch's states
+    computed by its forward pass in the step; "server", an extraction server (`extraction_url`,
+    `eagle-assets serve --extract`) asked for the states of the samples a few steps ahead. The
+    online sources read the corpus (`corpus_dir`)."""
+    corpus_dir: str | None = None
+    """Online sources: the corpus folder (the synthetic_corpus asset's output)."""
+    num_shards: int = 4
+    """Online sources number the corpus's samples as `hidden_state_shards` in this many shards
+    stores them, so one seed trains the same samples in the same order online as from shards."""
+    extraction_url: str | None = None
+    """"server": the extraction server's URL (http://host:port)."""
+    extraction_model: str | None = None
+    """"server": the model name it serves; None = the first it lists."""
+    extraction_api_key_env: str | None = None
+    """"server": the environment variable holding its API key (the key itself is never written here)."""
+    lookahead_steps: int = 4
+    """"server": optimiser steps whose states are asked for ahead of the one training; with
+    `extraction_concurrency` it bounds the states held in memory and the server's spool."""
+    extraction_concurrency: int = 16
+    """"server": requests in flight at once (the engine batches them; each leaves one file in its
+    spool until read)."""
 
     # --- drafter ---
     drafter: dict | str | None = None
@@ -170,10 +196,19 @@ class TrainConfig:
     def validate(self) -> None:
         """Raise ValueError naming the setting and what to write instead."""
         problems = []
-        if not self.shard_dirs:
-            problems.append("shard_dirs is empty: give at least one hidden-state shard folder")
         if self.precision not in PRECISIONS:
             problems.append(f"precision={self.precision!r}: use one of {PRECISIONS}")
+        if self.hidden_states not in HIDDEN_STATE_SOURCES:
+            problems.append(f"hidden_states={self.hidden_states!r}: use one of {HIDDEN_STATE_SOURCES}")
+        elif self.hidden_states == "shards" and not self.shard_dirs:
+            problems.append("shard_dirs is empty: give at least one hidden-state shard folder (or train online: hidden_states target or server)")
+        elif self.hidden_states != "shards" and not self.corpus_dir:
+            problems.append(f"hidden_states={self.hidden_states!r} reads the corpus: set corpus_dir to the synthetic_corpus folder")
+        if self.hidden_states == "server" and not self.extraction_url:
+            problems.append("hidden_states='server' needs extraction_url, an extraction server's URL (`eagle-assets serve --extract`)")
+        for name in ("num_shards", "lookahead_steps", "extraction_concurrency"):
+            if getattr(self, name) < 1:
+                problems.append(f"{name}={getattr(self, name)} must be >= 1")
         if self.parallelism not in PARALLELISMS:
             problems.append(f"parallelism={self.parallelism!r}: use one of {PARALLELISMS}")
         if self.micro_batch_tokens is None and self.micro_batch_samples is None:

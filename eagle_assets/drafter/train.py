@@ -4,8 +4,9 @@
     python -m eagle_assets.drafter.train --config run.json        # one process (CPU or one GPU)
 
 What a run does (settings in `run_config.TrainConfig`):
-- reads the shards through `data.ShardDataset`, holds out a stable hash-chosen validation
-  split, and plans length-aware micro-batches whose order is fixed by (seed, epoch);
+- reads the shards through `data.ShardDataset`, or computes the states online from the target
+  or an extraction server (`sources.py`), holds out a stable hash-chosen validation split, and
+  plans length-aware micro-batches whose order is fixed by (seed, epoch);
 - builds the drafter (new, from the target's config.json, or warm-started from a parent
   drafter), copies the target's embedding into it (frozen) and takes the target lm_head's
   draft-vocabulary rows as the teacher head;
@@ -17,7 +18,8 @@ What a run does (settings in `run_config.TrainConfig`):
 - AdamW with linear warm-up and cosine decay, gradient clipping;
 - every `checkpoint_every` steps, rank 0 writes an atomic checkpoint (model, optimiser,
   scheduler, RNG states of every rank, data position); a restart resumes from the newest
-  complete one and follows the same trajectory as an uninterrupted run;
+  complete one and follows the same trajectory as an uninterrupted run; an online source that
+  fails (its server died) checkpoints the steps trained before the run stops;
 - logs loss, per-step accuracy, learning rate and tokens/s to TensorBoard, `metrics.jsonl`
   and a tqdm bar (rank 0 only); validates every `val_interval` steps (per-position
   acceptance estimate and acceptance length); exports the drafter with `export.py`.
@@ -38,6 +40,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import itertools
 import json
 import math
 import os
@@ -59,7 +62,6 @@ from eagle_assets.drafter.config import DrafterConfig
 from eagle_assets.drafter.data import (
     BatchingSpec,
     BatchPlanner,
-    Prefetcher,
     SamplerState,
     ShardDataset,
     describe,
@@ -70,6 +72,7 @@ from eagle_assets.drafter.model import Eagle3Drafter
 from eagle_assets.drafter.parallelize import TrainObjective, grad_sync, parallelize
 from eagle_assets.drafter.parent_gate import ParentComparison, compare_with_parent
 from eagle_assets.drafter.run_config import TrainConfig
+from eagle_assets.drafter.sources import HiddenStateSourceError, open_training_data
 from eagle_assets.drafter.ttt import replay_drafting_per_sequence
 from eagle_assets.durable import write_durably
 
@@ -411,6 +414,11 @@ class Trainer:
         self.bar = None
         self.writer = None
 
+    def close(self) -> None:
+        """Release the training data (an online source's target, or its requests in flight)."""
+        if getattr(self, "ds", None) is not None:
+            self.ds.close()
+
     # ------------------------------------------------------------------ logging
     def log(self, msg: str) -> None:
         """Printed by rank 0; sent by the reporting process (`_open_reporter`), which may be another."""
@@ -459,7 +467,7 @@ class Trainer:
         from eagle_assets.drafter.target_head import draft_head, outside_head, read_target_head
         from eagle_assets.hidden_states.vocab import load_vocab_mapping
 
-        self.ds = ShardDataset(cfg.shard_dirs, cfg.max_seq_len, aux_layer_ids=cfg.aux_layer_ids)
+        self.ds = open_training_data(cfg, env.device, self.log)  # shards, or online (drafter/sources.py)
         self.train_ids, self.val_ids = self.ds.split(cfg.val_fraction)
         self.finetune_skipped = finetune_skip_reason(cfg, len(self.train_ids), len(self.ds))
         if self.finetune_skipped:
@@ -598,16 +606,35 @@ class Trainer:
         return path
 
     # ------------------------------------------------------------------ one step
-    def _batches(self):
-        """(data position after the step, this rank's collated micro-batches, global tokens) per step."""
-        dtype = torch.bfloat16 if self.use_bf16 else torch.float32
-        for here, step_batches in self.planner.iterate(SamplerState(self.sampler.epoch, self.sampler.step), self.epoch_limit):
-            mine = rank_micro_batches(step_batches, self.env.rank, self.env.world_size)
+    def _plan(self):
+        """(data position after the step, this rank's micro-batches as sample positions, global
+        tokens) of each step left to train; the training data turns them into batches."""
+        if self.planner is None:  # nothing to train (a warm start not fine-tuned)
+            return
+        planned = self.planner.iterate(SamplerState(self.sampler.epoch, self.sampler.step), self.epoch_limit)
+        for here, step_batches in itertools.islice(planned, max(0, self.total_steps - self.step)):
             tokens = sum(sum(self.ds.lengths(b)) for b in step_batches)
-            collated = [self.ds.collate(b, dtype) for b in mine]
-            if self.env.device.type == "cuda":
-                collated = [{k: v.pin_memory() for k, v in b.items()} for b in collated]
-            yield SamplerState(here.epoch, here.step + 1), collated, tokens
+            yield SamplerState(here.epoch, here.step + 1), rank_micro_batches(step_batches, self.env.rank, self.env.world_size), tokens
+
+    def _next_step(self, steps) -> tuple | None:
+        """The next step's data, or None at the end. An online source that fails on any rank stops
+        every rank alike: the steps trained so far are checkpointed, then the failure is raised."""
+        failure = None
+        try:
+            item = next(steps, None)
+        except HiddenStateSourceError as err:
+            item, failure = None, err
+        if self.env.world_size > 1 and self.ds.source != "shards":  # the ranks agree, or one would wait on the others forever
+            failed = _all_reduce(torch.tensor([0.0 if failure is None else 1.0], device=self.env.device))
+            if failure is None and failed.item() > 0:
+                failure = HiddenStateSourceError("another process lost its online hidden-state source (its log names it)")
+        if failure is None:
+            return item
+        last = ckpt.latest_checkpoint(self.cfg.checkpoint_dir)
+        if self.step > 0 and (last is None or last.name != ckpt.checkpoint_name(self.step)):
+            self.save()
+        self.log(f"stopped at step {self.step} of {self.total_steps}: {failure}")
+        raise failure
 
     def _to_device(self, batch: dict) -> dict:
         return {k: v.to(self.env.device, non_blocking=True) for k, v in batch.items()}
@@ -696,11 +723,12 @@ class Trainer:
             al = parent_val.get("val_al")
             self.log("parent drafter on the held-out samples: " + (f"AL {al:.3f}" if al is not None else "no held-out samples"))
         window_tokens, window_start, t0 = 0, time.perf_counter(), time.perf_counter()
-        stream = Prefetcher(self._batches() if self.total_steps else iter(()), depth=2)
+        dtype = torch.bfloat16 if self.use_bf16 else torch.float32
+        stream = self.ds.stream(self._plan(), dtype, env.device)
+        steps = iter(stream)
         try:
-            for next_pos, micro, tokens in stream:
-                if self.step >= self.total_steps:
-                    break
+            while self.step < self.total_steps and (item := self._next_step(steps)) is not None:
+                next_pos, micro, tokens = item
                 totals = self.train_step(micro)
                 self.step += 1
                 self.sampler = next_pos
@@ -836,6 +864,8 @@ class Trainer:
             "finetuned_val_al": finetuned_al if self.cfg.warm_start and not self.finetune_skipped else None,
             "parent_val_al": (finetuned_al if self.finetune_skipped else _parent_val_al(parent_file)) if self.cfg.warm_start else None,
             "parent_comparison": comparison.to_dict() if comparison is not None else None,
+            "hidden_states": self.ds.source,
+            "hidden_states_origin": self.ds.origin,
         }
 
 
@@ -951,7 +981,9 @@ def train(cfg: TrainConfig, reporter: Reporter | None = None) -> dict | None:
     try:
         with contextlib.ExitStack() as stack:
             rep = _open_reporter(reporter, env, stack)
-            return Trainer(cfg, env, rep).run()
+            trainer = Trainer(cfg, env, rep)
+            stack.callback(trainer.close)
+            return trainer.run()
     finally:
         if env.owns_group and dist.is_initialized():
             dist.destroy_process_group()

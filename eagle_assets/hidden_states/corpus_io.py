@@ -233,6 +233,35 @@ def load_shard_samples(
     )
 
 
+def load_all_shard_samples(
+    corpus_dir: str,
+    num_shards: int,
+    vocab_size: int | None = None,
+    target_fingerprint: str | None = None,
+) -> list[ShardSamples]:
+    """`load_shard_samples` of every shard, in shard order, from one pass over the corpus (the
+    same checks, the same order within a shard): what online training numbers its samples by."""
+    if num_shards < 1:
+        raise ValueError(f"num_shards={num_shards} must be at least 1")
+    columns = ["sample_id", "input_ids", "loss_mask", "num_tokens", "target"]
+    groups: list[list[dict]] = [[] for _ in range(num_shards)]
+    seen: set[str] = set()
+    for row in iter_corpus_rows(corpus_dir, columns):
+        _validate_row(row, corpus_dir, vocab_size, target_fingerprint)
+        if row["sample_id"] in seen:
+            raise ValueError(
+                f"corpus {corpus_dir} holds sample {row['sample_id']} twice; the corpus stage "
+                "must write each sample once: deduplicate the corpus before training on it"
+            )
+        seen.add(row["sample_id"])
+        groups[shard_of(row["sample_id"], num_shards)].append(row)
+    out = []
+    for rows in groups:
+        rows.sort(key=lambda r: (-len(r["input_ids"]), r["sample_id"]))
+        out.append(ShardSamples([r["sample_id"] for r in rows], [r["input_ids"] for r in rows], [r["loss_mask"] for r in rows]))
+    return out
+
+
 def _validate_row(row: dict, corpus_dir: str, vocab_size: int | None, target_fingerprint: str | None) -> None:
     sid, ids, mask = row["sample_id"], row["input_ids"], row["loss_mask"]
     where = f"corpus {corpus_dir}, sample {sid}"

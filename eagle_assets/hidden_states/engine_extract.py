@@ -111,9 +111,9 @@ class EngineStateClient:
         self.model = model
         self.layer_ids = tuple(sorted({int(k) for k in layer_ids}))
         self.concurrency = max(1, int(concurrency))
-        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self.headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         # A long prefill of a large model can take minutes; connecting should not.
-        self._http = httpx.Client(headers=headers, timeout=httpx.Timeout(timeout_s, connect=30.0))
+        self._http = httpx.Client(headers=self.headers, timeout=httpx.Timeout(timeout_s, connect=30.0))
 
     def close(self) -> None:
         self._http.close()

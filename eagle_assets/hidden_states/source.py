@@ -7,6 +7,12 @@ engine's states are tested against. `choose_source` makes the default choice:
 
     >>> choose_source("auto", get_preset("kimi-k2.5"), hf_loadable=True)
     'engine'
+
+Training need not read shards at all: `choose_training_source` picks where the drafter's trainer
+takes its states from, shards or online (`drafter/sources.py`):
+
+    >>> choose_training_source("auto", epochs=1, extraction="hf")
+    'target'
 """
 
 from __future__ import annotations
@@ -41,3 +47,22 @@ def hf_loadable(folder, trust_remote_code: bool = False) -> bool:
     if getattr(config, "auto_map", None) and trust_remote_code:
         return True
     return type(config) in AutoModelForCausalLM._model_mapping or type(config) in AutoModelForImageTextToText._model_mapping
+
+
+TRAINING_SOURCES = ("auto", "shards", "target", "server")
+SHARDS_PAY_FROM_EPOCHS = 2
+"""Epochs from which shards train faster than online: one extraction (a forward pass per token,
+and the writes) serves every epoch, where online pays the forward again each epoch."""
+
+
+def choose_training_source(asked: str, epochs: int, extraction: str, shards_fit: bool = True) -> str:
+    """ "shards", "target" or "server": as asked, else shards where they pay (at least
+    `SHARDS_PAY_FROM_EPOCHS` epochs) and fit the disk, else online: the target in the trainer
+    where Hugging Face would extract it (`extraction` "hf"), its extraction server otherwise."""
+    if asked not in TRAINING_SOURCES:
+        raise ValueError(f"hidden_states={asked!r}: give one of {', '.join(TRAINING_SOURCES)}")
+    if asked != "auto":
+        return asked
+    if epochs >= SHARDS_PAY_FROM_EPOCHS and shards_fit:
+        return "shards"
+    return "target" if extraction == "hf" else "server"

@@ -32,7 +32,7 @@ EXPECTED_DEPS = {
     "synthetic_corpus": {"prompts"},
     "vocab_mapping": {"synthetic_corpus"},
     "hidden_state_shards": {"synthetic_corpus"},
-    "drafter_checkpoint": {"vocab_mapping", "hidden_state_shards"},
+    "drafter_checkpoint": {"vocab_mapping", "hidden_state_shards", "synthetic_corpus"},  # the corpus: read when it trains online
     "benchmark_report": {"drafter_checkpoint"},
 }
 
@@ -161,7 +161,7 @@ def test_a_part_whose_upstream_was_never_materialised_is_refused_before_any_run(
     assert selected_assets(["benchmark", "corpus"]) == ["prompts", "synthetic_corpus", "vocab_mapping", "benchmark_report"]
     with dg.DagsterInstance.ephemeral() as empty:
         assert missing_upstream(empty, selected_assets(None)) == []  # the whole graph reads nothing outside it
-        assert missing_upstream(empty, selected_assets(["drafter"])) == ["vocab_mapping", "hidden_state_shards"]
+        assert missing_upstream(empty, selected_assets(["drafter"])) == ["synthetic_corpus", "vocab_mapping", "hidden_state_shards"]
         assert missing_upstream(empty, selected_assets(["hidden_states", "drafter"])) == ["synthetic_corpus", "vocab_mapping"]
     result = CliRunner().invoke(app, ["run", "--part", "hidden_states"], env={"DAGSTER_HOME": str(tmp_path)})
     assert result.exit_code == 1

@@ -36,7 +36,7 @@ def test_the_engine_sees_our_plugin_and_nothing_else_of_the_pipeline(tmp_path):
     env = engine_environment(tmp_path, base={"PYTHONPATH": "/somewhere/the/pipeline/lives"})
     assert env["PYTHONPATH"] == str(ENGINE_SITE)
     assert sorted(p.name for p in ENGINE_SITE.iterdir() if p.name != "__pycache__") == [
-        "eagle_assets_hidden_states.py", "eagle_assets_vllm_fixes-1.0.dist-info", "eagle_assets_vllm_fixes.py",
+        "eagle_assets_hidden_states.py", "eagle_assets_vllm_fixes-1.0.dist-info", "eagle_assets_vllm_fixes.py", "sitecustomize.py",
     ]  # fmt: skip
     (dist,) = importlib.metadata.distributions(path=[str(ENGINE_SITE)])
     (entry,) = dist.entry_points
