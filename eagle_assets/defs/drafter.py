@@ -72,6 +72,15 @@ class DrafterConfig(dg.Config):
     precision: str = _TRAINER["precision"]
     """"auto" (bf16 autocast on a GPU, fp32 on a CPU, where bf16 kernels differ by processor
     kind), "fp32" or "bf16". Recorded in summary.json and the model card."""
+    tracker: str = _TRAINER["tracker"]
+    """Where the training's scalars also go, and the benchmark's figures after them:
+    "tensorboard" (data/<target>/drafter/tensorboard), "mlflow", "wandb" (optional extras:
+    pip install -e '.[mlflow]' / '.[wandb]') or "none". Changes nothing the drafter is: a new
+    tracker makes nothing stale."""
+    tracker_project: Optional[str] = _TRAINER["tracker_project"]
+    """The MLflow experiment or W&B project; default "eagle_assets"."""
+    tracker_uri: Optional[str] = _TRAINER["tracker_uri"]
+    """MLflow's tracking server, e.g. http://mlflow.internal:5000; default MLFLOW_TRACKING_URI."""
 
 
 PASSED_TO_TRAINER = tuple(name for name in DrafterConfig.model_fields if name in _TRAINER and name not in ("ttt_steps", "aux_layer_ids"))

@@ -199,3 +199,25 @@ def test_wandb_offline_run_files_hold_what_metrics_jsonl_holds(tmp_path, one_thr
     import wandb
 
     wandb.teardown()  # the W&B service process this test started
+
+
+def test_a_tracker_or_a_push_setting_makes_nothing_stale():
+    from eagle_assets.defs.benchmark import BenchmarkConfig
+    from eagle_assets.defs.code_versions import code_version
+    from eagle_assets.defs.drafter import DrafterConfig
+    from eagle_assets.defs.settings import LocationSettings, with_defaults
+
+    def versions(changes: dict) -> tuple[str, str]:
+        settings = LocationSettings("smollm2-default", changes)
+        return (
+            code_version("drafter_checkpoint", with_defaults(DrafterConfig, "drafter_checkpoint", settings)),
+            code_version("benchmark_report", with_defaults(BenchmarkConfig, "benchmark_report", settings)),
+        )
+
+    reporting = {
+        "drafter_checkpoint": {"tracker": "wandb", "tracker_project": "p", "tracker_uri": "http://127.0.0.1:5000"},
+        "benchmark_report": {"push_to_hub": "my-org/drafter", "push_private": True},
+    }
+    assert versions(reporting) == versions({})
+    # what the drafter is, by contrast, moves its version
+    assert versions({"drafter_checkpoint": {"epochs": 9}})[0] != versions({})[0]
