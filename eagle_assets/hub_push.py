@@ -8,7 +8,7 @@ id and a revision, neither from a subfolder (vLLM: `speculative_config={"model":
 "revision": REV}`; SGLang: `--speculative-draft-model-path ID --speculative-draft-model-revision
 REV`), and the two exports hold the same file names (they differ in config.json's layer ids),
 so each needs a revision of its own: main for vLLM, which `"model": ID` alone loads
-(docs/serving.md, "Publishing on the hub").
+(docs/publishing.md).
 
 What is pushed is decided here, without the network: `commit_operations` lists the files as
 huggingface_hub's own `CommitOperationAdd`s, and `refusals` says why a drafter must not go (a
