@@ -257,3 +257,36 @@ def test_the_command_pushes_a_checked_drafter_and_says_what_is_missing(trained, 
     assert_pushed(requests, trained, "hf_cli_token")
     assert f'"model": "{REPO}", "num_speculative_tokens": 3' in done.stdout
     assert f"--speculative-draft-model-path {REPO} --speculative-draft-model-revision sglang" in done.stdout
+
+
+@pytest.mark.engine
+@pytest.mark.slow
+def test_the_graphs_drafter_goes_to_the_hub_on_its_recorded_checks(materialized_graph, hub, monkeypatch):
+    """The drafter of the session's graph run (the embedded SmolLM2, smollm2-tiny): its card names
+    the target's hub id, its blocking checks are the run's own records, its benchmark's figures
+    joined the training's TensorBoard run, and it is pushed to the local hub."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from eagle_assets.drafter.trackers import benchmark_scalars, read_record
+    from eagle_assets.targets import EMBEDDED_TARGET
+
+    instance, data, _ = materialized_graph
+    server, requests = hub
+    drafter = find_drafter(data / EMBEDDED_TARGET / "drafter")
+    assert ModelCard.load(drafter.vllm / "README.md").data.base_model == "HuggingFaceTB/SmolLM2-135M-Instruct"
+    assert recorded_checks(instance, drafter.vllm) == dict.fromkeys(BLOCKING_CHECKS, True)
+
+    record = read_record(drafter.root)
+    assert record == {"kind": "tensorboard", "log_dir": str(drafter.root / "tensorboard")}
+    [report] = instance.fetch_materializations(dg.AssetKey("benchmark_report"), limit=1).records
+    assert report.asset_materialization.metadata["tracker"].value == record
+    figures = benchmark_scalars(json.loads((data / EMBEDDED_TARGET / "report" / "report.json").read_text()))
+    events = EventAccumulator(record["log_dir"], size_guidance={"scalars": 0})
+    events.Reload()
+    assert figures and {k: events.Scalars(k)[-1].step for k in figures} == dict.fromkeys(figures, drafter.summary["steps"])
+    assert {k: events.Scalars(k)[-1].value for k in figures} == pytest.approx(figures, rel=1e-6)
+
+    monkeypatch.setenv("HF_TOKEN", "hf_graph_token")
+    commits = push_checked_drafter(instance, drafter.root, REPO, endpoint=server.url, log=lambda m: None)
+    assert set(commits) == {"vllm"} | ({"sglang"} if drafter.sglang else set())
+    assert committed(requests, "main") == {name: (drafter.vllm / name).read_bytes() for name in FILES}

@@ -55,7 +55,13 @@ def recorded_checks(instance: dg.DagsterInstance, vllm_export: Path) -> dict[str
 
 
 def push_checked_drafter(
-    instance: dg.DagsterInstance, drafter_dir: Path, repo_id: str, private: bool = False, allow_unchecked: bool = False, log=print
+    instance: dg.DagsterInstance,
+    drafter_dir: Path,
+    repo_id: str,
+    private: bool = False,
+    allow_unchecked: bool = False,
+    log=print,
+    endpoint: str | None = None,
 ) -> dict[str, str]:
     """Push the drafter in `drafter_dir` to `repo_id` (hub_push.py) once its recorded blocking
     checks passed; a ValueError listing every reason it may not go, or a RuntimeError from the hub."""
@@ -65,4 +71,4 @@ def push_checked_drafter(
     problems = refusals(drafter, recorded_checks(instance, drafter.vllm), allow_unchecked=allow_unchecked)
     if problems:
         raise ValueError(f"refusing to push {drafter.root} to {repo_id}:\n  - " + "\n  - ".join(problems))
-    return push_drafter(drafter, repo_id, token, private=private, log=log)
+    return push_drafter(drafter, repo_id, token, private=private, endpoint=endpoint, log=log)

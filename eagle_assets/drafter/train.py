@@ -19,8 +19,9 @@ What a run does (settings in `run_config.TrainConfig`):
   scheduler, RNG states of every rank, data position); a restart resumes from the newest
   complete one and follows the same trajectory as an uninterrupted run;
 - logs loss, per-step accuracy, learning rate and tokens/s to `metrics.jsonl`, the tracker
-  (TensorBoard, MLflow or W&B: `trackers.py`) and a tqdm bar (rank 0 only); validates every `val_interval` steps (per-position
-  acceptance estimate and acceptance length); exports the drafter with `export.py`.
+  (TensorBoard, MLflow or W&B: `trackers.py`) and a tqdm bar (rank 0 only); validates every
+  `val_interval` steps (per-position acceptance estimate and acceptance length); exports the
+  drafter with `export.py`.
 
 Multi-node runs need `out_dir` on a filesystem every node sees: rank 0 writes the checkpoints
 and every rank reads the newest one on resume.
