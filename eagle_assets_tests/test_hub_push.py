@@ -226,6 +226,26 @@ def test_push_to_a_local_hub(trained, hub):
     assert_pushed(requests, trained, "hf_test_token")
 
 
+class RefusingHub(JsonHandler):
+    """A hub that takes the token for one without write access."""
+
+    def do_POST(self):
+        self.send_json(401, {"error": "Invalid credentials in Authorization header"})
+
+    do_GET = do_POST
+
+
+def test_the_hubs_refusal_of_the_token_is_said_plainly(trained):
+    server = StubServer(RefusingHub)
+    try:
+        with pytest.raises(
+            RuntimeError, match=rf"the hub refused the token for {REPO} \(HTTP 401\): give HF_TOKEN a token with write access to my-org"
+        ):
+            push_drafter(find_drafter(trained), REPO, token="hf_read_only", endpoint=server.url, log=lambda m: None)
+    finally:
+        server.close()
+
+
 def push_command(tmp_path: Path, *args: str, **env: str) -> subprocess.CompletedProcess:
     base = {k: v for k, v in os.environ.items() if not k.startswith("HF_")} | {
         "HF_HOME": str(tmp_path / "hf"),
