@@ -609,6 +609,44 @@ def check(
 
 
 @app.command()
+def push(
+    drafter: Path = typer.Argument(..., help="The trained drafter: its folder (data/<target>/drafter) or its vLLM export."),
+    repo_id: str = typer.Argument(..., help="The hub repository, ORG/NAME; created if missing."),
+    private: bool = typer.Option(False, help="Create the repository private (an existing one keeps its visibility)."),
+    unchecked: bool = typer.Option(
+        False, "--unchecked", help="Push a drafter whose blocking checks never ran on it (trained outside the graph); failed checks still refuse."
+    ),
+) -> None:
+    """Publish a drafter on the Hugging Face hub: the vLLM export and its model card at the
+    repository's main revision, the SGLang export at its `sglang` branch (each engine loads its
+    own by id and revision).
+
+    Refused unless every blocking check of drafter_checkpoint passed on these exact files, as the
+    Dagster instance ($DAGSTER_HOME) recorded them, and each export has its model card. The token
+    is HF_TOKEN's, else the one `hf auth login` saved; HF_ENDPOINT is respected."""
+    from eagle_assets.hub_push import check_repo_id, find_drafter, require_token, usage
+
+    try:  # said in a second, before Dagster loads
+        check_repo_id(repo_id)
+        require_token()
+    except (ValueError, RuntimeError) as exc:
+        _fail(str(exc))
+    import dagster as dg
+
+    from eagle_assets.defs.hub import push_checked_drafter
+    from eagle_assets.defs.runner import ensure_dagster_home
+
+    ensure_dagster_home()
+    try:
+        with dg.DagsterInstance.get() as instance:
+            commits = push_checked_drafter(instance, drafter, repo_id, private=private, allow_unchecked=unchecked, log=typer.echo)
+    except (ValueError, RuntimeError) as exc:
+        _fail(str(exc))
+    summary = find_drafter(drafter).summary or {}
+    typer.echo(usage(repo_id, "sglang" in commits, summary.get("ttt_steps") or 3))
+
+
+@app.command()
 def ui(
     port: int = typer.Option(3000),
     host: str = typer.Option("127.0.0.1"),

@@ -16,7 +16,10 @@ from eagle_assets.bench.served import PromptSet, context_fit, user_prompt_set
 from eagle_assets.defs.code_versions import code_version
 from eagle_assets.defs.common import GROUP, check_result, hash_files, image_markdown, metadata, target_of
 from eagle_assets.defs.drafter import drafter_checkpoint
+from eagle_assets.defs.hub import push_checked_drafter
 from eagle_assets.defs.settings import with_defaults
+from eagle_assets.drafter.trackers import RECORD_FILE as TRACKER_RECORD
+from eagle_assets.drafter.trackers import benchmark_scalars, log_to_recorded_run
 from eagle_assets.engines.k_schedule import KSchedule
 from eagle_assets.resources.inference_server import NEEDS_DRAFTER_SERVER, InferenceServerResource
 from eagle_assets.resources.storage import StorageResource
@@ -63,6 +66,13 @@ class BenchmarkConfig(dg.Config):
     """Compare the drafter's served greedy output with plain greedy, token for token."""
     parent_al: Optional[float] = None
     """AL of the parent drafter on the same prompts, for a warm start's no-regression check."""
+    push_to_hub: Optional[str] = None
+    """A hub repository (ORG/NAME) to publish the drafter to once benchmarked: its vLLM export and
+    model card at main, the SGLang export at the `sglang` branch (as `eagle-assets push`), only
+    when every blocking check of drafter_checkpoint passed on it. HF_TOKEN gives the token. Off
+    (None) by default; it makes nothing stale."""
+    push_private: bool = False
+    """Create the push_to_hub repository private (an existing one keeps its visibility)."""
 
     def settings(self, k: int, served_dtype: str = "float32", prompt_set: Optional[PromptSet] = None) -> BenchmarkSettings:
         """The benchmark's settings at `k` draft tokens per step (they refuse what cannot run)."""
@@ -113,7 +123,8 @@ def benchmark_report(context: dg.AssetExecutionContext, config: ReportSettings, 
     whether a gap is the drafter's fault or the engine wiring's. Markdown, JSON and plots."""
     preset, path = target_of(inference_server)
     drafter_dir = storage.drafter(preset.name) / "drafter-vllm"
-    storage.fetch(drafter_dir, storage.drafter(preset.name) / "summary.json", log=context.log.info)  # not the checkpoints
+    tracker_file = storage.drafter(preset.name) / TRACKER_RECORD
+    storage.fetch(drafter_dir, storage.drafter(preset.name) / "summary.json", tracker_file, log=context.log.info)  # not the checkpoints
     summary = json.loads((storage.drafter(preset.name) / "summary.json").read_text())
     k = benchmark_k(config.k, summary, preset.ttt_steps)
     prompt_set = None
@@ -144,6 +155,8 @@ def benchmark_report(context: dg.AssetExecutionContext, config: ReportSettings, 
         extraction_server=extraction_server, trust_remote_code=preset.trust_remote_code,
     )  # fmt: skip
     storage.publish(storage.report(preset.name), log=context.log.info)
+    reported = _report_to_tracker(storage.drafter(preset.name), summary.get("steps") or 0, report.to_dict(), context.log)
+    hub = _push(context, storage.drafter(preset.name), config) if config.push_to_hub else None
     text = paths.summary.read_text().rstrip("\n")
     context.log.info("\n" + text)
     k_schedule = report.k_schedule_dict()
@@ -164,6 +177,8 @@ def benchmark_report(context: dg.AssetExecutionContext, config: ReportSettings, 
                     "k_schedule_confirmation": k_schedule["confirmation"],
                     "verdict": report.parity.verdict if report.parity else None,
                     "verdict_sentence": report.parity.sentence if report.parity else None,
+                    "tracker": reported,
+                    "hub": hub,
                 }
             ),
             "summary": dg.MetadataValue.md("```\n" + text + "\n```"),
@@ -179,6 +194,28 @@ def benchmark_report(context: dg.AssetExecutionContext, config: ReportSettings, 
             yield check_result(True, {"skipped": "greedy_check is off"}, check_name=check_name, blocking_severity=dg.AssetCheckSeverity.WARN)
             continue
         yield check_result(c.passed, c.to_dict(), check_name=check_name, blocking_severity=dg.AssetCheckSeverity.WARN)
+
+
+def _report_to_tracker(drafter_dir: Path, step: int, report: dict, log) -> Optional[dict]:
+    """The benchmark's figures into the run the training reported to (its tracker.json), at
+    the training's last step: one run shows both. A tracker that cannot be reached is said, not
+    fatal: the report stands on its own."""
+    try:
+        return log_to_recorded_run(drafter_dir, step, benchmark_scalars(report))
+    except Exception as exc:  # the trackers' clients raise their own types (network, auth, a missing package)
+        log.warning(f"the benchmark's figures did not reach the training's tracker: {type(exc).__name__}: {exc}")
+        return None
+
+
+def _push(context: dg.AssetExecutionContext, drafter_dir: Path, config: BenchmarkConfig) -> dict:
+    """push_to_hub's step: the drafter published once its blocking checks passed (defs/hub.py);
+    a refusal or a failed push is logged as an error and recorded, and the report stays."""
+    try:
+        commits = push_checked_drafter(context.instance, drafter_dir, config.push_to_hub, private=config.push_private, log=context.log.info)
+    except (ValueError, RuntimeError) as exc:
+        context.log.error(f"push_to_hub {config.push_to_hub}: {exc}")
+        return {"repo_id": config.push_to_hub, "pushed": False, "reason": str(exc)}
+    return {"repo_id": config.push_to_hub, "pushed": True, "commits": commits}
 
 
 def report_path(storage: StorageResource, target: str) -> Path:

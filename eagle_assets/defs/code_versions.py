@@ -268,15 +268,20 @@ def _default_text(value) -> str:
     return repr(value).replace(str(PACKAGE), "<eagle_assets>")
 
 
+REPORTING_SETTINGS = frozenset({"tracker", "tracker_project", "tracker_uri", "push_to_hub", "push_private"})
+"""Settings that say where an asset reports or publishes what it computed (a tracker, the hub),
+never what it computes: left out of its code version, so choosing them makes nothing stale."""
+
+
 def code_version(asset: str, config: type | None = None) -> str:
     """The asset's Dagster code version: its explicit version and a hash of its settings'
     defaults (the code location's preset and run file among them, defs/settings.py), so a new
-    default makes the asset stale as a new version does."""
+    default makes the asset stale as a new version does (`REPORTING_SETTINGS` aside)."""
     if asset not in VERSIONS:
         raise KeyError(f"no version for asset {asset!r}: add it to VERSIONS and ENTRIES in {Path(__file__).name}")
     if config is None:
         return f"v{VERSIONS[asset]}"
-    defaults = {name: _default_text(field.default) for name, field in config.model_fields.items()}
+    defaults = {name: _default_text(field.default) for name, field in config.model_fields.items() if name not in REPORTING_SETTINGS}
     digest = hashlib.sha256(json.dumps(defaults, sort_keys=True).encode()).hexdigest()[:8]
     return f"v{VERSIONS[asset]}-{digest}"
 

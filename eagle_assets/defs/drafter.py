@@ -83,6 +83,15 @@ class DrafterConfig(dg.Config):
     "server", an extraction server (EAGLE_ASSETS_EXTRACTION_URL, or a vLLM launched for the
     run) asked a few steps ahead. "auto": shards where they pay (two epochs or more) and fit
     the disk, else online: the target where Hugging Face would extract it, else the server."""
+    tracker: str = _TRAINER["tracker"]
+    """Where the training's scalars also go, and the benchmark's figures after them:
+    "tensorboard" (data/<target>/drafter/tensorboard), "mlflow", "wandb" (optional extras:
+    pip install -e '.[mlflow]' / '.[wandb]') or "none". Changes nothing the drafter is: a new
+    tracker makes nothing stale."""
+    tracker_project: Optional[str] = _TRAINER["tracker_project"]
+    """The MLflow experiment or W&B project; default "eagle_assets"."""
+    tracker_uri: Optional[str] = _TRAINER["tracker_uri"]
+    """MLflow's tracking server, e.g. http://mlflow.internal:5000; default MLFLOW_TRACKING_URI."""
 
 
 PASSED_TO_TRAINER = tuple(

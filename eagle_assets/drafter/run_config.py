@@ -27,6 +27,7 @@ from pathlib import Path
 PARALLELISMS = ("ddp", "fsdp2")
 PRECISIONS = ("auto", "fp32", "bf16")
 HIDDEN_STATE_SOURCES = ("shards", "target", "server")
+TRACKERS = ("tensorboard", "mlflow", "wandb", "none")
 EXPORT_ENGINES = ("vllm", "sglang")
 
 
@@ -173,6 +174,14 @@ class TrainConfig:
     """Write scalars (TensorBoard, metrics.jsonl, reporter) every this many steps."""
     tensorboard_dir: str | None = None
     """TensorBoard event folder; None = `out_dir/tensorboard`."""
+    tracker: str = "tensorboard"
+    """Where the scalars of metrics.jsonl also go (`trackers.py`): "tensorboard", "mlflow",
+    "wandb" (the last two: pip install -e '.[mlflow]' / '.[wandb]') or "none"."""
+    tracker_project: str | None = None
+    """The MLflow experiment or W&B project of the run; None = "eagle_assets"."""
+    tracker_uri: str | None = None
+    """MLflow's tracking URI (e.g. http://mlflow.internal:5000); None = MLFLOW_TRACKING_URI, else
+    MLflow's own default. W&B reads its server from its own settings (WANDB_BASE_URL)."""
     export_engines: tuple[str, ...] = ("vllm",)
     """Engines to export the final drafter for, each to `out_dir/drafter-<engine>` with
     export.py: "vllm" and/or "sglang"; empty = no export."""
@@ -271,6 +280,8 @@ class TrainConfig:
             problems.append(f"betas={self.betas} must be two numbers")
         if self.grad_clip is not None and self.grad_clip <= 0:
             problems.append(f"grad_clip={self.grad_clip} must be > 0 or null")
+        if self.tracker not in TRACKERS:
+            problems.append(f"tracker={self.tracker!r}: use one of {TRACKERS}")
         bad_engines = sorted(set(self.export_engines) - set(EXPORT_ENGINES))
         if bad_engines:
             problems.append(f"export_engines has {bad_engines}: use a subset of {EXPORT_ENGINES}")

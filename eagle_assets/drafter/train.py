@@ -20,9 +20,10 @@ What a run does (settings in `run_config.TrainConfig`):
   scheduler, RNG states of every rank, data position); a restart resumes from the newest
   complete one and follows the same trajectory as an uninterrupted run; an online source that
   fails (its server died) checkpoints the steps trained before the run stops;
-- logs loss, per-step accuracy, learning rate and tokens/s to TensorBoard, `metrics.jsonl`
-  and a tqdm bar (rank 0 only); validates every `val_interval` steps (per-position
-  acceptance estimate and acceptance length); exports the drafter with `export.py`.
+- logs loss, per-step accuracy, learning rate and tokens/s to `metrics.jsonl`, the tracker
+  (TensorBoard, MLflow or W&B: `trackers.py`) and a tqdm bar (rank 0 only); validates every
+  `val_interval` steps (per-position acceptance estimate and acceptance length); exports the
+  drafter with `export.py`.
 
 Multi-node runs need `out_dir` on a filesystem every node sees: rank 0 writes the checkpoints
 and every rank reads the newest one on resume.
@@ -73,6 +74,7 @@ from eagle_assets.drafter.parallelize import TrainObjective, grad_sync, parallel
 from eagle_assets.drafter.parent_gate import ParentComparison, compare_with_parent
 from eagle_assets.drafter.run_config import TrainConfig
 from eagle_assets.drafter.sources import HiddenStateSourceError, open_training_data
+from eagle_assets.drafter.trackers import open_tracker
 from eagle_assets.drafter.ttt import replay_drafting_per_sequence
 from eagle_assets.durable import write_durably
 
@@ -412,7 +414,7 @@ class Trainer:
         self.cfg, self.env, self.reporter = cfg, env, reporter
         self.out = Path(cfg.out_dir)
         self.bar = None
-        self.writer = None
+        self.tracker = None
 
     def close(self) -> None:
         """Release the training data (an online source's target, or its requests in flight)."""
@@ -431,18 +433,13 @@ class Trainer:
             self.reporter.log(msg)
 
     def _scalars(self, step: int, metrics: dict) -> None:
-        """TensorBoard + metrics.jsonl (rank 0) + reporter (the reporting process)."""
+        """metrics.jsonl and the tracker (rank 0) + reporter (the reporting process)."""
         row = {"step": step, **metrics}
         if self.env.is_main:
             with open(self.out / METRICS_FILE, "a") as f:
                 f.write(json.dumps(row) + "\n")
-        if self.writer is not None:
-            for k, v in metrics.items():
-                if isinstance(v, (int, float)):
-                    self.writer.add_scalar(k, v, step)
-                elif isinstance(v, list):
-                    for i, x in enumerate(v):
-                        self.writer.add_scalar(f"{k}/{i}", x, step)
+        if self.tracker is not None:
+            self.tracker.log(step, metrics)
         if self.reporter is not None:
             self.reporter.report_metrics(row)
 
@@ -706,7 +703,7 @@ class Trainer:
             from tqdm import tqdm
 
             self._truncate_metrics(start_step)
-            self.writer = _tensorboard(cfg.tensorboard_path, purge_step=start_step + 1 if start_step else None)
+            self.tracker = open_tracker(cfg, resumed_at=start_step)
             self.bar = tqdm(total=self.total_steps, initial=start_step, desc="train", unit="step", dynamic_ncols=True)
         self.log(
             f"training {self.total_steps} steps ({cfg.parallelism}, {env.world_size} process(es) x "
@@ -774,8 +771,8 @@ class Trainer:
             for engine, path in exports.items():
                 write_model_card(path, summary, self.cfg, engine)
             self.bar.close()
-            if self.writer is not None:
-                self.writer.close()
+            if self.tracker is not None:
+                self.tracker.close()
         summary = _from_rank0(summary)  # the reporting process may be another rank
         if self.reporter is not None and hasattr(self.reporter, "report_final"):
             self.reporter.report_final(summary)
@@ -944,15 +941,6 @@ def _write_json(path: Path, obj) -> None:
     tmp = path.with_name(f".{path.name}.tmp")
     tmp.write_text(json.dumps(obj, indent=2))
     os.replace(tmp, path)
-
-
-def _tensorboard(log_dir: Path, purge_step: int | None):
-    try:
-        from torch.utils.tensorboard import SummaryWriter
-    except ImportError:  # tensorboard missing: keep training, metrics.jsonl still has everything
-        print("tensorboard is not installed: scalars go to metrics.jsonl only", file=sys.stderr)
-        return None
-    return SummaryWriter(log_dir=str(log_dir), purge_step=purge_step)
 
 
 # ----------------------------------------------------------------------------- entry points

@@ -359,10 +359,12 @@ def test_training_overfits_a_fixed_batch_and_exports(tmp_path, one_thread):
     assert (Path(cfg.out_dir) / "tensorboard").is_dir()
     model, config = load_drafter(summary["exports"]["vllm"])
     assert config.aux_layer_ids == AUX_IDS and torch.equal(model.d2t, DRAFT_IDS - torch.arange(64))
-    # every export carries its model card: the target as base_model, the data, what it measured
+    # every export carries its model card: the data, what it measured; the tiny target is a
+    # local folder with no hub id, so no base_model, and the card says so
     for folder in summary["exports"].values():
         card = (Path(folder) / "README.md").read_text()
-        assert card.startswith(f'---\nbase_model: "{Path(cfg.target).name}"\n'), card
+        assert card.startswith("---\nlibrary_name: vllm\n") and "base_model" not in card.split("---")[1], card
+        assert f"The target is local: `{Path(cfg.target).name}`" in card
         assert "4 training samples" in card and "no validation samples" in card and "freshly initialised" in card
 
     # a warm start from that export begins where the parent ended, not at random
