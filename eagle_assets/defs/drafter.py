@@ -3,6 +3,9 @@
 # No `from __future__ import annotations`: Dagster resolves Config types from real annotations.
 
 import dataclasses
+import hashlib
+import json
+import shutil
 from pathlib import Path
 from typing import Optional
 
@@ -10,7 +13,7 @@ import dagster as dg
 
 from eagle_assets.checked_reads import read_json_object
 from eagle_assets.defs.code_versions import code_version
-from eagle_assets.defs.common import GROUP, check_result, hash_tree, metadata, target_of
+from eagle_assets.defs.common import GROUP, check_result, hash_files, hash_tree, metadata, target_of
 from eagle_assets.defs.hidden_states import hidden_state_shards, vocab_mapping
 from eagle_assets.defs.settings import with_defaults
 from eagle_assets.drafter.config import folder_drafts_in_parallel, folder_num_layers, vllm_only_reason
@@ -18,7 +21,9 @@ from eagle_assets.drafter.export import check_sglang_names, read_drafter_tensors
 from eagle_assets.drafter.parent_gate import AL_ROUNDING
 from eagle_assets.drafter.run_config import TrainConfig
 from eagle_assets.drafter.train import SUMMARY_FILE
+from eagle_assets.durable import write_durably
 from eagle_assets.engines.serving import SMOKE_PROMPTS, chat_once, cold_sampling_check
+from eagle_assets.formats import SHARD_MANIFEST_FILE
 from eagle_assets.hidden_states.reader import stored_aux_layer_ids
 from eagle_assets.resources.inference_server import NEEDS_DRAFTER_SERVER, InferenceServerResource
 from eagle_assets.resources.storage import StorageResource
@@ -83,6 +88,35 @@ DrafterSettings = with_defaults(DrafterConfig, "drafter_checkpoint")
 """DrafterConfig with the code location's settings as defaults (defs/settings.py)."""
 
 
+TRAINING_KEY_FILE = "training.key.json"
+
+
+def training_key(config: TrainConfig) -> str:
+    """A hash of what a training computes from: its settings and the content of its inputs (the
+    shards' manifests, which carry their states files' SHA-256, and the vocabulary file)."""
+    inputs = [p for folder in config.shard_dirs for p in sorted(Path(folder).glob(f"*/{SHARD_MANIFEST_FILE}"))]
+    parts = {"config": dataclasses.asdict(config), "inputs": hash_files([*inputs, Path(config.vocab_mapping)])}
+    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def clear_other_trainings(config: TrainConfig, log) -> None:
+    """Leave in the checkpoint folder only checkpoints of this training. The trainer resumes from
+    the newest checkpoint there: right in a rerun after a failure, wrong once the inputs or the
+    settings changed (new prompts, a new vocabulary), where it would refuse the checkpoint or
+    finish the old training. So another training's checkpoints (another key in
+    TRAINING_KEY_FILE) are removed, and this training's key is written beside them."""
+    key, key_file, checkpoints = training_key(config), Path(config.out_dir) / TRAINING_KEY_FILE, config.checkpoint_dir
+    try:
+        kept = json.loads(key_file.read_text()).get("key")
+    except (OSError, ValueError, AttributeError):
+        kept = None
+    if kept != key and checkpoints.is_dir() and any(checkpoints.iterdir()):
+        log(f"the checkpoints in {checkpoints} are another training's (its inputs or settings changed): training starts afresh")
+        shutil.rmtree(checkpoints)
+    key_file.parent.mkdir(parents=True, exist_ok=True)
+    write_durably(key_file, json.dumps({"key": key}).encode())
+
+
 @dg.asset(
     group_name=GROUP,
     deps=[vocab_mapping, hidden_state_shards],
@@ -122,6 +156,7 @@ def drafter_checkpoint(
         tensorboard_dir=str(out / "tensorboard"),
         export_engines=("vllm",) if vllm_only else ("vllm", "sglang"),
     )
+    clear_other_trainings(train_config, context.log.info)
     try:
         summary = trainer.train(context, train_config)
     finally:  # a failed run's checkpoints too: a rerun elsewhere resumes from them

@@ -189,15 +189,6 @@ def test_a_new_prompt_file_rebuilds_the_corpus_and_everything_below_it_once(retr
     assert 1 <= extracted <= len(PROMPTS) and extracted + kept == shards["shards"].value, (extracted, kept)
     stale = retraining.session.stale()
     assert stale == {a: ("FRESH", []) for a in ASSETS}, stale
-    print(f"runs: {[(sorted(outcomes[r.run_id][0]), round(r_end(instance, r) - r_start(instance, r))) for r in runs]}")
-
-
-def r_start(instance, run):
-    return instance.get_run_record_by_id(run.run_id).start_time or 0
-
-
-def r_end(instance, run):
-    return instance.get_run_record_by_id(run.run_id).end_time or 0
 
 
 EDITS = {

@@ -226,8 +226,9 @@ def test_a_changed_setting_makes_that_asset_alone_stale_and_its_materialize_butt
     assert {a: instance.get_latest_materialization_event(dg.AssetKey(a)).run_id for a in ASSETS} == {**before, "vocab_mapping": run.run_id}
     record = instance.get_latest_materialization_event(dg.AssetKey("vocab_mapping")).asset_materialization
     assert str(record.metadata["draft_vocab_size"].value) == "4000"
-    # Its new content makes its child stale, which a run of the UI's alone does not rebuild.
     stale = session.stale()
     assert stale["vocab_mapping"] == ("FRESH", []), stale
-    assert stale["drafter_checkpoint"][0] == "STALE", stale
-    print("stale after", stale)
+    # Its new content makes its child stale (the UI names vocab_mapping's new data version as the
+    # root cause), which this run, of the UI's alone, did not rebuild.
+    assert stale["drafter_checkpoint"] == ("STALE", ["has a new data version"]), stale
+    assert {a: s for a, (s, _) in stale.items() if a != "drafter_checkpoint"} == {a: "FRESH" for a in ASSETS - {"drafter_checkpoint"}}
