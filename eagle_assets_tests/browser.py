@@ -51,11 +51,13 @@ def ui_page(viewport: tuple[int, int] = (1600, 1000)) -> Iterator:
 def click_button(page, label: str) -> str:
     """Click the button named `label` once the UI has drawn it, and wait for the UI's own
     confirmation that it launched a run; returns the toast's text ("Launched run 1a2b3c4d")."""
+    from playwright.sync_api import expect
+
     # A button's accessible name starts with its icon's label ("materialization Materialize all").
     button = page.get_by_role("button", name=re.compile(rf"(^|\s){re.escape(label)}$"))
-    button.wait_for(state="visible")
-    # The button is drawn before the asset data it acts on has loaded; it is enabled after.
-    page.wait_for_function("el => !el.disabled && el.getAttribute('aria-disabled') !== 'true'", arg=button.element_handle())
+    # The button is drawn before the asset data it acts on has loaded, and enabled after (React
+    # may draw it anew meanwhile: the locator, unlike an element handle, finds the new one).
+    expect(button).to_be_enabled(timeout=PAGE_TIMEOUT_MS)
     button.click()
     toast = page.get_by_text("Launched run")
     toast.wait_for(state="visible")
