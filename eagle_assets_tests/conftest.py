@@ -68,11 +68,14 @@ def smollm2_extraction_server(smollm2_path, engine_python, tmp_path_factory):
         yield server, spool
 
 
-def _materialise(tmp_path_factory, name: str, preset: str, target: str | None = None):
+def _materialise(tmp_path_factory, name: str, preset: str, target: str | None = None, click: bool = False):
     """The whole asset graph materialised with run `preset` on `target` (None: the embedded one)
-    as `eagle-assets run` does it: a Dagster session (webserver, daemon, code server) on a private
-    DAGSTER_HOME and data folder, and one run of the asset job launched through the UI's API.
-    The target travels in the session's environment, as `eagle-assets run --target` sends it.
+    in a Dagster session (webserver, daemon, code server) on a private DAGSTER_HOME and data
+    folder. With `click` and Chromium on this machine (`make browser`), as a person does it: the
+    session started as `eagle-assets ui --preset` starts it, and Chromium clicks "Materialize all"
+    on the asset graph (`_click_materialize_all`); otherwise as `eagle-assets run` does it, one run
+    of the asset job launched through the UI's API. Either way the target travels in the session's
+    environment, as `--target` sends it, and the result is one run of Dagster's asset job.
     Yields (instance, data_dir, dagster_home); the session has ended by then."""
     import os
 
@@ -86,9 +89,13 @@ def _materialise(tmp_path_factory, name: str, preset: str, target: str | None = 
     os.environ.update(env)
     try:
         from eagle_assets.defs.runner import ensure_dagster_home, materialize
+        from eagle_assets_tests.browser import chromium
 
         ensure_dagster_home()
-        materialize(preset, log=lambda m: None, target=target, home=home)
+        if click and chromium() is not None:
+            _click_materialize_all(home, data, preset, target)
+        else:
+            materialize(preset, log=lambda m: None, target=target, home=home)
         with dg.DagsterInstance.from_config(str(home)) as instance:
             yield instance, data, home
     finally:
@@ -99,10 +106,30 @@ def _materialise(tmp_path_factory, name: str, preset: str, target: str | None = 
                 os.environ[k] = v
 
 
+def _click_materialize_all(home: Path, data: Path, preset: str, target: str | None) -> None:
+    """The session `eagle-assets ui --preset PRESET` holds (its automation on, as by default);
+    Chromium opens the asset graph and clicks "Materialize all"; the run the click launched is
+    waited for in the instance (session.RunFailed names a failed step)."""
+    from eagle_assets.defs.session import DagsterSession
+    from eagle_assets.defs.settings import session_environment
+    from eagle_assets_tests.browser import click_button, ui_page
+
+    env = session_environment(preset, None, target)
+    with DagsterSession(home, data, env=env, log=lambda m: None, command=f"eagle-assets ui --preset {preset} (test)") as session:
+        session.graphql("mutation { setNuxSeen }")  # the first visit's welcome modal would cover the page
+        with ui_page() as page:
+            page.goto(f"{session.url}/asset-groups")
+            click_button(page, "Materialize all")
+        [run] = [r for r in session.instance.get_runs() if r.tags.get("dagster/from_ui") == "true"]
+        session.wait(run.run_id)
+
+
 @pytest.fixture(scope="session")
 def materialized_graph(tmp_path_factory, smollm2_path, engine_python):
-    """The whole asset graph on the embedded target, "smollm2-tiny" preset (`_materialise`)."""
-    yield from _materialise(tmp_path_factory, "graph", "smollm2-tiny")
+    """The whole asset graph on the embedded target, "smollm2-tiny" preset: Chromium's click on
+    "Materialize all" where `make browser` installed it, else `eagle-assets run`'s path
+    (`_materialise`). The run's tag `dagster/from_ui` says which."""
+    yield from _materialise(tmp_path_factory, "graph", "smollm2-tiny", click=True)
 
 
 @pytest.fixture(scope="session")

@@ -3,6 +3,9 @@
 # No `from __future__ import annotations`: Dagster resolves Config types from real annotations.
 
 import dataclasses
+import hashlib
+import json
+import shutil
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Optional
@@ -10,8 +13,8 @@ from typing import Optional
 import dagster as dg
 
 from eagle_assets.checked_reads import read_json_object
-from eagle_assets.defs.code_versions import code_version
-from eagle_assets.defs.common import GROUP, check_result, hash_tree, metadata, target_of
+from eagle_assets.defs.code_versions import REPORTING_SETTINGS, code_version
+from eagle_assets.defs.common import GROUP, check_result, hash_files, hash_tree, metadata, target_of
 from eagle_assets.defs.corpus import synthetic_corpus
 from eagle_assets.defs.hidden_state_settings import NUM_SHARDS, engine_max_model_len, training_source
 from eagle_assets.defs.hidden_states import hidden_state_shards, vocab_mapping
@@ -22,7 +25,9 @@ from eagle_assets.drafter.parent_gate import AL_ROUNDING
 from eagle_assets.drafter.run_config import TrainConfig
 from eagle_assets.drafter.sources import online_aux_layer_ids
 from eagle_assets.drafter.train import SUMMARY_FILE
+from eagle_assets.durable import write_durably
 from eagle_assets.engines.serving import SMOKE_PROMPTS, chat_once, cold_sampling_check
+from eagle_assets.formats import CORPUS_MANIFEST, SHARD_MANIFEST_FILE
 from eagle_assets.hidden_states.reader import stored_aux_layer_ids
 from eagle_assets.resources.inference_server import NEEDS_DRAFTER_SERVER, InferenceServerResource
 from eagle_assets.resources.storage import StorageResource
@@ -107,6 +112,40 @@ DrafterSettings = with_defaults(DrafterConfig, "drafter_checkpoint")
 """DrafterConfig with the code location's settings as defaults (defs/settings.py)."""
 
 
+TRAINING_KEY_FILE = "training.key.json"
+_NOT_IN_TRAINING_KEY = frozenset({"extraction_url", "extraction_model", "extraction_api_key_env", "tensorboard_dir"}) | REPORTING_SETTINGS
+
+
+def training_key(config: TrainConfig) -> str:
+    """A hash of what a training computes from: its settings and the content of its inputs (the
+    shards' manifests, which carry their states files' SHA-256, and the vocabulary file)."""
+    inputs = [p for folder in config.shard_dirs for p in sorted(Path(folder).glob(f"*/{SHARD_MANIFEST_FILE}"))]
+    if config.corpus_dir:  # online training reads the corpus itself
+        inputs += [p for p in [Path(config.corpus_dir) / CORPUS_MANIFEST] if p.is_file()]
+    # Where the states are served from and where the scalars go change nothing a step computes.
+    settings = {k: v for k, v in dataclasses.asdict(config).items() if k not in _NOT_IN_TRAINING_KEY}
+    parts = {"config": settings, "inputs": hash_files([*inputs, Path(config.vocab_mapping)])}
+    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def clear_other_trainings(config: TrainConfig, log) -> None:
+    """Leave in the checkpoint folder only checkpoints of this training. The trainer resumes from
+    the newest checkpoint there: right in a rerun after a failure, wrong once the inputs or the
+    settings changed (new prompts, a new vocabulary), where it would refuse the checkpoint or
+    finish the old training. So another training's checkpoints (another key in
+    TRAINING_KEY_FILE) are removed, and this training's key is written beside them."""
+    key, key_file, checkpoints = training_key(config), Path(config.out_dir) / TRAINING_KEY_FILE, config.checkpoint_dir
+    try:
+        kept = json.loads(key_file.read_text()).get("key")
+    except (OSError, ValueError, AttributeError):
+        kept = None
+    if kept != key and checkpoints.is_dir() and any(checkpoints.iterdir()):
+        log(f"the checkpoints in {checkpoints} are another training's (its inputs or settings changed): training starts afresh")
+        shutil.rmtree(checkpoints)
+    key_file.parent.mkdir(parents=True, exist_ok=True)
+    write_durably(key_file, json.dumps({"key": key}).encode())
+
+
 @dg.asset(
     group_name=GROUP,
     deps=[vocab_mapping, hidden_state_shards, synthetic_corpus],
@@ -157,6 +196,7 @@ def drafter_checkpoint(
         tensorboard_dir=str(out / "tensorboard"),
         export_engines=("vllm",) if vllm_only else ("vllm", "sglang"),
     )
+    clear_other_trainings(train_config, context.log.info)
     try:
         with _extraction_server(source, inference_server, preset, aux_layer_ids, storage, context.log.info) as server:
             if server is not None:

@@ -4,7 +4,7 @@
   `AutomationConditionSensorDefinition`, running by default wherever a daemon runs) evaluates
   them every 30 s: an asset is requested when its code version changed (its explicit version or
   its settings, defs/code_versions.py) or a parent got new content (a new data version), never
-  while a parent is missing or running. Dagster judges each change once, so a rebuild whose
+  while a parent is missing or running, nor before a parent's blocking checks passed. Dagster judges each change once, so a rebuild whose
   content is byte for byte the same stops there, and one with new content carries on to the
   assets below, tick by tick, down to the benchmark. `EAGLE_ASSETS_AUTOMATION=0` leaves the
   conditions off (and `eagle-assets run` starts its own daemon without them, so that only its
@@ -108,14 +108,16 @@ def build_prompt_files_sensor(url: str | None, name: str = "new_prompt_files", m
 
 def stale_condition() -> dg.AutomationCondition:
     """Rebuild an asset when its code version changed or a parent's data version changed; never
-    while a parent is missing or running. Dagster's `eager()` reacts to any new parent
-    materialisation; this one only to new content, as the UI's "stale" does. It does not build
-    a graph that was never built: do the first build with "Materialize all" or `eagle-assets run`."""
+    while a parent is missing or running, nor before a parent's blocking checks passed on its
+    newest materialisation (they run after it, in its run or in a run of their own: without
+    this the benchmark would be queued behind the drafter's checks and run even when they
+    failed). Dagster's `eager()` reacts to any new parent materialisation; this one only to new
+    content, as the UI's "stale" does. It does not build a graph that was never built: do the
+    first build with "Materialize all" or `eagle-assets run`."""
     AC = dg.AutomationCondition
     trigger = AC.code_version_changed() | AC.any_deps_match(AC.data_version_changed())
-    return (trigger.since_last_handled() & ~AC.missing() & ~AC.any_deps_missing() & ~AC.any_deps_in_progress() & ~AC.in_progress()).with_label(
-        "stale"
-    )
+    ready = ~AC.missing() & ~AC.any_deps_missing() & ~AC.any_deps_in_progress() & ~AC.in_progress() & AC.all_deps_blocking_checks_passed()
+    return (trigger.since_last_handled() & ready).with_label("stale")
 
 
 def with_automation(assets: Sequence[dg.AssetsDefinition]) -> list[dg.AssetsDefinition]:

@@ -522,6 +522,13 @@ def supervise(workspace: str, host: str, port: int, log_file: str) -> int:
             dev.wait(timeout=30)
         except subprocess.TimeoutExpired:
             pass
+    # The daemon's heartbeats outlive it in the instance: a next session would take them for a live
+    # daemon for 90 s. Only this session's daemon served the instance (its start checked that).
+    try:
+        with dg.DagsterInstance.get() as ended:
+            ended.wipe_daemon_heartbeats()
+    except Exception as exc:  # a next session then waits out the 90 s
+        note(f"clearing the daemon's heartbeats failed: {exc!r}")
     note("stopping the session's process group")
     out.close()
     # Every process started here (webserver, daemon, code servers, run workers) is in this group.

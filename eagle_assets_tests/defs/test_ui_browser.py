@@ -1,15 +1,20 @@
 """The web UI over the graph the session fixture materialised for real, in a real browser.
 
-The UI starts as `eagle-assets ui --preset smollm2-tiny --config run.yaml` starts it: a session
-(defs/session.py: `dagster dev` under its supervisor) over the DAGSTER_HOME and data folder of
-`materialized_graph` (the whole graph on the embedded SmolLM2, "smollm2-tiny", built by
-`eagle-assets run`'s path), whose code location takes the run file's settings. The first-visit
-modal is dismissed through GraphQL (`setNuxSeen`); Debian's headless Chromium loads
+`materialized_graph` (conftest.py) is the whole graph on the embedded SmolLM2, "smollm2-tiny":
+where `make browser` installed Debian's Chromium, a session as `eagle-assets ui --preset
+smollm2-tiny` holds one and Chromium's click on "Materialize all" built it; the instance then
+holds that one run, every asset and every check of it (read from the instance, not the page).
+
+The UI then starts as `eagle-assets ui --preset smollm2-tiny --config run.yaml` starts it: a
+session (defs/session.py: `dagster dev` under its supervisor) over a copy of that graph's
+DAGSTER_HOME and data folder, whose code location takes the run file's settings. The
+first-visit modal is dismissed through GraphQL (`setNuxSeen`); headless Chromium loads
 /asset-groups and saves the screenshot to test-artifacts/ui/asset-groups.png (skipped without
 `chromium`: `make browser`). GraphQL then confirms what the page draws: every asset
 materialised and fresh under the same settings (the UI's runs and `eagle-assets run`'s are the
 same runs), every check executed, the report's plots as images; and after the run file changes
-one asset's setting and the definitions reload, that asset alone is stale, with its cause.
+one asset's setting and the definitions reload, that asset alone is stale, with its cause, and
+its "Materialize" button rebuilds it and nothing else.
 """
 
 from __future__ import annotations
@@ -17,7 +22,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import signal
 import socket
 import subprocess
@@ -26,23 +30,20 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+import dagster as dg
 import pytest
 
 from eagle_assets.paths import PROJECT_ROOT
+from eagle_assets_tests.browser import CHROMIUM_FLAGS, chromium, click_button, ui_page
+from eagle_assets_tests.graph_runs import ASSETS, copy_graph, every_check, failed_checks, run_outcome
 
 pytestmark = [pytest.mark.engine, pytest.mark.slow]
 
-ASSETS = {"prompts", "synthetic_corpus", "vocab_mapping", "hidden_state_shards", "drafter_checkpoint", "benchmark_report"}
 ARTIFACTS = PROJECT_ROOT / "test-artifacts" / "ui"
 STARTUP_TIMEOUT_S = 240  # ~12 s on an idle machine; the suite shares two cores with vLLM
-CHROMIUM_FLAGS = [
-    "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-    "--disable-background-networking", "--disable-component-update", "--disable-sync",
-    "--disable-dev-shm-usage", "--window-size=1600,1000",
-    # Headless Chromium takes its screenshot at load, before the UI's JavaScript has drawn
-    # anything, unless virtual time runs on first.
-    "--virtual-time-budget=25000",
-]  # fmt: skip
+# Headless Chromium takes its screenshot at load, before the UI's JavaScript has drawn anything,
+# unless virtual time runs on first.
+SCREENSHOT_FLAGS = [*CHROMIUM_FLAGS, "--virtual-time-budget=25000"]
 
 ASSET_QUERY = """
 query {
@@ -68,9 +69,9 @@ query {
 
 
 def _chromium() -> str:
-    found = shutil.which("chromium") or shutil.which("chromium-browser")
+    found = chromium()
     if found is None:
-        pytest.skip("no chromium on this machine: `apt-get install -y chromium` (Debian) runs the browser test")
+        pytest.skip("no chromium on this machine: `make browser` (Debian's chromium) runs the browser tests")
     return found
 
 
@@ -96,13 +97,14 @@ def _tail(path: Path, lines: int = 60) -> str:
 
 @pytest.fixture(scope="module")
 def dagster_ui(materialized_graph, tmp_path_factory):
-    """A session over the materialised graph, as `eagle-assets ui --preset smollm2-tiny --config
-    run.yaml` holds one; yields (session, run file)."""
+    """A session over a copy of the materialised graph (a test here rebuilds an asset), as
+    `eagle-assets ui --preset smollm2-tiny --config run.yaml` holds one; yields (session, run file)."""
     from eagle_assets.defs.session import DagsterSession
     from eagle_assets.defs.settings import PRESET_ENV, RUN_FILE_ENV
 
-    _, data, home = materialized_graph
-    run_file = tmp_path_factory.mktemp("ui") / "run.yaml"
+    root = tmp_path_factory.mktemp("ui")
+    home, data = copy_graph(materialized_graph, root)
+    run_file = root / "run.yaml"
     run_file.write_text("preset: smollm2-tiny\n")
     env = {"EAGLE_ASSETS_DATA": str(data), PRESET_ENV: "smollm2-tiny", RUN_FILE_ENV: str(run_file), "EAGLE_ASSETS_AUTOMATION": "0"}
     with DagsterSession(home, data, env=env, log=lambda m: None, command="eagle-assets ui (test)") as session:
@@ -112,7 +114,7 @@ def dagster_ui(materialized_graph, tmp_path_factory):
 
 
 def _browse(url: str, tmp_path: Path, *mode: str) -> subprocess.CompletedProcess:
-    args = [_chromium(), *CHROMIUM_FLAGS, f"--user-data-dir={tmp_path / 'chromium-profile'}", *mode, url]
+    args = [_chromium(), *SCREENSHOT_FLAGS, f"--user-data-dir={tmp_path / 'chromium-profile'}", *mode, url]
     # Its own session too, so that a hung renderer can be killed with it.
     proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True, text=True)
     try:
@@ -173,7 +175,28 @@ def test_graphql_shows_every_asset_fresh_with_its_checks_and_the_plots_as_images
     assert plots and all(e["__typename"] == "MarkdownMetadataEntry" and "](data:image/png;base64," in e["mdStr"] for e in plots), plots
 
 
-def test_a_changed_setting_in_the_run_file_makes_that_asset_alone_stale_with_its_cause(dagster_ui):
+def test_materialize_all_clicked_in_chromium_built_every_asset_and_passed_every_check(materialized_graph):
+    """The shared graph is Chromium's click where `make browser` installed it (conftest.py)."""
+    from eagle_assets.defs.sensors import AUTOMATION_RUN_TAGS
+
+    instance, _, _ = materialized_graph
+    runs = instance.get_runs()
+    clicked = [r for r in runs if r.tags.get("dagster/from_ui") == "true"]
+    if not clicked:
+        _chromium()  # skips where there is no browser: the graph was then built by `eagle-assets run`'s path
+        pytest.fail(f"chromium is here, yet no run of the graph's instance came from the UI: {[r.tags for r in runs]}")
+    [run] = clicked
+    assert run.status == dg.DagsterRunStatus.SUCCESS
+    # The session's automation was on, as `eagle-assets ui` starts it: it built nothing of its own.
+    assert not [r.run_id for r in runs if AUTOMATION_RUN_TAGS.items() <= r.tags.items()]
+    materialised, checks = run_outcome(instance, run.run_id)
+    assert materialised == ASSETS
+    assert {a: instance.get_latest_materialization_event(dg.AssetKey(a)).run_id for a in ASSETS} == dict.fromkeys(ASSETS, run.run_id)
+    assert set(checks) == every_check()  # the click runs every check with its asset, the drafter's own included
+    assert not failed_checks(checks), {k: (e.passed, e.severity, e.metadata) for k, e in failed_checks(checks).items()}
+
+
+def test_a_changed_setting_makes_that_asset_alone_stale_and_its_materialize_button_rebuilds_it_alone(dagster_ui):
     session, run_file = dagster_ui
     run_file.write_text("preset: smollm2-tiny\nvocab_mapping: {draft_vocab_size: 4000}\n")
     reloaded = _graphql(session.url, 'mutation { reloadRepositoryLocation(repositoryLocationName: "eagle_assets") { __typename } }')
@@ -186,3 +209,26 @@ def test_a_changed_setting_in_the_run_file_makes_that_asset_alone_stale_with_its
         time.sleep(2)
     assert stale["vocab_mapping"] == ("STALE", ["has a new code version"]), stale
     assert {a: s for a, (s, _) in stale.items() if a != "vocab_mapping"} == {a: "FRESH" for a in ASSETS - {"vocab_mapping"}}
+
+    # A person opens the stale asset's page and clicks its "Materialize" button.
+    _chromium()
+    instance = session.instance
+    before = {a: instance.get_latest_materialization_event(dg.AssetKey(a)).run_id for a in ASSETS}
+    known = {r.run_id for r in instance.get_runs()}
+    with ui_page() as page:
+        page.goto(f"{session.url}/assets/vocab_mapping")
+        click_button(page, "Materialize")
+    [run] = [r for r in instance.get_runs() if r.run_id not in known]
+    assert run.tags.get("dagster/from_ui") == "true"
+    session.wait(run.run_id)
+    materialised, checks = run_outcome(instance, run.run_id)
+    assert materialised == {"vocab_mapping"} and set(checks) == {"vocab_mapping:consistent"} and checks["vocab_mapping:consistent"].passed
+    assert {a: instance.get_latest_materialization_event(dg.AssetKey(a)).run_id for a in ASSETS} == {**before, "vocab_mapping": run.run_id}
+    record = instance.get_latest_materialization_event(dg.AssetKey("vocab_mapping")).asset_materialization
+    assert str(record.metadata["draft_vocab_size"].value) == "4000"
+    stale = session.stale()
+    assert stale["vocab_mapping"] == ("FRESH", []), stale
+    # Its new content makes its child stale (the UI names vocab_mapping's new data version as the
+    # root cause), which this run, of the UI's alone, did not rebuild.
+    assert stale["drafter_checkpoint"] == ("STALE", ["has a new data version"]), stale
+    assert {a: s for a, (s, _) in stale.items() if a != "drafter_checkpoint"} == {a: "FRESH" for a in ASSETS - {"drafter_checkpoint"}}

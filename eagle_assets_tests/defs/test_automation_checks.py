@@ -1,0 +1,59 @@
+"""Dagster's automation (defs/sensors.py's condition) waits for a parent's blocking checks,
+evaluated against a real instance as the daemon's automation sensor evaluates it."""
+
+# No `from __future__ import annotations`: Dagster resolves Config types from real annotations.
+
+import dagster as dg
+
+from eagle_assets.defs.sensors import with_automation
+
+
+class ParentConfig(dg.Config):
+    """What the parent writes."""
+
+    text: str = "one"
+
+
+def test_automation_waits_for_a_parents_blocking_checks_on_its_newest_content(tmp_path, instance):
+    """The drafter's checks run after it; the benchmark below is requested only once they passed
+    on the drafter's newest materialisation, and not while they fail."""
+
+    written = tmp_path / "parent.txt"
+
+    @dg.asset(code_version="1")
+    def parent(config: ParentConfig) -> dg.MaterializeResult:
+        written.write_text(config.text)
+        return dg.MaterializeResult(data_version=dg.DataVersion(config.text))
+
+    @dg.asset_check(asset=parent, blocking=True)
+    def good() -> dg.AssetCheckResult:
+        return dg.AssetCheckResult(passed=written.read_text() != "bad")
+
+    @dg.asset(deps=[parent], code_version="1")
+    def child() -> dg.MaterializeResult:
+        return dg.MaterializeResult(data_version=dg.DataVersion("c"))
+
+    assets = with_automation([parent, child])
+
+    def requested(cursor):
+        result = dg.evaluate_automation_conditions(defs=[*assets, good], instance=instance, cursor=cursor)
+        return sorted(r.key.to_user_string() for r in result.results if r.true_subset.size and isinstance(r.key, dg.AssetKey)), result.cursor
+
+    def run(selection, text):
+        config = {"ops": {"parent": {"config": {"text": text}}}} if text else {}
+        dg.materialize([*assets, good], selection=selection, instance=instance, run_config=config, raise_on_error=False)
+
+    run(dg.AssetSelection.all() | dg.AssetSelection.checks(good), "one")
+    asked, cursor = requested(None)
+    assert asked == []
+    run(dg.AssetSelection.assets("parent").without_checks(), "two")  # new content, its check not yet run
+    asked, cursor = requested(cursor)
+    assert asked == []
+    run(dg.AssetSelection.checks(good), None)  # the check passes on it
+    asked, cursor = requested(cursor)
+    assert asked == ["child"]
+    dg.materialize([*assets, good], selection=["child"], instance=instance)
+    run(dg.AssetSelection.assets("parent").without_checks(), "bad")
+    run(dg.AssetSelection.checks(good), None)  # new content whose blocking check fails
+    asked, cursor = requested(cursor)
+    assert asked == []
