@@ -266,6 +266,11 @@ def test_a_bad_input_is_refused_with_a_message_naming_it(case, inputs, results):
         assert name.format(**inputs) in text, (name, text[-3000:])
 
 
+def message_of(result) -> str:
+    """A failed in-process Dagster run's step errors."""
+    return str(result.all_events[-1]) + "".join(e.event_specific_data.error.message for e in result.all_events if e.is_step_failure)
+
+
 def test_a_run_may_read_prompt_files_only_under_the_allowed_roots(tmp_path, monkeypatch, smollm2_path):
     # A real Dagster run of `prompts` with a file outside the data folder: refused before it is read,
     # naming the setting that allows it; listed in EAGLE_ASSETS_PROMPT_ROOTS, the same file loads.
@@ -286,12 +291,17 @@ def test_a_run_may_read_prompt_files_only_under_the_allowed_roots(tmp_path, monk
     with dg.instance_for_test() as instance:
         refused = dg.materialize([prompts], resources=resources, run_config=config, instance=instance, raise_on_error=False)
         assert not refused.success
-        message = str(refused.all_events[-1]) + "".join(e.event_specific_data.error.message for e in refused.all_events if e.is_step_failure)
+        message = message_of(refused)
         assert f"prompts.file_url '{outside}' lies outside the folders a run may read" in message
         assert "EAGLE_ASSETS_PROMPT_ROOTS" in message
-        for sneaky in (str(tmp_path / "data" / ".." / "elsewhere" / "prompts.jsonl"), "/etc/passwd"):
-            config["ops"]["prompts"]["config"]["file_url"] = sneaky
-            assert not dg.materialize([prompts], resources=resources, run_config=config, instance=instance, raise_on_error=False).success
+        # Issue 46's way out first: a chained URL whose first part climbs out of the data folder.
+        for sneaky in (f"{tmp_path / 'data'}/../../../../etc/passwd::", str(tmp_path / "data" / ".." / "elsewhere" / "prompts.jsonl"), "/etc/passwd"):
+            config["ops"]["prompts"]["config"].update(file_url=sneaky, file_format="text")
+            refused = dg.materialize([prompts], resources=resources, run_config=config, instance=instance, raise_on_error=False)
+            assert not refused.success
+            assert "lies outside" in message_of(refused) or "empty part" in message_of(refused), message_of(refused)
+        assert not list((tmp_path / "data").rglob("prompts.jsonl"))
+        config["ops"]["prompts"]["config"]["file_format"] = "auto"
         link = tmp_path / "data" / "link.jsonl"  # a symbolic link inside the data folder to a file outside it
         link.parent.mkdir(parents=True, exist_ok=True)
         link.symlink_to(outside)

@@ -15,6 +15,7 @@ from eagle_assets.bench.parity import ParityTolerance
 from eagle_assets.bench.served import PromptSet, context_fit, user_prompt_set
 from eagle_assets.defs.code_versions import code_version
 from eagle_assets.defs.common import GROUP, check_result, hash_files, image_markdown, metadata, target_of
+from eagle_assets.defs.corpus import check_prompt_url
 from eagle_assets.defs.drafter import drafter_checkpoint
 from eagle_assets.defs.settings import with_defaults
 from eagle_assets.engines.k_schedule import KSchedule
@@ -118,8 +119,10 @@ def benchmark_report(context: dg.AssetExecutionContext, config: ReportSettings, 
     k = benchmark_k(config.k, summary, preset.ttt_steps)
     prompt_set = None
     if config.prompts_url:
+        # Read only under the roots a run's prompt files may come from, as prompts.file_url.
+        prompts_url = check_prompt_url(config.prompts_url, storage.root or None, "benchmark_report.prompts_url")
         fits = context_fit(path, preset.max_model_len, config.output_len + max([k, *config.also_k]), preset.trust_remote_code)
-        prompt_set = user_prompt_set(config.prompts_url, config.num_prompts, config.prompts_format, fits)
+        prompt_set = user_prompt_set(prompts_url, config.num_prompts, config.prompts_format, fits)
     settings = config.settings(k, inference_server.served_dtype(), prompt_set)
     notes = [inference_server.serving_note()]
     if inference_server.url:

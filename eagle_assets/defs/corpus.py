@@ -4,8 +4,6 @@
 
 import hashlib
 import json
-import os
-import posixpath
 from typing import Optional
 
 import dagster as dg
@@ -26,6 +24,7 @@ from eagle_assets.paths import data_dir
 from eagle_assets.resources.inference_server import InferenceServerResource
 from eagle_assets.resources.storage import StorageResource
 from eagle_assets.settings_env import env_list, env_str
+from eagle_assets.url_scope import OutsideRoots, checked_url
 
 PROMPTS_FILE = "prompts.jsonl"
 PROMPTS_KEY_FILE = "prompts.key.json"
@@ -43,32 +42,18 @@ def prompt_roots(data_root: str | None = None) -> list[str]:
     return [data_root or str(data_dir()), *([watched] if watched else []), *env_list(PROMPT_ROOTS_ENV)]
 
 
-def check_prompt_url(url: str, data_root: str | None = None) -> None:
-    """Refuse a prompt file outside `prompt_roots(data_root)`, naming the setting that allows it."""
-    roots = prompt_roots(data_root)
-    if "*" in roots or any(_url_under(url, root) for root in roots):
-        return
-    raise ValueError(
-        f"prompts.file_url {url!r} lies outside the folders a run may read prompts from ({', '.join(roots)}): "
-        f"move the file under one of them, or add its folder to {PROMPT_ROOTS_ENV} (comma-separated folders or "
-        "URL prefixes; * allows any) in the code location's environment"
-    )
-
-
-def _url_key(url: str) -> tuple[str, str]:
-    """(protocol, normalised path): local paths resolved through symbolic links and `..`."""
-    protocol, path = fsspec.core.split_protocol(url)
-    protocol = protocol or "file"
-    if protocol in ("file", "local"):
-        return "file", os.path.realpath(os.path.expanduser(path))
-    return protocol, posixpath.normpath(path)
-
-
-def _url_under(url: str, root: str) -> bool:
-    if "::" in url:  # a chained URL (simplecache::s3://..., zip://...::file): only where a root names it
-        return url == root or url.startswith(root.rstrip("/") + "/")
-    (protocol, path), (root_protocol, root_path) = _url_key(url), _url_key(root)
-    return protocol == root_protocol and (path == root_path or path.startswith(root_path.rstrip("/") + "/"))
+def check_prompt_url(url: str, data_root: str | None = None, setting: str = "prompts.file_url") -> str:
+    """Refuse a prompt file outside `prompt_roots(data_root)`, naming `setting` and the variable
+    that allows it; else the URL to open (a local path resolved, so that what was checked is what
+    is read). The URL is judged as fsspec will open it, chained parts, `..` and links included
+    (eagle_assets/url_scope.py)."""
+    try:
+        return checked_url(url, prompt_roots(data_root))
+    except OutsideRoots as exc:
+        raise ValueError(
+            f"{setting} {exc}: move the file under one of them, or add its folder to {PROMPT_ROOTS_ENV} "
+            "(comma-separated folders or URL prefixes; * allows any) in the code location's environment"
+        ) from None
 
 
 class PromptsConfig(dg.Config):
@@ -132,10 +117,11 @@ def _file_stamp(url: str) -> str:
     return f"{info.get('size')}:{info.get('ETag') or info.get('etag') or info.get('mtime') or info.get('LastModified')}"
 
 
-def prompts_key(config: PromptsConfig, target: str) -> str:
+def prompts_key(config: PromptsConfig, target: str, file_url: str | None = None) -> str:
     """A hash of everything the prompts are made from: the settings, the target, the code
-    version and, for a prompt file, the file's stamp."""
-    stamp = _file_stamp(config.file_url) if config.file_url and config.source in ("file", "mix") else None
+    version and, for a prompt file, the stamp of the file at `file_url` (default config.file_url)."""
+    file_url = file_url or config.file_url
+    stamp = _file_stamp(file_url) if file_url and config.source in ("file", "mix") else None
     parts = {"config": config.model_dump(), "target": target, "code_version": PROMPTS_VERSION, "file": stamp}
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
@@ -177,11 +163,10 @@ def prompts(
         raise ValueError(f"prompts.mix names {unknown}: give shares of {', '.join(PROMPT_SOURCES)}")
     if "file" in counts and not config.file_url:
         raise ValueError("prompts use a file but file_url is empty: give the prompt file's path or URL")
-    if "file" in counts:
-        check_prompt_url(config.file_url, storage.root or None)
+    file_url = check_prompt_url(config.file_url, storage.root or None) if "file" in counts else None
     # A rerun after a failure further down keeps prompts made from the same inputs: Magpie's would
     # differ with the server's timing, and with them every corpus sample id.
-    key = prompts_key(config, target_fingerprint(path))
+    key = prompts_key(config, target_fingerprint(path), file_url)
     storage.fetch(out, log=context.log.info)
     kept = kept_prompts(out, key)
     if kept is not None:
@@ -195,7 +180,7 @@ def prompts(
     for source, n in counts.items():
         if source == "file":
             read = ReadStats()
-            whole = load_prompt_file(config.file_url, purpose="training", format=config.file_format,
+            whole = load_prompt_file(file_url, purpose="training", format=config.file_format,
                                      skip_bad_rows=config.skip_bad_rows, stats=read)  # fmt: skip
             parts[source] = sample_prompts(whole, n if config.source == "mix" else None, config.seed, stats=read,
                                            user_turns=config.user_turns, fit=fit)  # fmt: skip
