@@ -20,6 +20,7 @@ fsspec offers no public parser of chained URLs; `fsspec.core._un_chain` is the o
 uses, so the check sees exactly what `fsspec.open` will open (fsspec is pinned in pyproject.toml).
 
     place = checked_url(url, roots)      # ValueError naming the URL and the roots, else the URL to open
+    place = check_prompt_url(url)        # the same against the roots a run's prompt files may come from
 """
 
 from __future__ import annotations
@@ -33,6 +34,9 @@ from fsspec.archive import AbstractArchiveFileSystem
 from fsspec.implementations.cached import CachingFileSystem, SimpleCacheFileSystem, WholeFileCacheFileSystem
 from fsspec.implementations.chained import ChainedFileSystem
 from fsspec.implementations.local import LocalFileSystem
+
+from eagle_assets.paths import data_dir
+from eagle_assets.settings_env import env_list, env_str
 
 CACHES = (CachingFileSystem, WholeFileCacheFileSystem, SimpleCacheFileSystem)
 """Wrappers that read their own path from the filesystem after them, unchanged."""
@@ -144,3 +148,30 @@ def checked_url(url: str, roots: list[str]) -> str:
     if len(chain) == 1 and chain[0][1] is not None and issubclass(chain[0][1], LocalFileSystem):
         return os.path.realpath(chain[0][0])
     return url
+
+
+PROMPT_ROOTS_ENV = "EAGLE_ASSETS_PROMPT_ROOTS"
+
+
+def prompt_roots(data_root: str | None = None) -> list[str]:
+    """Where a run's `prompts.file_url` may read: the data folder (`data_root`, default
+    EAGLE_ASSETS_DATA's), the folder the prompt sensor watches (EAGLE_ASSETS_PROMPTS_URL) and the
+    folders or URL prefixes listed in EAGLE_ASSETS_PROMPT_ROOTS (comma-separated; `*` allows
+    any). Anyone who may launch a run sets file_url, so without this limit a run could read any
+    file the code location can."""
+    watched = env_str("EAGLE_ASSETS_PROMPTS_URL")
+    return [data_root or str(data_dir()), *([watched] if watched else []), *env_list(PROMPT_ROOTS_ENV)]
+
+
+def check_prompt_url(url: str, data_root: str | None = None, setting: str = "prompts.file_url") -> str:
+    """Refuse a prompt file outside `prompt_roots(data_root)`, naming `setting` and the variable
+    that allows it; else the URL to open (a local path resolved, so that what was checked is what
+    is read). The URL is judged as fsspec will open it, chained parts, `..` and links included
+    (the module docstring)."""
+    try:
+        return checked_url(url, prompt_roots(data_root))
+    except OutsideRoots as exc:
+        raise ValueError(
+            f"{setting} {exc}: move the file under one of them, or add its folder to {PROMPT_ROOTS_ENV} "
+            "(comma-separated folders or URL prefixes; * allows any) in the code location's environment"
+        ) from None

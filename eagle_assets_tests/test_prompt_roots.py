@@ -15,7 +15,7 @@ from pathlib import Path
 import fsspec
 import pytest
 
-from eagle_assets.defs.corpus import check_prompt_url
+from eagle_assets.url_scope import check_prompt_url
 
 INSIDE = '{"prompt": "inside"}\n'
 OUTSIDE = '{"prompt": "outside: a secret"}\n'

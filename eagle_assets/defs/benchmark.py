@@ -15,12 +15,12 @@ from eagle_assets.bench.parity import ParityTolerance
 from eagle_assets.bench.served import PromptSet, context_fit, user_prompt_set
 from eagle_assets.defs.code_versions import code_version
 from eagle_assets.defs.common import GROUP, check_result, hash_files, image_markdown, metadata, target_of
-from eagle_assets.defs.corpus import check_prompt_url
 from eagle_assets.defs.drafter import drafter_checkpoint
 from eagle_assets.defs.settings import with_defaults
 from eagle_assets.engines.k_schedule import KSchedule
 from eagle_assets.resources.inference_server import NEEDS_DRAFTER_SERVER, InferenceServerResource
 from eagle_assets.resources.storage import StorageResource
+from eagle_assets.url_scope import check_prompt_url
 
 
 class BenchmarkConfig(dg.Config):

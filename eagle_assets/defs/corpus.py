@@ -20,40 +20,13 @@ from eagle_assets.defs.code_versions import code_version
 from eagle_assets.defs.common import GROUP, check_result, hash_tree, metadata, target_of
 from eagle_assets.defs.settings import with_defaults
 from eagle_assets.durable import write_durably
-from eagle_assets.paths import data_dir
 from eagle_assets.resources.inference_server import InferenceServerResource
 from eagle_assets.resources.storage import StorageResource
-from eagle_assets.settings_env import env_list, env_str
-from eagle_assets.url_scope import OutsideRoots, checked_url
+from eagle_assets.url_scope import check_prompt_url
 
 PROMPTS_FILE = "prompts.jsonl"
 PROMPTS_KEY_FILE = "prompts.key.json"
 """Beside the prompts: what they were made from, so a rerun with the same inputs keeps them."""
-PROMPT_ROOTS_ENV = "EAGLE_ASSETS_PROMPT_ROOTS"
-
-
-def prompt_roots(data_root: str | None = None) -> list[str]:
-    """Where a run's `prompts.file_url` may read: the data folder (`data_root`, default
-    EAGLE_ASSETS_DATA's), the folder the prompt sensor watches (EAGLE_ASSETS_PROMPTS_URL) and the
-    folders or URL prefixes listed in EAGLE_ASSETS_PROMPT_ROOTS (comma-separated; `*` allows
-    any). Anyone who may launch a run sets file_url, so without this limit a run could read any
-    file the code location can."""
-    watched = env_str("EAGLE_ASSETS_PROMPTS_URL")
-    return [data_root or str(data_dir()), *([watched] if watched else []), *env_list(PROMPT_ROOTS_ENV)]
-
-
-def check_prompt_url(url: str, data_root: str | None = None, setting: str = "prompts.file_url") -> str:
-    """Refuse a prompt file outside `prompt_roots(data_root)`, naming `setting` and the variable
-    that allows it; else the URL to open (a local path resolved, so that what was checked is what
-    is read). The URL is judged as fsspec will open it, chained parts, `..` and links included
-    (eagle_assets/url_scope.py)."""
-    try:
-        return checked_url(url, prompt_roots(data_root))
-    except OutsideRoots as exc:
-        raise ValueError(
-            f"{setting} {exc}: move the file under one of them, or add its folder to {PROMPT_ROOTS_ENV} "
-            "(comma-separated folders or URL prefixes; * allows any) in the code location's environment"
-        ) from None
 
 
 class PromptsConfig(dg.Config):
@@ -200,7 +173,7 @@ def prompts(
             )
             with inference_server.serve(log=context.log.info) as server:
                 client = ClientSettings(base_url=server.base_url, model=server.model, api_key=server.api_key)
-                parts[source], magpie = synthesize_prompts(client, tokenizer, settings, progress=context.log.info)
+                parts[source], magpie = synthesize_prompts(client, tokenizer, settings, progress=context.log.info, log=context.log.warning)
                 errors = [(e.split(": ", 1)[-1],) * 2 for e in magpie.errors]  # without "candidate N: "; the message is the kind
                 problem = failed_share_problem(magpie.failed, magpie.requested, config.max_error_rate, "Magpie requests", errors)
                 if problem:  # raised inside the block: a server that died is named, with its log
@@ -239,7 +212,12 @@ class CorpusConfig(dg.Config):
     max_tokens: int = 256
     concurrency: int = 8
     request_timeout_s: float = 600
+    """The most seconds one request may take; one asking for fewer tokens is abandoned sooner, after
+    2 min plus max_tokens at 2 tokens/s (corpus/client.py, deadlines). A request past its deadline is
+    tried once more; when none finishes within a deadline the run stops, naming the server."""
     max_retries: int = 4
+    """Retries of a request the server refused for a passing reason (5xx, 429, a dropped connection),
+    each after a backoff, at least what its Retry-After asks."""
     max_error_rate: float = 0.02
     """The run fails when more than this share of the samples it tried failed (saying how many
     and the commonest errors; the finished ones stay stored for a rerun), and the error_rate
@@ -311,7 +289,7 @@ def synthetic_corpus(
         try:
             stats = generate_corpus(
                 items, store, client, tokenizer, target=fingerprint, sampling=sampling,
-                progress=progress, show_progress_bar=True, max_failed_share=config.max_error_rate,
+                progress=progress, show_progress_bar=True, max_failed_share=config.max_error_rate, log=context.log.warning,
             )  # fmt: skip
         finally:
             store.close()
