@@ -522,8 +522,9 @@ def _check_bench_arguments(
     if prompts_format not in FORMATS:
         raise ValueError(f"--prompts-format {prompts_format!r}: give one of {', '.join(FORMATS)}")
     ks = ([k] if k is not None else []) + list(also_k)
-    if any(x < 1 for x in ks):
-        raise ValueError(f"-k {k} / --also-k {list(also_k)}: the drafter drafts at least 1 token per step")
+    bad = ([f"-k {k}"] if k is not None and k < 1 else []) + [f"--also-k {x}" for x in also_k if x < 1]
+    if bad:
+        raise ValueError(f"{', '.join(bad)}: the drafter drafts at least 1 token per step (draft tokens per step must be at least 1)")
     if len(set(ks)) != len(ks):
         raise ValueError(f"-k {k} and --also-k {list(also_k)} repeat a K: give each K once (-k is served anyway)")
     if k_schedule is not None:
