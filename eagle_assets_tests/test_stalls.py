@@ -312,3 +312,28 @@ def test_a_dagster_run_against_a_stalled_server_says_so_then_fails_naming_it(tmp
     assert f"the server at {stalling.url} finished no request in 2 s" in failure and "3 samples are stored" in failure, failure
     assert ended - stalling.stalled_at < DEADLINE_S + SLACK_S
     assert CorpusStore(str(next(data.rglob("manifest.json")).parent), mode="r").num_rows == 3
+
+
+def test_magpie_against_a_stalled_server_stops_within_a_deadline_naming_it(smollm2_path):
+    # The `prompts` asset's default source: the target writes the prompts. Two candidates are
+    # answered, then every request stalls: the synthesis stops within one deadline, naming the server.
+    from eagle_assets.corpus.client import ClientSettings, ServerStalled
+    from eagle_assets.corpus.prompts import MagpieSettings, synthesize_prompts
+    from eagle_assets.corpus.target import load_tokenizer
+
+    stalling = StallingServer(answer=2)
+    said: list[str] = []
+    try:
+        with pytest.raises(ServerStalled) as stalled:
+            synthesize_prompts(
+                ClientSettings(stalling.url, "m", concurrency=4, timeout_s=DEADLINE_S),
+                load_tokenizer(smollm2_path),
+                MagpieSettings(num_prompts=8),
+                log=said.append,
+            )
+        ended = time.monotonic()
+    finally:
+        stalling.close()
+    assert f"the server at {stalling.url} finished no request in 2 s" in str(stalled.value)
+    assert ended - stalling.stalled_at < DEADLINE_S + SLACK_S
+    assert any(f"no request to {stalling.url} has finished" in line for line in said), said

@@ -204,6 +204,10 @@ class InferenceClient:
         self._in_flight = 0
         self._last_answer = time.monotonic()
         """When a request last finished (or the client started): what tells a stalled server."""
+        self._stalled: str | None = None
+        """Why the server was found stalled, once it was: every request after fails at once."""
+        self._deadlines: set[asyncio.Timeout] = set()
+        """The deadlines of the attempts in flight (moved to now when the server is found stalled)."""
 
     def __repr__(self) -> str:  # the settings' repr already hides the key
         return f"InferenceClient({self.settings!r})"
@@ -298,16 +302,16 @@ class InferenceClient:
             self._in_flight += 1
             try:
                 for attempt in range(1, s.max_retries + 2):
+                    if self._stalled is not None:  # found stalled: no request waits on it any more
+                        raise ServerStalled(self._stalled)
                     try:
                         return await self._attempt(url, body, attempt, deadline)
                     except RequestStalled as exc:
                         stalls += 1
+                        if self._stalled is not None:
+                            raise ServerStalled(self._stalled) from None
                         if time.monotonic() - self._last_answer >= deadline:
-                            raise ServerStalled(
-                                f"the server at {s.base_url} finished no request in {time.monotonic() - self._last_answer:.0f} s, "
-                                f"though it takes connections ({exc}): it is stalled or far slower than "
-                                f"{s.min_tokens_per_s:g} tokens/s. See its log; restart it, or raise the requests' deadline (request_timeout_s, --timeout)"
-                            ) from None
+                            raise self._found_stalled(exc) from None
                         if stalls > 1 or attempt > s.max_retries:  # a stall costs a deadline: tried once more, no more
                             raise RetriesExhausted(url, attempt, exc) from None
                     except ServerFailure as exc:
@@ -324,12 +328,30 @@ class InferenceClient:
                 self._in_flight -= 1
         raise AssertionError("unreachable")
 
+    def _found_stalled(self, exc: RequestStalled) -> ServerStalled:
+        """The server finished nothing within a whole deadline: say so once, and end every other
+        request waiting on it now (their deadlines are moved to this moment), not one deadline later."""
+        s = self.settings
+        self._stalled = (
+            f"the server at {s.base_url} finished no request in {time.monotonic() - self._last_answer:.0f} s, though it takes "
+            f"connections ({exc}): it is stalled or far slower than {s.min_tokens_per_s:g} tokens/s. See its log; restart it, "
+            "or raise the requests' deadline (request_timeout_s, --timeout)"
+        )
+        now = asyncio.get_running_loop().time()
+        for waiting in list(self._deadlines):
+            waiting.reschedule(now)
+        return ServerStalled(self._stalled)
+
     async def _attempt(self, url: str, body: dict, attempt: int, deadline: float) -> Completion:
         start = time.perf_counter()
         try:
             # The whole attempt, not each read: a server may send its headers and then stall.
-            async with asyncio.timeout(deadline):
-                response = await self.http.post(url, json=body, timeout=httpx.Timeout(deadline, connect=self.settings.connect_timeout_s))
+            async with asyncio.timeout(deadline) as limit:
+                self._deadlines.add(limit)
+                try:
+                    response = await self.http.post(url, json=body, timeout=httpx.Timeout(deadline, connect=self.settings.connect_timeout_s))
+                finally:
+                    self._deadlines.discard(limit)
         except (TimeoutError, httpx.TimeoutException) as exc:
             if isinstance(exc, httpx.ConnectTimeout):
                 raise ServerFailure(f"{url}: {_describe(exc)}") from None
