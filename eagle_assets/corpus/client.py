@@ -339,7 +339,11 @@ class InferenceClient:
         )
         now = asyncio.get_running_loop().time()
         for waiting in list(self._deadlines):
-            waiting.reschedule(now)
+            if not waiting.expired():
+                try:
+                    waiting.reschedule(now)
+                except RuntimeError:  # expiring already: it ends on its own
+                    pass
         return ServerStalled(self._stalled)
 
     async def _attempt(self, url: str, body: dict, attempt: int, deadline: float) -> Completion:
