@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import signal
 import sys
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Optional
 
@@ -305,11 +306,48 @@ def bench(
         "over an extraction server's states (the target is never loaded here); "
         "auto: hf where the target fits this host.",
     ),
+    stall_timeout: float = typer.Option(
+        180.0,
+        "--stall-timeout",
+        metavar="SECONDS",
+        help="A request that makes no progress for this long (no token streamed) is abandoned and the benchmark stops, "
+        "naming the server; what was measured is kept.",
+    ),
 ) -> None:
     """Benchmark any EAGLE-3 drafter folder in the real engine, as the benchmark_report asset does:
     offline reference vs served acceptance, tokens/s with and without speculation, a verdict.
     Every finished measurement is kept in --out/measurements/: rerun the same command after an
-    interruption to resume (other settings are refused there; --overwrite starts afresh)."""
+    interruption to resume (other settings are refused there; --overwrite starts afresh).
+
+    With EAGLE_ASSETS_SERVER_URL and EAGLE_ASSETS_SPECULATIVE_URL set, your two servers are
+    measured (the target alone, and with the drafter at the K it was started with) and nothing is
+    launched; EAGLE_ASSETS_EXTRACTION_URL serves the offline reference's states."""
+    drafter = drafter.expanduser().resolve()
+    if not (drafter / "config.json").is_file():
+        _fail(f"{drafter} has no config.json: pass the drafter's vLLM export folder (drafter-vllm/)")
+    # Everything the arguments and the environment can get wrong is refused here, in a second or
+    # two: before the target is verified, a model loads or a server starts.
+    try:
+        yours = _user_servers(also_k, k_schedule, control, confirm_schedule, interleave)
+        _check_bench_arguments(
+            out,
+            overwrite,
+            num_prompts,
+            prompts,
+            prompts_format,
+            output_len,
+            concurrency,
+            k,
+            also_k,
+            k_schedule,
+            interleave,
+            control,
+            offline_reference,
+            stall_timeout,
+        )
+    except ValueError as exc:
+        _fail(_message(exc))
+
     from eagle_assets.bench.benchmark import BenchmarkSettings, benchmark_k, run_benchmark
     from eagle_assets.embedded_target import resolve_target
     from eagle_assets.engines import host_memory
@@ -321,43 +359,182 @@ def bench(
     from eagle_assets.engines.serving import launch_extraction_server, launch_vllm
     from eagle_assets.engines.vllm_launch import DEFAULT_KV_CACHE_GIB, served_dtype, serving_mode_note
 
-    drafter = drafter.expanduser().resolve()
-    if not (drafter / "config.json").is_file():
-        _fail(f"{drafter} has no config.json: pass the drafter's vLLM export folder (drafter-vllm/)")
     try:
         summary = _training_summary(drafter)
         preset, path = resolve_target(target)
         # Read and fitted to the context before anything is served: a bad file fails here.
         prompt_set = _prompt_set(prompts, prompts_format, num_prompts, path, preset,
                                  output_len + max([benchmark_k(k, summary, preset.ttt_steps), *also_k]))  # fmt: skip
-        settings = BenchmarkSettings(num_prompts=num_prompts, prompt_set=prompt_set, output_len=output_len, concurrencies=tuple(concurrency),
-                                     k=benchmark_k(k, summary, preset.ttt_steps), offline_reference=offline_reference,
-                                     served_dtype=served_dtype(path, host_device()),
-                                     also_k=tuple(also_k), ngram=ngram, baseline_again=baseline_again,
-                                     interleave_rounds=interleave, control=control, confirm_schedule=confirm_schedule,
-                                     k_schedule=KSchedule.parse(k_schedule) if k_schedule is not None else None)  # fmt: skip
+        settings = BenchmarkSettings(
+            num_prompts=num_prompts,
+            prompt_set=prompt_set,
+            output_len=output_len,
+            concurrencies=tuple(concurrency),
+            k=benchmark_k(k, summary, preset.ttt_steps),
+            offline_reference=offline_reference,
+            served_dtype="bfloat16" if yours else served_dtype(path, host_device()),
+            also_k=tuple(also_k),
+            ngram=ngram and not yours,
+            baseline_again=baseline_again and not yours,
+            interleave_rounds=0 if yours else interleave,
+            control=control,
+            confirm_schedule=confirm_schedule,
+            k_schedule=KSchedule.parse(k_schedule) if k_schedule is not None else None,
+            request_timeout_s=stall_timeout,
+        )
         if interleave and host_device() != "cpu":
             _fail(
                 "--interleave needs every configuration's server up at once: on an accelerator each vLLM takes most "
                 "of its memory. Leave --interleave out there."
             )
-        _check_before_benchmark(drafter, path, out, overwrite)
+        _check_before_benchmark(drafter, path, out, overwrite, engine_needed=not yours or (offline_reference == "engine" and not yours["extraction"]))
 
         def why_not_at_once(specs: list[dict | None]) -> str | None:  # each server launched here is a new one
             footprints = [config_footprint_bytes(path, spec, DEFAULT_KV_CACHE_GIB) for spec in specs]
             return host_memory.why_not_at_once(footprints, available_memory_bytes(), host_device())
 
+        def serve(spec, replica=0):
+            if yours:
+                return _connected(yours["speculative"] if spec else yours["target"])
+            return launch_vllm(target, speculative=spec, compiled=compiled)
+
+        def extraction_server(ids):
+            if yours and yours["extraction"]:
+                return _connected(yours["extraction"])
+            return launch_extraction_server(path, ids, preset.max_model_len + settings.k + 1)
+
+        notes = [serving_mode_note(host_device(), compiled)]
+        if yours:
+            notes = [
+                f"served by your servers: the target at {yours['target']}, with the drafter at {yours['speculative']} "
+                "(at the K it was started with); no n-gram, other K or A/A control"
+            ]
+            typer.echo(notes[0], err=True)
         report, paths = run_benchmark(
-            settings, preset.name, path, drafter, lambda spec, replica=0: launch_vllm(target, speculative=spec, compiled=compiled), out,
-            target_num_layers=preset.num_layers, parent_al=parent_al, notes=[serving_mode_note(host_device(), compiled)],
-            training_summary=summary, why_not_at_once=why_not_at_once, trust_remote_code=preset.trust_remote_code,
-            extraction_server=lambda ids: launch_extraction_server(path, ids, preset.max_model_len + settings.k + 1),
-            fresh=overwrite, on_other="refuse",
+            settings, preset.name, path, drafter, serve, out,
+            target_num_layers=preset.num_layers, parent_al=parent_al, notes=notes,
+            training_summary=summary, why_not_at_once=None if yours else why_not_at_once, trust_remote_code=preset.trust_remote_code,
+            extraction_server=extraction_server, fresh=overwrite, on_other="refuse",
         )  # fmt: skip
     except (OSError, ValueError, KeyError, ServerFailed, PortBusy, PreflightError) as exc:
         _fail(_message(exc))
     typer.echo(paths.summary.read_text().rstrip("\n"))
     typer.echo(f"report: {paths.markdown}")
+
+
+def _user_servers(also_k: list[int], k_schedule: Optional[str], control: bool, confirm_schedule: bool, interleave: Optional[int]) -> Optional[dict]:
+    """The servers the environment points `bench` at ({target, speculative, extraction} URLs), or
+    None to launch vLLM here; a ValueError for a URL that is not one, a target server without the
+    drafter's, or options that need servers launched here."""
+    from eagle_assets.settings_env import env_str
+
+    def url(name: str) -> Optional[str]:
+        return env_str(name, None, check=_is_http_url, expect="an http:// or https:// URL with a host")
+
+    target, speculative, extraction = url("EAGLE_ASSETS_SERVER_URL"), url("EAGLE_ASSETS_SPECULATIVE_URL"), url("EAGLE_ASSETS_EXTRACTION_URL")
+    if target is None:
+        if speculative is not None:
+            raise ValueError(
+                "EAGLE_ASSETS_SPECULATIVE_URL is set without EAGLE_ASSETS_SERVER_URL: give the target's server "
+                "too (the speedup is measured against it), or unset both to launch vLLM here"
+            )
+        return None
+    if speculative is None:
+        raise ValueError(
+            f"EAGLE_ASSETS_SERVER_URL={target} is the target alone: the benchmark also needs the target served with this drafter. "
+            "Serve it (`eagle-assets serve --drafter DIR -k 3`, or your engine's --speculative-config on the folder) and give "
+            "its URL in EAGLE_ASSETS_SPECULATIVE_URL, or unset EAGLE_ASSETS_SERVER_URL to launch vLLM here"
+        )
+    launched_only = [
+        name
+        for name, given in (
+            ("--also-k", bool(also_k)),
+            ("--k-schedule", k_schedule is not None),
+            ("--control", control),
+            ("--confirm-schedule", confirm_schedule),
+            ("--interleave", bool(interleave)),
+        )
+        if given
+    ]
+    if launched_only:
+        raise ValueError(
+            f"{', '.join(launched_only)} serve(s) configurations launched here, but EAGLE_ASSETS_SERVER_URL and "
+            "EAGLE_ASSETS_SPECULATIVE_URL name your two servers (one configuration each): leave them out, or unset "
+            "the variables"
+        )
+    return {"target": target, "speculative": speculative, "extraction": extraction}
+
+
+def _is_http_url(value: str) -> bool:
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(value)
+    return parts.scheme in ("http", "https") and bool(parts.hostname)
+
+
+@contextmanager
+def _connected(url: str):
+    """A server of yours, for the length of a block: checked to answer /v1/models, never stopped."""
+    from eagle_assets.engines.serving import api_key_from_env, connect
+
+    yield connect(url, None, api_key_from_env("EAGLE_ASSETS_SERVER_API_KEY"))
+
+
+def _check_bench_arguments(
+    out: Path,
+    overwrite: bool,
+    num_prompts: int,
+    prompts: Optional[str],
+    prompts_format: str,
+    output_len: int,
+    concurrency: list[int],
+    k: Optional[int],
+    also_k: list[int],
+    k_schedule: Optional[str],
+    interleave: Optional[int],
+    control: bool,
+    offline_reference: str,
+    stall_timeout: float,
+) -> None:
+    """`bench`'s arguments checked on their own (no target, no model, no server): a ValueError naming the first wrong one."""
+    from eagle_assets.bench.report import REPORT_JSON, REPORT_MD
+    from eagle_assets.bench.served import SweepSettings, mt_bench_size, refuse_too_few_prompts
+    from eagle_assets.corpus.prompt_formats import FORMATS
+    from eagle_assets.engines.k_schedule import KSchedule
+
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"--out {out} is a file: give a folder for the report")
+    earlier = [out / name for name in (REPORT_MD, REPORT_JSON) if (out / name).exists()]
+    if earlier and not overwrite:
+        raise ValueError(f"{out} already holds a report ({earlier[0].name}): give another --out, or --overwrite to replace it")
+    try:
+        SweepSettings(output_len=output_len, concurrencies=tuple(concurrency), request_timeout_s=stall_timeout)
+    except ValueError as exc:
+        raise ValueError(
+            str(exc)
+            .replace("output_len=", "--output-len ")
+            .replace("concurrencies=", "--concurrency ")
+            .replace("request_timeout_s=", "--stall-timeout ")
+        ) from None
+    refuse_too_few_prompts(num_prompts, concurrency, f"--num-prompts {num_prompts}")
+    if prompts is None and num_prompts > mt_bench_size():
+        raise ValueError(f"--num-prompts {num_prompts}: MT-Bench has {mt_bench_size()} first turns; give at most that, or --prompts FILE")
+    if prompts_format not in FORMATS:
+        raise ValueError(f"--prompts-format {prompts_format!r}: give one of {', '.join(FORMATS)}")
+    ks = ([k] if k is not None else []) + list(also_k)
+    bad = ([f"-k {k}"] if k is not None and k < 1 else []) + [f"--also-k {x}" for x in also_k if x < 1]
+    if bad:
+        raise ValueError(f"{', '.join(bad)}: the drafter drafts at least 1 token per step (draft tokens per step must be at least 1)")
+    if len(set(ks)) != len(ks):
+        raise ValueError(f"-k {k} and --also-k {list(also_k)} repeat a K: give each K once (-k is served anyway)")
+    if k_schedule is not None:
+        KSchedule.parse(k_schedule)
+    if interleave is not None and interleave < 0:
+        raise ValueError(f"--interleave {interleave}: give 0 (one configuration after another) or more rounds")
+    if control and interleave == 0:
+        raise ValueError("--control serves a second server without speculation interleaved with the rest: leave out --interleave 0")
+    if offline_reference not in ("auto", "hf", "engine"):
+        raise ValueError(f"--offline-reference {offline_reference!r}: give one of auto, hf, engine")
 
 
 def _prompt_set(url: str | None, fmt: str, num_prompts: int, path: Path, preset, new_tokens: int):
@@ -386,7 +563,7 @@ def _training_summary(drafter: Path) -> dict:
     return read_json_object(summary_file, "the trainer's summary of this drafter", "remove it or move it aside, and give -k yourself")
 
 
-def _check_before_benchmark(drafter: Path, target_folder: Path, out: Path, overwrite: bool) -> None:
+def _check_before_benchmark(drafter: Path, target_folder: Path, out: Path, overwrite: bool, engine_needed: bool = True) -> None:
     """What would otherwise fail a benchmark only after its long offline reference, or lose an
     earlier report: the report folder, the engine's environment, the drafter against the target."""
     from eagle_assets.bench.report import REPORT_JSON, REPORT_MD
@@ -400,7 +577,8 @@ def _check_before_benchmark(drafter: Path, target_folder: Path, out: Path, overw
     earlier = [out / name for name in (REPORT_MD, REPORT_JSON) if (out / name).exists()]
     if earlier and not overwrite:
         raise ValueError(f"{out} already holds a report ({earlier[0].name}): give another --out, or --overwrite to replace it")
-    require_engine_python(engine_venv("vllm"))
+    if engine_needed:
+        require_engine_python(engine_venv("vllm"))
     findings = PreflightReport()
     check_drafter(read_target_config(target_folder / "config.json"), drafter, findings, engine="vllm")
     if not findings.ok:

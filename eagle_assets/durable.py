@@ -9,6 +9,11 @@ of zeros or of nothing. So the bytes are flushed first (`fsync_file`), then rena
     write_durably(path, data)          # temporary file, fsync, rename, fsync of the folder
     replace_durably(tmp, path)         # the same for a file or folder already written at `tmp`
 
+A write that finds the disk full (or the quota spent) raises `DiskFull`, an OSError whose
+message names the path, what was being written and the room left, after removing its temporary
+file: the final name keeps its old content or stays absent, never half of the new one.
+`no_room(exc, path, what)` turns such an error from any other writer into the same message.
+
 Local filesystems only; fsspec stores elsewhere do what they allow (see corpus/store.py).
 """
 
@@ -16,8 +21,65 @@ from __future__ import annotations
 
 import errno
 import os
+import shutil
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+
+NO_ROOM = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+"""What a full disk, a spent quota or a file-size limit raise."""
+
+
+class DiskFull(OSError):
+    """A write that found no room; the message names where, what and how much room is left."""
+
+    def __init__(self, code: int, message: str, path: str):
+        super().__init__(code, message, path)
+        self.message = message
+
+    def __str__(self) -> str:
+        return self.message
+
+
+def free_bytes(path: str | os.PathLike) -> int | None:
+    """Bytes free on the filesystem holding `path` (its nearest existing folder); None when unknown."""
+    p = Path(path)
+    while not p.exists() and p != p.parent:
+        p = p.parent
+    try:
+        return shutil.disk_usage(p).free
+    except OSError:
+        return None
+
+
+def no_room(exc: BaseException, path: str | os.PathLike, what: str, kept: str = "nothing was half-written") -> DiskFull | None:
+    """`exc` as a `DiskFull` naming `path`, `what` was being written and `kept`, when it says the
+    disk is full (or the quota spent); else None. Already one: itself."""
+    if isinstance(exc, DiskFull):
+        return exc
+    if not isinstance(exc, OSError) or exc.errno not in NO_ROOM:
+        return None
+    free = free_bytes(path)
+    room = "free space unknown" if free is None else f"{free / 1e6:.1f} MB free" if free >= 1e6 else f"{free / 1e3:.0f} kB free"
+    return DiskFull(
+        exc.errno,
+        f"no space left on the device holding {path} ({room}; {os.strerror(exc.errno)}) while writing {what}: "
+        f"{kept}. Free space there, or write elsewhere, and rerun",
+        str(path),
+    )
+
+
+@contextmanager
+def room_named(path: str | os.PathLike, what: str, kept: str = "nothing was half-written") -> Iterator[None]:
+    """A block whose full-disk error becomes a `DiskFull` naming `path`, `what` and `kept` (`no_room`)."""
+    try:
+        yield
+    except OSError as exc:
+        full = no_room(exc, path, what, kept)
+        if full is None or full is exc:
+            raise
+        raise full from None
 
 
 def fsync_file(path: str | os.PathLike) -> None:
@@ -70,7 +132,10 @@ def fsync_tree(path: str | os.PathLike) -> None:
 def replace_durably(tmp: str | os.PathLike, final: str | os.PathLike) -> None:
     """Rename `tmp` (a file or a folder, written and closed) onto `final`, its data flushed
     before and the rename after."""
-    fsync_tree(tmp)
+    try:
+        fsync_tree(tmp)
+    except OSError as exc:
+        raise no_room(exc, final, f"{final}'s data") or exc from None
     os.replace(tmp, final)
     fsync_dir(Path(final).parent)
 
@@ -85,7 +150,10 @@ def write_durably(path: str | os.PathLike, data: bytes) -> None:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as exc:
         tmp.unlink(missing_ok=True)
+        full = no_room(exc, path, f"{path.name} ({len(data)} bytes)", f"{path} keeps what it held before")
+        if full is not None:
+            raise full from None
         raise
     fsync_dir(path.parent)

@@ -20,6 +20,7 @@ import shutil
 import struct
 import subprocess
 import sys
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -30,6 +31,17 @@ CLI = ("-m", "eagle_assets.cli")
 # The served benchmark against a port nothing listens on: a row that is not refused fails to connect.
 SERVED = ("-m", "eagle_assets.bench.served", "--base-url", "http://127.0.0.1:9", "--model", "m")
 PLAN = (*CLI, "plan", "--samples", "10", "--tokens-per-sample", "100")
+BENCH = (*CLI, "bench", "--drafter", "{drafter}", "--target", "/nonexistent/model", "--out", "{tmp}/bench-report")
+# The corpus generator with good inputs, against a port nothing listens on: each row spoils one.
+GEN_ARGS = {"--prompts": "{prompts_ok}", "--out": "{tmp}/corpus", "--server": "http://127.0.0.1:9", "--model": "m", "--tokenizer": "{target}"}
+
+
+def gen(**spoiled: str) -> tuple[str, ...]:
+    """`python -m eagle_assets.corpus.generate` with GEN_ARGS, the options given replacing or adding to them (`max_tokens="0"`)."""
+    options = {**GEN_ARGS, **{"--" + k.replace("_", "-"): v for k, v in spoiled.items()}}
+    return ("-m", "eagle_assets.corpus.generate", *(x for item in options.items() for x in item))
+
+
 NO_ENGINE = {"EAGLE_ASSETS_VLLM_VENV": "{no_engine}"}
 
 
@@ -42,6 +54,8 @@ class Case:
     """What the message must name (each, in the output)."""
     code: int = 1
     env: dict[str, str] = field(default_factory=dict)
+    within_s: float | None = None
+    """Refused within this many seconds (before anything slow), where the row says so."""
 
 
 def run_env(**variables: str) -> dict[str, str]:
@@ -132,6 +146,26 @@ CASES = [
     Case("serve_k_0", (*CLI, "serve", "--drafter", "{drafter}", "-k", "0"), ("-k 0",)),
     Case("serve_port_70000", (*CLI, "serve", "--port", "70000"), ("--port", "65535"), code=2),
     Case("bench_drafter_missing", (*CLI, "bench", "--drafter", "/nonexistent/drafter"), ("/nonexistent/drafter", "config.json")),
+    # bench's own arguments come before the target (here one that is not there) is looked at
+    Case("bench_concurrency_0", (*BENCH, "--concurrency", "0"), ("--concurrency (0,): give one or more levels >= 1",), within_s=5),
+    Case("bench_too_few_prompts", (*BENCH, "--num-prompts", "2", "--concurrency", "4"), ("--num-prompts 2 cannot keep 4 requests",), within_s=5),
+    Case("bench_output_len_1", (*BENCH, "--output-len", "1"), ("--output-len 1",), within_s=5),
+    Case("bench_k_repeated", (*BENCH, "-k", "3", "--also-k", "3"), ("repeat a K",), within_s=5),
+    Case("bench_offline_reference", (*BENCH, "--offline-reference", "gpu"), ("--offline-reference 'gpu'",), within_s=5),
+    Case("bench_stall_timeout_0", (*BENCH, "--stall-timeout", "0"), ("--stall-timeout 0.0",), within_s=5),
+    Case(
+        "bench_server_without_drafter_server",
+        BENCH,
+        ("EAGLE_ASSETS_SERVER_URL=http://127.0.0.1:9 is the target alone", "EAGLE_ASSETS_SPECULATIVE_URL"),
+        env={"EAGLE_ASSETS_SERVER_URL": "http://127.0.0.1:9"},
+        within_s=5,
+    ),
+    Case(
+        "bench_servers_and_also_k",
+        (*BENCH, "--also-k", "2"),
+        ("--also-k serve(s) configurations launched here",),
+        env={"EAGLE_ASSETS_SERVER_URL": "http://127.0.0.1:9", "EAGLE_ASSETS_SPECULATIVE_URL": "http://127.0.0.1:9"},
+    ),
     Case("setup_device_unknown", (*CLI, "setup", "engine", "--device", "tpu"), ("'tpu'",)),
     Case("served_api_key_argument", (*SERVED, "--api-key", "s3cret"), ("--api-key", "--api-key-file"), code=2),
     Case("served_api_key_file_missing", (*SERVED, "--api-key-file", "/nonexistent/key"), ("--api-key-file", "/nonexistent/key"), code=2),
@@ -150,11 +184,34 @@ CASES = [
     Case("prompt_no_known_key", (*SERVED, "--prompts", "{prompt_no_key}"), ("{prompt_no_key} line 1", "cannot tell the file's format"), code=2),
     Case("prompt_file_missing", (*SERVED, "--prompts", "/nonexistent/prompts.jsonl"), ("/nonexistent/prompts.jsonl",), code=2),
     Case("prompt_file_type", (*SERVED, "--prompts", "{prompt_csv}"), ("{prompt_csv}", "unknown prompt file type"), code=2),
+    # ---- the corpus generator's command line ------------------------------------------------
+    Case("gen_tokenizer_missing", gen(tokenizer="/nonexistent"), ("--tokenizer '/nonexistent' does not exist",), code=2, within_s=5),
+    Case("gen_tokenizer_a_file", gen(tokenizer="{a_file}"), ("is a file, not a folder",), code=2),
+    Case("gen_tokenizer_no_tokenizer", gen(tokenizer="{no_engine}"), ("holds no tokenizer",), code=2),
+    Case("gen_server_no_scheme", gen(server="localhost:9"), ("'localhost:9' must start with http://",), code=2),
+    Case("gen_concurrency_0", gen(concurrency="0"), ("--concurrency", "'0' is not a whole number of at least 1"), code=2),
+    Case("gen_max_tokens_0", gen(max_tokens="0"), ("--max-tokens", "'0'"), code=2),
+    Case("gen_max_tokens_text", gen(max_tokens="many"), ("--max-tokens", "'many'"), code=2),
+    Case("gen_temperature_negative", gen(temperature="-1"), ("--temperature", "'-1'"), code=2),
+    Case("gen_timeout_0", gen(timeout="0"), ("--timeout", "'0'"), code=2),
+    Case("gen_timeout_nan", gen(timeout="nan"), ("--timeout", "'nan'"), code=2),
+    Case("gen_shard_size_0", gen(shard_size="0"), ("--shard-size", "'0'"), code=2),
+    Case("gen_retries_negative", gen(retries="-2"), ("--retries", "'-2'"), code=2),
+    Case("gen_limit_0", gen(limit="0"), ("--limit", "'0'"), code=2),
+    Case("gen_failed_share_2", gen(max_failed_share="2"), ("--max-failed-share", "'2'"), code=2),
+    Case("gen_out_a_file", gen(out="{a_file}"), ("--out {a_file} is a file",), code=2),
+    Case("gen_out_under_a_device", gen(out="/dev/null/corpus"), ("--out /dev/null/corpus lies under /dev/null",), code=2),
+    Case("gen_prompts_missing", gen(prompts="/nonexistent/p.jsonl"), ("corpus generation failed", "/nonexistent/p.jsonl"), within_s=5),
+    Case("gen_prompts_bad_row", gen(prompts="{prompt_number}"), ("{prompt_number} line 2", "`prompt` must be text")),
+    Case("gen_prompts_mt_bench", gen(prompts="{mt_bench}"), ("is MT-Bench, the evaluation set",)),
+    Case("gen_server_unreachable", gen(), ("cannot reach the inference server at http://127.0.0.1:9",)),
 ]
 
 
-def write_inputs(folder: Path, target_config: dict) -> dict[str, str]:
-    """Every input file of the table, written for real; {name: path}."""
+def write_inputs(folder: Path, target_config: dict, target: Path) -> dict[str, str]:
+    """Every input file of the table, written for real; {name: path}. `target` is the target's
+    folder (its tokenizer serves the generator's rows)."""
+    from eagle_assets.corpus.prompts import MT_BENCH_PATH
     from eagle_assets_tests.drafters import write_random_drafter
 
     folder.mkdir(parents=True, exist_ok=True)
@@ -201,6 +258,9 @@ def write_inputs(folder: Path, target_config: dict) -> dict[str, str]:
     files["run_bad_value"].write_text("benchmark_report: {num_prompts: eight}\n")
     files["prompt_csv"] = folder / "prompts.csv"
     files["prompt_csv"].write_text("prompt\nhi\n")
+    files["prompts_ok"] = folder / "prompts_ok.jsonl"
+    files["prompts_ok"].write_text('{"prompt": "What is 2+2?"}\n')
+    files["mt_bench"], files["target"] = MT_BENCH_PATH, target
     return {name: str(path) for name, path in files.items()}
 
 
@@ -213,7 +273,10 @@ def run_case(case: Case, files: dict[str, str], root: Path = ROOT) -> subprocess
                EAGLE_ASSETS_DATA=str(tmp / "data"), EAGLE_ASSETS_RUNS=str(tmp / "runs"))  # fmt: skip
     env.update({k: v.format(**files) for k, v in case.env.items()})
     argv = [a.format(**files) for a in case.argv]
-    return subprocess.run([sys.executable, *argv], env=env, cwd=tmp, capture_output=True, text=True, timeout=300)
+    started = time.monotonic()
+    result = subprocess.run([sys.executable, *argv], env=env, cwd=tmp, capture_output=True, text=True, timeout=300)
+    result.seconds = time.monotonic() - started
+    return result
 
 
 def output_of(result: subprocess.CompletedProcess) -> str:
@@ -239,8 +302,8 @@ def verdict(case: Case, result: subprocess.CompletedProcess, files: dict[str, st
 
 
 @pytest.fixture(scope="module")
-def inputs(tmp_path_factory, smollm2_config) -> dict[str, str]:
-    return write_inputs(tmp_path_factory.mktemp("bad_inputs"), smollm2_config)
+def inputs(tmp_path_factory, smollm2_config, smollm2_path) -> dict[str, str]:
+    return write_inputs(tmp_path_factory.mktemp("bad_inputs"), smollm2_config, smollm2_path)
 
 
 @pytest.fixture(scope="module")
@@ -264,6 +327,13 @@ def test_a_bad_input_is_refused_with_a_message_naming_it(case, inputs, results):
     assert result.returncode == case.code, (result.returncode, text[-3000:])
     for name in case.names:
         assert name.format(**inputs) in text, (name, text[-3000:])
+    if case.within_s is not None:
+        assert result.seconds < case.within_s, f"refused after {result.seconds:.1f} s"
+
+
+def message_of(result) -> str:
+    """A failed in-process Dagster run's step errors."""
+    return str(result.all_events[-1]) + "".join(e.event_specific_data.error.message for e in result.all_events if e.is_step_failure)
 
 
 def test_a_run_may_read_prompt_files_only_under_the_allowed_roots(tmp_path, monkeypatch, smollm2_path):
@@ -286,12 +356,17 @@ def test_a_run_may_read_prompt_files_only_under_the_allowed_roots(tmp_path, monk
     with dg.instance_for_test() as instance:
         refused = dg.materialize([prompts], resources=resources, run_config=config, instance=instance, raise_on_error=False)
         assert not refused.success
-        message = str(refused.all_events[-1]) + "".join(e.event_specific_data.error.message for e in refused.all_events if e.is_step_failure)
+        message = message_of(refused)
         assert f"prompts.file_url '{outside}' lies outside the folders a run may read" in message
         assert "EAGLE_ASSETS_PROMPT_ROOTS" in message
-        for sneaky in (str(tmp_path / "data" / ".." / "elsewhere" / "prompts.jsonl"), "/etc/passwd"):
-            config["ops"]["prompts"]["config"]["file_url"] = sneaky
-            assert not dg.materialize([prompts], resources=resources, run_config=config, instance=instance, raise_on_error=False).success
+        # Issue 46's way out first: a chained URL whose first part climbs out of the data folder.
+        for sneaky in (f"{tmp_path / 'data'}/../../../../etc/passwd::", str(tmp_path / "data" / ".." / "elsewhere" / "prompts.jsonl"), "/etc/passwd"):
+            config["ops"]["prompts"]["config"].update(file_url=sneaky, file_format="text")
+            refused = dg.materialize([prompts], resources=resources, run_config=config, instance=instance, raise_on_error=False)
+            assert not refused.success
+            assert "lies outside" in message_of(refused) or "empty part" in message_of(refused), message_of(refused)
+        assert not list((tmp_path / "data").rglob("prompts.jsonl"))
+        config["ops"]["prompts"]["config"]["file_format"] = "auto"
         link = tmp_path / "data" / "link.jsonl"  # a symbolic link inside the data folder to a file outside it
         link.parent.mkdir(parents=True, exist_ok=True)
         link.symlink_to(outside)
@@ -316,7 +391,7 @@ def main(argv: list[str]) -> int:
     _, target = resolve_target(EMBEDDED_TARGET, log=lambda m: None)
     counts: dict[str, int] = {}
     with tempfile.TemporaryDirectory() as tmp:
-        files = write_inputs(Path(tmp), json.loads((target / "config.json").read_text()))
+        files = write_inputs(Path(tmp), json.loads((target / "config.json").read_text()), target)
         for case in CASES:
             result = run_case(case, files, root)
             seen = verdict(case, result, files)

@@ -18,6 +18,7 @@ fixed K recommend is served after the sweep, to confirm it (`bench/k_choice.py`)
 from __future__ import annotations
 
 import json
+import math
 import time
 from contextlib import ExitStack, closing, contextmanager
 from dataclasses import dataclass, field, replace
@@ -112,6 +113,10 @@ class BenchmarkSettings:
     min_speedup: float = 1.0
     prompt_set: PromptSet | None = None
     """The prompts (`served.user_prompt_set`: a user's own traffic); None: MT-Bench's first turns."""
+    request_timeout_s: float = SweepSettings.request_timeout_s
+    """A request to a server that makes no progress for this long (no token streamed; for one
+    not streamed, this and its tokens at 2 tokens/s) is abandoned, and the benchmark stops
+    naming the server; what was measured is kept for a rerun."""
 
     def __post_init__(self) -> None:
         ks = (self.k, *self.also_k)
@@ -132,6 +137,8 @@ class BenchmarkSettings:
             raise ValueError(f"num_prompts={self.num_prompts}: the prompt set has {available}; give at most {available}")
         if self.prompt_set is None and self.num_prompts > (available := mt_bench_size()):
             raise ValueError(f"num_prompts={self.num_prompts}: MT-Bench has {available} first turns; give at most {available}")
+        if not (math.isfinite(self.request_timeout_s) and self.request_timeout_s > 0):
+            raise ValueError(f"request_timeout_s={self.request_timeout_s}: give a positive number of seconds")
         if self.offline_reference not in OFFLINE_REFERENCES:
             raise ValueError(f"offline_reference={self.offline_reference!r}: give one of {', '.join(OFFLINE_REFERENCES)}")
 
@@ -318,7 +325,9 @@ def run_benchmark(
     kept = Measurements.open(out_dir, fingerprint, fresh=fresh, on_other=on_other, log=log)
     prompt_set = settings.prompt_set or mt_bench_set(settings.num_prompts)
     prompts = list(prompt_set.messages[: settings.num_prompts])
-    sweep = SweepSettings(output_len=settings.output_len, concurrencies=tuple(settings.concurrencies), progress=False)
+    sweep = SweepSettings(
+        output_len=settings.output_len, concurrencies=tuple(settings.concurrencies), progress=False, request_timeout_s=settings.request_timeout_s
+    )
     reference = offline_reference_source(settings.offline_reference, target_path, extraction_server is not None)
     streams = GreedyStreams(settings, prompts, log) if (reference == "engine" or settings.greedy_check) else None
     notes = [n for n in notes if n] + list(prompt_set.notes)
@@ -440,9 +449,13 @@ class GreedyStreams:
         s = self.settings
         if label == BASELINE and self.plain is None:
             self.log(f"greedy streams of the target: {len(self.prompts)} prompts x {s.output_len + s.k} tokens")
-            self.plain = [greedy_tokens(server.base_url, server.model, m, s.output_len + s.k, server.api_key) for m in self.prompts]
+            self.plain = [
+                greedy_tokens(server.base_url, server.model, m, s.output_len + s.k, server.api_key, s.request_timeout_s) for m in self.prompts
+            ]
         elif label == fixed_k_label(s.k, s.k) and s.greedy_check and self.plain is not None and self.check is None:
-            self.check = check_against(self.plain, server.base_url, server.model, self.prompts, s.output_len, s.served_dtype, server.api_key)
+            self.check = check_against(
+                self.plain, server.base_url, server.model, self.prompts, s.output_len, s.served_dtype, server.api_key, s.request_timeout_s
+            )
             self.log(self.check.sentence())
 
     def fill_missing(self, serve: Callable[..., ContextManager], eagle3_spec: dict) -> None:

@@ -27,6 +27,8 @@ from dataclasses import asdict, dataclass, field
 
 import httpx
 
+from eagle_assets.bench.served import ServedRequestError, request_deadline_s
+
 NEAR_TIE_MARGIN = {"float32": 1e-3, "bfloat16": 0.25, "float16": 0.05}
 """Largest top-2 logit margin (nats) that the engine's two paths may flip, by the dtype it serves in.
 
@@ -106,20 +108,36 @@ class GreedyCheck:
         return cls(d["prompts"], d["tokens_per_prompt"], d["threshold"], d["served_dtype"], [Divergence(**x) for x in d["divergences"]])
 
 
-def _client(api_key: str | None) -> httpx.Client:
+def _client(api_key: str | None, timeout_s: float) -> httpx.Client:
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-    return httpx.Client(headers=headers, timeout=httpx.Timeout(600.0, connect=30.0))
+    return httpx.Client(headers=headers, timeout=httpx.Timeout(timeout_s, connect=30.0))
 
 
-def greedy_tokens(base_url: str, model: str, messages: Sequence[Mapping], n: int, api_key: str | None = None) -> tuple[list[int], list[int]]:
+def _post(base_url: str, endpoint: str, body: dict, api_key: str | None, stall_s: float) -> httpx.Response:
+    """One request, not streamed, within its deadline (`served.request_deadline_s`); a server
+    that does not answer in time is a `ServedRequestError` naming it."""
+    deadline = request_deadline_s(stall_s, body["max_tokens"])
+    try:
+        with _client(api_key, deadline) as http:
+            return http.post(f"{base_url.rstrip('/')}/v1/{endpoint}", json=body)
+    except httpx.TimeoutException as exc:
+        raise ServedRequestError(
+            f"the server at {base_url} did not answer a {body['max_tokens']}-token request within its "
+            f"deadline of {deadline:.0f} s ({type(exc).__name__}): it takes requests but makes no progress",
+            base_url,
+        ) from None
+
+
+def greedy_tokens(
+    base_url: str, model: str, messages: Sequence[Mapping], n: int, api_key: str | None = None, stall_s: float = 180.0
+) -> tuple[list[int], list[int]]:
     """(prompt token ids, the first `n` greedy output token ids) of a chat prompt, EOS ignored, as
     the served benchmark asks; the ids are the server's own (its chat template, its tokenizer)."""
     body = {
         "model": model, "messages": list(messages), "max_tokens": n, "min_tokens": n, "temperature": 0.0,
         "ignore_eos": True, "return_token_ids": True,
     }  # fmt: skip
-    with _client(api_key) as http:
-        resp = http.post(f"{base_url.rstrip('/')}/v1/chat/completions", json=body)
+    resp = _post(base_url, "chat/completions", body, api_key, stall_s)
     if resp.status_code != 200:
         raise RuntimeError(f"the server at {base_url} answered {resp.status_code} to a greedy request: {resp.text[:300]}")
     out = resp.json()
@@ -129,12 +147,11 @@ def greedy_tokens(base_url: str, model: str, messages: Sequence[Mapping], n: int
     return list(prompt_ids), list(tokens)
 
 
-def top2_margin(base_url: str, model: str, ids: Sequence[int], api_key: str | None = None) -> float:
+def top2_margin(base_url: str, model: str, ids: Sequence[int], api_key: str | None = None, stall_s: float = 180.0) -> float:
     """The target's logit margin between its two most likely next tokens after `ids`, read from a
     one-token completion's top-2 log-probabilities (a log-softmax keeps logit differences)."""
     body = {"model": model, "prompt": list(ids), "max_tokens": 1, "temperature": 0.0, "logprobs": 2}
-    with _client(api_key) as http:
-        resp = http.post(f"{base_url.rstrip('/')}/v1/completions", json=body)
+    resp = _post(base_url, "completions", body, api_key, stall_s)
     if resp.status_code != 200:
         raise RuntimeError(f"the server at {base_url} answered {resp.status_code} to a log-probability request: {resp.text[:300]}")
     top = resp.json()["choices"][0]["logprobs"]["top_logprobs"][0]
@@ -154,19 +171,27 @@ def judge(margin: float | None, threshold: float) -> bool:
     return margin is not None and margin <= threshold
 
 
-def check_against(plain: Sequence[tuple[list[int], list[int]]], spec_base_url: str, model: str, prompts: Sequence[Sequence[Mapping]],
-                  n: int, served_dtype: str, api_key: str | None = None) -> GreedyCheck:  # fmt: skip
+def check_against(
+    plain: Sequence[tuple[list[int], list[int]]],
+    spec_base_url: str,
+    model: str,
+    prompts: Sequence[Sequence[Mapping]],
+    n: int,
+    served_dtype: str,
+    api_key: str | None = None,
+    stall_s: float = 180.0,
+) -> GreedyCheck:
     """Greedy under speculation from `spec_base_url` against the plain streams `plain` ((prompt
     ids, tokens) per prompt, at least `n` tokens each), the margins read from the same server."""
     threshold = NEAR_TIE_MARGIN.get(served_dtype, NEAR_TIE_MARGIN["bfloat16"])
     divergences = []
     for i, (messages, (prompt_ids, plain_tokens)) in enumerate(zip(prompts, plain)):
-        spec_prompt, spec_tokens = greedy_tokens(spec_base_url, model, messages, n, api_key)
+        spec_prompt, spec_tokens = greedy_tokens(spec_base_url, model, messages, n, api_key, stall_s)
         if spec_prompt != prompt_ids:
             raise RuntimeError(f"prompt {i}: the two servers tokenised the prompt differently: they serve different targets")
         d = first_divergence(plain_tokens[:n], spec_tokens)
         if d is None:
             continue
-        margin = top2_margin(spec_base_url, model, prompt_ids + plain_tokens[:d], api_key)
+        margin = top2_margin(spec_base_url, model, prompt_ids + plain_tokens[:d], api_key, stall_s)
         divergences.append(Divergence(i, d, plain_tokens[d], spec_tokens[d], margin, judge(margin, threshold)))
     return GreedyCheck(len(prompts), n, threshold, served_dtype, divergences)

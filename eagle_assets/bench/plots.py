@@ -18,6 +18,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 from eagle_assets.bench.served import ServedRun
+from eagle_assets.durable import no_room
 
 # One colour per series name, so the same configuration looks the same in every plot.
 COLOURS = {
@@ -41,8 +42,12 @@ def _save(fig: Figure, path: str | Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.stem}.tmp-{os.getpid()}.png")
     FigureCanvasAgg(fig)
-    fig.savefig(tmp, format="png", dpi=120, bbox_inches="tight")
-    os.replace(tmp, path)
+    try:
+        fig.savefig(tmp, format="png", dpi=120, bbox_inches="tight")
+        os.replace(tmp, path)
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)  # a full disk leaves no half image
+        raise no_room(exc, path, f"the plot {path.name}", f"{path} keeps what it held before") or exc from None
     return path
 
 

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import sys
 import time
 from collections.abc import Mapping, Sequence
@@ -57,6 +56,7 @@ from eagle_assets.bench.metrics import METRIC_DEFINITIONS, SpecStats
 from eagle_assets.bench.parity import AcceptanceNumbers, ParityTolerance, TrainingFacts, Verdict, judge_parity
 from eagle_assets.bench.plots import plot_acceptance, plot_speedup, plot_throughput
 from eagle_assets.bench.served import ServedRun
+from eagle_assets.durable import write_durably
 from eagle_assets.engines.k_schedule import schedule_from_speedups
 
 REPORT_MD = "report.md"
@@ -676,9 +676,7 @@ class ReportPaths:
 
 
 def _write_text_atomic(path: Path, text: str) -> Path:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
+    write_durably(path, text.encode("utf-8"))  # a full disk: DiskFull naming the path, the old file kept
     return path
 
 

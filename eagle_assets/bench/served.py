@@ -17,9 +17,12 @@ Token counts come from the server's own usage numbers (`stream_options.continuou
 supported by vLLM and SGLang), never from counting text chunks.
 
 A request (or scrape) that fails in a way a retry may cure (a refused or dropped connection,
-HTTP 5xx, 408 or 429) is sent again, up to `request_attempts` times with backoff; the level
-counts its `retried_requests`. When the server's /health does not answer either, the server is
-down: `ServerGone` is raised at once, naming it, instead of retrying.
+HTTP 5xx, 408 or 429) is sent again, up to `request_attempts` times with backoff (at least what
+a `Retry-After` header asks); the level counts its `retried_requests`. When the server's /health
+does not answer either, the server is down: `ServerGone` is raised at once, naming it, instead
+of retrying. A request that streams nothing for `request_timeout_s`, or has not finished within
+its deadline (`SweepSettings.deadline_s`, fitted to `output_len`), fails the sweep at once,
+naming the server: a stalled server makes no progress for a retry either.
 
 One engine configuration ("baseline", "eagle3", "ngram") gives one `ServedRun`. Run it by hand
 against a server:
@@ -42,7 +45,6 @@ import asyncio
 import json
 import logging
 import math
-import os
 import random
 import sys
 import time
@@ -62,7 +64,9 @@ from eagle_assets.bench.metrics import (
     spec_stats_between,
     spec_stats_from_sglang,
 )
+from eagle_assets.corpus.client import retry_after_s
 from eagle_assets.corpus.prompts import MT_BENCH_PATH
+from eagle_assets.durable import room_named, write_durably
 from eagle_assets.engines.process import health_problem
 
 log = logging.getLogger(__name__)
@@ -83,8 +87,14 @@ class SweepSettings:
     """"vllm" (spec stats from /metrics) or "sglang" (spec stats from per-request details)."""
     warmup_requests: int = 2
     """Unmeasured requests before the first level (first requests pay one-off setup costs)."""
-    request_timeout_s: float = 600.0
-    """Per-request read timeout; a request that stalls this long fails the level."""
+    request_timeout_s: float = 180.0
+    """A request that streams nothing for this long (no first token, or no next one) is
+    abandoned and fails the level, naming the server: it made no progress."""
+    min_tokens_per_s: float = 2.0
+    """A request's whole deadline (`deadline_s`) is `request_timeout_s` for its first token and
+    `output_len` at this rate, the slowest a working server is taken to stream one answer."""
+    retry_after_max_s: float = 300.0
+    """Cap on the wait a server's `Retry-After` asks for (it is honoured up to this)."""
     metrics_settle_s: float = 2.0
     """After a level, how long to wait for /metrics to stop moving (the engine records the last
     step's counters just after it streams the last token)."""
@@ -106,6 +116,21 @@ class SweepSettings:
             raise ValueError(f"concurrencies={self.concurrencies}: give one or more levels >= 1")
         if self.engine not in ENGINES:
             raise ValueError(f"engine={self.engine!r}: choose one of {ENGINES}")
+        for name in ("request_timeout_s", "min_tokens_per_s"):
+            value = getattr(self, name)
+            if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
+                raise ValueError(f"{name}={value}: give a positive number")
+
+    def deadline_s(self, output_len: int | None = None) -> float:
+        """Seconds one request of `output_len` tokens (default the sweep's) may take in all."""
+        return request_deadline_s(self.request_timeout_s, output_len or self.output_len, self.min_tokens_per_s)
+
+
+def request_deadline_s(stall_s: float, tokens: int, min_tokens_per_s: float = 2.0) -> float:
+    """The whole deadline of a request for `tokens` tokens: `stall_s` for the first, then the
+    rest at `min_tokens_per_s`. A request not streamed shows no progress before it ends, so this
+    is all that bounds it."""
+    return stall_s + tokens / min_tokens_per_s
 
 
 @dataclass(frozen=True)
@@ -229,7 +254,11 @@ class ServerGone(ServedRequestError):
 
 
 class _RetryableStatus(Exception):
-    """An HTTP status a retry may cure (5xx, 408, 429)."""
+    """An HTTP status a retry may cure (5xx, 408, 429), with the wait its Retry-After asks (seconds)."""
+
+    def __init__(self, message: str, retry_after_s: float | None = None):
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
 
 
 def _describe(exc: BaseException) -> str:
@@ -396,7 +425,7 @@ async def _one_request(
     async with client.stream("POST", url, json=body, headers=headers) as resp:
         if resp.status_code >= 500 or resp.status_code in (408, 429):
             text = (await resp.aread()).decode(errors="replace")
-            raise _RetryableStatus(f"HTTP {resp.status_code}: {text[:300]}")
+            raise _RetryableStatus(f"HTTP {resp.status_code}: {text[:300]}", retry_after_s(resp.headers.get("Retry-After")))
         if resp.status_code != 200:
             text = (await resp.aread()).decode(errors="replace")
             raise ServedRequestError(
@@ -465,13 +494,26 @@ async def _request_with_retries(
     """`_one_request`, retried (up to `settings.request_attempts`, with backoff) on what a retry
     may cure; at once `ServerGone` when the server's /health does not answer after a failure."""
     url = base_url.rstrip("/") + "/v1/chat/completions"
+    deadline = settings.deadline_s(body.get("max_tokens"))
     for attempt in range(1, settings.request_attempts + 1):
         try:
-            result = await _one_request(client, url, headers, body, prompt_index)
+            async with asyncio.timeout(deadline):  # the whole request: a stream may trickle forever
+                result = await _one_request(client, url, headers, body, prompt_index)
             return replace(result, attempts=attempt)
-        except (httpx.ReadTimeout, httpx.WriteTimeout) as exc:  # a stall of request_timeout_s is no passing fault
-            raise ServedRequestError(f"prompt {prompt_index}: {url} stalled ({_describe(exc)}) for "
-                                     f"{settings.request_timeout_s:.0f} s (request_timeout_s)", base_url) from None  # fmt: skip
+        except (httpx.ReadTimeout, httpx.WriteTimeout, httpx.PoolTimeout) as exc:  # no progress: no passing fault
+            raise ServedRequestError(
+                f"prompt {prompt_index}: {url} streamed nothing for {settings.request_timeout_s:.0f} s "
+                f"({_describe(exc)}; --stall-timeout, request_timeout_s): the server at {base_url} takes requests but makes "
+                "no progress. See its log, restart it and rerun",
+                base_url,
+            ) from None
+        except TimeoutError:
+            raise ServedRequestError(
+                f"prompt {prompt_index}: {url} did not finish within its deadline of {deadline:.0f} s "
+                f"({settings.request_timeout_s:g} s and {body.get('max_tokens')} tokens at "
+                f"{settings.min_tokens_per_s:g} tokens/s): the server at {base_url} is stalled or far slower than that",
+                base_url,
+            ) from None
         except (httpx.TransportError, _RetryableStatus) as exc:
             error = _describe(exc)
             gone = await asyncio.to_thread(_down, base_url, headers, error, f"prompt {prompt_index}")
@@ -480,7 +522,10 @@ async def _request_with_retries(
             if attempt == settings.request_attempts:
                 raise ServedRequestError(f"prompt {prompt_index}: {url} failed {attempt} times; last: {error}", base_url) from None
             log.warning("prompt %d: %s failed (%s); retrying", prompt_index, url, error)
-            await asyncio.sleep(_backoff(settings, attempt))
+            wait = _backoff(settings, attempt)
+            if getattr(exc, "retry_after_s", None) is not None:  # the server's own word on when to come back
+                wait = max(wait, min(exc.retry_after_s, settings.retry_after_max_s))
+            await asyncio.sleep(wait)
     raise AssertionError("unreachable")
 
 
@@ -499,7 +544,7 @@ async def _run_requests(
         queue.put_nowait(i)
     results: list[RequestResult] = []
     bar = tqdm(total=len(prompts), desc=desc, disable=not settings.progress, leave=False)
-    timeout = httpx.Timeout(settings.request_timeout_s, connect=30.0)
+    timeout = httpx.Timeout(settings.request_timeout_s, connect=30.0)  # read: the longest wait for the next bytes
     limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
 
     async def worker(client: httpx.AsyncClient) -> None:
@@ -728,12 +773,12 @@ def run_served(
 
 
 def write_json_atomic(path: str | Path, obj: object) -> Path:
-    """Write JSON through a temporary name and rename, so a crash never leaves half a file."""
+    """Write JSON through a temporary name and rename, so a crash (or a full disk, `durable.DiskFull`
+    naming the path) never leaves half a file."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(json.dumps(obj, indent=2, allow_nan=True), encoding="utf-8")
-    os.replace(tmp, path)
+    with room_named(path.parent, f"{path.name}'s folder"):
+        path.parent.mkdir(parents=True, exist_ok=True)
+    write_durably(path, json.dumps(obj, indent=2, allow_nan=True).encode("utf-8"))
     return path
 
 
@@ -772,7 +817,14 @@ def _main(argv: list[str] | None = None) -> int:
         help="the environment variable holding the key (or NAME_FILE, a file holding it)",
     )
     ap.add_argument("--api-key", help=argparse.SUPPRESS)  # refused below: a key on the command line
-    ap.add_argument("--out", help="write the ServedRun as JSON here")
+    ap.add_argument("--out", help="write the ServedRun as JSON here (each level as soon as it is measured)")
+    ap.add_argument(
+        "--stall-timeout",
+        type=float,
+        default=SweepSettings.request_timeout_s,
+        metavar="SECONDS",
+        help="abandon a request that streams nothing for this long, and end with the server named",
+    )
     args = ap.parse_args(argv)
     if args.api_key is not None:
         ap.error(
@@ -791,8 +843,40 @@ def _main(argv: list[str] | None = None) -> int:
         prompts = list(user_prompt_set(args.prompts, args.num_prompts).messages if args.prompts else mt_bench_prompts(args.num_prompts))
     except ValueError as exc:
         ap.error(str(exc))
-    settings = SweepSettings(output_len=args.output_len, concurrencies=tuple(args.concurrency), engine=args.engine)
-    run = run_served(args.label, args.base_url, args.model, prompts, settings, api_key=api_key)
+    try:
+        settings = SweepSettings(
+            output_len=args.output_len, concurrencies=tuple(args.concurrency), engine=args.engine, request_timeout_s=args.stall_timeout
+        )
+        refuse_too_few_prompts(len(prompts), settings.concurrencies, f"{len(prompts)} prompts")
+    except ValueError as exc:
+        ap.error(str(exc))
+    levels: list[LevelResult] = []
+    started = time.time()
+
+    def served(done: Sequence[LevelResult]) -> ServedRun:
+        return ServedRun(
+            label=args.label,
+            engine=args.engine,
+            model=args.model,
+            base_url=args.base_url,
+            output_len=settings.output_len,
+            num_prompts=len(prompts),
+            levels=tuple(done),
+            started_at=started,
+        )
+
+    def keep(level: LevelResult) -> None:  # a level measured is never lost to a later failure
+        levels.append(level)
+        if args.out:
+            write_json_atomic(args.out, served(levels).to_dict())
+
+    try:
+        run_served(args.label, args.base_url, args.model, prompts, settings, api_key=api_key, on_level=keep)
+    except (ServedRequestError, OSError) as exc:
+        kept = f"; the {len(levels)} level(s) measured are in {args.out}" if args.out and levels else ""
+        print(f"the served benchmark failed: {exc}{kept}", file=sys.stderr)
+        return 1
+    run = served(levels)
     for lv in run.levels:
         if lv.spec is None:
             al = ""

@@ -1,10 +1,19 @@
 """Async client for an OpenAI-compatible inference server (vLLM, SGLang), over httpx.
 
-It sends chat and raw completion requests with bounded concurrency, a per-request timeout
-and retries with exponential backoff and jitter on the failures that a retry can cure
-(5xx, 408/429, timeouts, refused or dropped connections). Any other 4xx is the caller's
-mistake and fails at once with the server's own message. The API key comes from the caller
-and is sent as a bearer header; it never appears in a message, a log line or a repr.
+It sends chat and raw completion requests with bounded concurrency and retries with
+exponential backoff and jitter on the failures that a retry can cure (5xx, 408/429, refused or
+dropped connections), waiting at least what a `Retry-After` header asks. Any other 4xx is the
+caller's mistake and fails at once with the server's own message. The API key comes from the
+caller and is sent as a bearer header; it never appears in a message, a log line or a repr.
+
+Deadlines. A request is not streamed (the server's reasoning parser splits a whole answer, as
+the corpus stores it), so a stalled server and a slow answer look alike until one ends: each
+attempt gets a deadline that fits its length, `first_token_s` plus `max_tokens` at
+`min_tokens_per_s`, at most `timeout_s` (`ClientSettings.deadline_s`). An attempt past its
+deadline is abandoned and tried once more; when no request at all has finished during a whole
+deadline, the server accepts connections but does no work, and `ServerStalled` is raised at
+once, naming it. While requests wait with nothing finished, `log` (when given) says so every
+`quiet_s` seconds.
 
     async with InferenceClient(ClientSettings("http://localhost:8000", "my-model")) as client:
         await client.check_server()
@@ -15,9 +24,13 @@ and is sent as a bearer header; it never appears in a message, a log line or a r
 from __future__ import annotations
 
 import asyncio
+import datetime
+import email.utils
 import json
+import math
 import random
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -40,7 +53,13 @@ class ClientSettings:
     concurrency: int = 16
     """Requests in flight at once; more queue in the client, not on the server."""
     timeout_s: float = 600.0
-    """Seconds one request may take (a long reasoning answer is slow; a hung server is not)."""
+    """The most seconds one attempt may take; one asking for fewer tokens gets a shorter
+    deadline (`deadline_s`). A long reasoning answer is slow; a hung server is not."""
+    first_token_s: float = 120.0
+    """Part of every attempt's deadline: queueing and the prompt's prefill."""
+    min_tokens_per_s: float = 2.0
+    """Part of every attempt's deadline: `max_tokens` at this rate, the slowest a working server
+    is taken to write one answer."""
     connect_timeout_s: float = 10.0
     """Seconds to open a connection; a dead server fails fast and is retried."""
     max_retries: int = 4
@@ -49,6 +68,8 @@ class ClientSettings:
     """First retry delay; doubles per retry, with full jitter in [delay/2, delay]."""
     backoff_max_s: float = 30.0
     """Cap on one retry delay."""
+    retry_after_max_s: float = 300.0
+    """Cap on the wait a server's `Retry-After` asks for (it is honoured up to this)."""
 
     def __post_init__(self) -> None:
         if not self.base_url.startswith(("http://", "https://")):
@@ -57,6 +78,21 @@ class ClientSettings:
             raise ValueError(f"concurrency must be at least 1, got {self.concurrency}")
         if self.max_retries < 0:
             raise ValueError(f"max_retries must be >= 0, got {self.max_retries}")
+        for name in ("timeout_s", "first_token_s", "min_tokens_per_s", "connect_timeout_s"):
+            value = getattr(self, name)
+            if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
+                raise ValueError(f"{name} must be a positive number of seconds (tokens per second), got {value}")
+
+    def deadline_s(self, max_tokens: int | None) -> float:
+        """Seconds one attempt of a request for `max_tokens` may take (module docstring)."""
+        if not max_tokens:
+            return self.timeout_s
+        return min(self.timeout_s, self.first_token_s + max_tokens / self.min_tokens_per_s)
+
+    @property
+    def quiet_s(self) -> float:
+        """How long requests wait with nothing finished before the client's log says so (and again after as long)."""
+        return min(60.0, self.timeout_s / 2)
 
     @property
     def api_root(self) -> str:
@@ -105,6 +141,20 @@ class ServerFailure(InferenceError):
 
     retryable = True
 
+    def __init__(self, message: str, retry_after_s: float | None = None):
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+        """What the server's Retry-After header asked for, in seconds; None without one."""
+
+
+class RequestStalled(ServerFailure):
+    """An attempt that did not finish within its deadline (`ClientSettings.deadline_s`)."""
+
+
+class ServerStalled(InferenceError):
+    """No request finished during a whole deadline: the server accepts connections but does no
+    work. Raised at once; retrying against it cannot help."""
+
 
 class RetriesExhausted(InferenceError):
     """The last retryable failure, after every retry was spent."""
@@ -119,6 +169,23 @@ class ServerUnreachable(InferenceError):
     """The server does not answer or does not serve the model: nothing was sent."""
 
 
+def retry_after_s(value: str | None) -> float | None:
+    """Seconds a `Retry-After` header asks to wait (a number of seconds, or an HTTP date); None when absent or unreadable."""
+    if not value:
+        return None
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        pass
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=datetime.timezone.utc)
+    return max(0.0, (when - datetime.datetime.now(datetime.timezone.utc)).total_seconds())
+
+
 def _describe(exc: httpx.HTTPError) -> str:
     # httpx messages are often empty ("") for dropped connections; name the type instead.
     return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
@@ -127,11 +194,20 @@ def _describe(exc: httpx.HTTPError) -> str:
 class InferenceClient:
     """OpenAI-compatible chat/completions client; use as an async context manager."""
 
-    def __init__(self, settings: ClientSettings, *, rng: random.Random | None = None):
+    def __init__(self, settings: ClientSettings, *, rng: random.Random | None = None, log: Callable[[str], None] | None = None):
         self.settings = settings
         self._rng = rng or random.Random()
         self._semaphore = asyncio.Semaphore(settings.concurrency)
         self._http: httpx.AsyncClient | None = None
+        self._log = log
+        self._watch: asyncio.Task | None = None
+        self._in_flight = 0
+        self._last_answer = time.monotonic()
+        """When a request last finished (or the client started): what tells a stalled server."""
+        self._stalled: str | None = None
+        """Why the server was found stalled, once it was: every request after fails at once."""
+        self._deadlines: set[asyncio.Timeout] = set()
+        """The deadlines of the attempts in flight (moved to now when the server is found stalled)."""
 
     def __repr__(self) -> str:  # the settings' repr already hides the key
         return f"InferenceClient({self.settings!r})"
@@ -145,12 +221,32 @@ class InferenceClient:
             # One connection per request in flight; keep-alive avoids a handshake per request.
             limits=httpx.Limits(max_connections=s.concurrency, max_keepalive_connections=s.concurrency),
         )
+        self._last_answer = time.monotonic()
+        if self._log is not None:
+            self._watch = asyncio.create_task(self._say_when_quiet(self._log))
         return self
 
     async def __aexit__(self, *exc: object) -> None:
+        if self._watch is not None:
+            self._watch.cancel()
+            self._watch = None
         if self._http is not None:
             await self._http.aclose()
             self._http = None
+
+    async def _say_when_quiet(self, log: Callable[[str], None]) -> None:
+        """Every `quiet_s` with requests waiting and none finished since: say so, with the server."""
+        quiet = self.settings.quiet_s
+        while True:
+            await asyncio.sleep(quiet / 4)
+            waited = time.monotonic() - self._last_answer
+            if self._in_flight and waited >= quiet:
+                log(
+                    f"no request to {self.settings.base_url} has finished in {waited:.0f} s; {self._in_flight} waiting. Each is "
+                    f"abandoned after its deadline (up to {self.settings.timeout_s:.0f} s), and the work stops when none "
+                    "finishes within one"
+                )
+                await asyncio.sleep(max(0.0, quiet - quiet / 4))
 
     @property
     def http(self) -> httpx.AsyncClient:
@@ -175,7 +271,12 @@ class InferenceClient:
             raise ServerUnreachable(
                 f"{url} answered HTTP {response.status_code}: {response.text[:300]}. Is this an OpenAI-compatible server, and is the API key right?"
             )
-        names = [m.get("id") for m in response.json().get("data", [])]
+        try:
+            names = [m.get("id") for m in response.json().get("data", [])]
+        except (ValueError, AttributeError, TypeError):
+            raise ServerUnreachable(
+                f"{url} answered without an OpenAI model list: {response.text[:300]}. Is this an OpenAI-compatible server?"
+            ) from None
         if self.settings.model not in names:
             raise ServerUnreachable(
                 f"{self.settings.base_url} serves {names}, not {self.settings.model!r}; set the model name to the server's --served-model-name."
@@ -195,28 +296,77 @@ class InferenceClient:
     async def _post(self, endpoint: str, body: dict) -> Completion:
         url = f"{self.settings.api_root}/{endpoint}"
         s = self.settings
+        deadline = s.deadline_s(body.get("max_tokens"))
+        stalls = 0
         async with self._semaphore:
-            for attempt in range(1, s.max_retries + 2):
-                try:
-                    return await self._attempt(url, body, attempt)
-                except ServerFailure as exc:
-                    if attempt > s.max_retries:
-                        raise RetriesExhausted(url, attempt, exc) from None
-                    delay = min(s.backoff_max_s, s.backoff_s * 2 ** (attempt - 1))
-                    # Jitter spreads the retries of many requests that failed together.
-                    await asyncio.sleep(delay * self._rng.uniform(0.5, 1.0))
+            self._in_flight += 1
+            try:
+                for attempt in range(1, s.max_retries + 2):
+                    if self._stalled is not None:  # found stalled: no request waits on it any more
+                        raise ServerStalled(self._stalled)
+                    try:
+                        return await self._attempt(url, body, attempt, deadline)
+                    except RequestStalled as exc:
+                        stalls += 1
+                        if self._stalled is not None:
+                            raise ServerStalled(self._stalled) from None
+                        if time.monotonic() - self._last_answer >= deadline:
+                            raise self._found_stalled(exc) from None
+                        if stalls > 1 or attempt > s.max_retries:  # a stall costs a deadline: tried once more, no more
+                            raise RetriesExhausted(url, attempt, exc) from None
+                    except ServerFailure as exc:
+                        if attempt > s.max_retries:
+                            raise RetriesExhausted(url, attempt, exc) from None
+                        delay = min(s.backoff_max_s, s.backoff_s * 2 ** (attempt - 1))
+                        # Jitter spreads the retries of many requests that failed together; a
+                        # server's Retry-After is a floor (a retry sooner would be shed again).
+                        delay *= self._rng.uniform(0.5, 1.0)
+                        if exc.retry_after_s is not None:
+                            delay = max(delay, min(exc.retry_after_s, s.retry_after_max_s))
+                        await asyncio.sleep(delay)
+            finally:
+                self._in_flight -= 1
         raise AssertionError("unreachable")
 
-    async def _attempt(self, url: str, body: dict, attempt: int) -> Completion:
+    def _found_stalled(self, exc: RequestStalled) -> ServerStalled:
+        """The server finished nothing within a whole deadline: say so once, and end every other
+        request waiting on it now (their deadlines are moved to this moment), not one deadline later."""
+        s = self.settings
+        self._stalled = (
+            f"the server at {s.base_url} finished no request in {time.monotonic() - self._last_answer:.0f} s, though it takes "
+            f"connections ({exc}): it is stalled or far slower than {s.min_tokens_per_s:g} tokens/s. See its log; restart it, "
+            "or raise the requests' deadline (request_timeout_s, --timeout)"
+        )
+        now = asyncio.get_running_loop().time()
+        for waiting in list(self._deadlines):
+            if not waiting.expired():
+                try:
+                    waiting.reschedule(now)
+                except RuntimeError:  # expiring already: it ends on its own
+                    pass
+        return ServerStalled(self._stalled)
+
+    async def _attempt(self, url: str, body: dict, attempt: int, deadline: float) -> Completion:
         start = time.perf_counter()
         try:
-            response = await self.http.post(url, json=body)
-        except httpx.HTTPError as exc:  # timeouts, refused and dropped connections
+            # The whole attempt, not each read: a server may send its headers and then stall.
+            async with asyncio.timeout(deadline) as limit:
+                self._deadlines.add(limit)
+                try:
+                    response = await self.http.post(url, json=body, timeout=httpx.Timeout(deadline, connect=self.settings.connect_timeout_s))
+                finally:
+                    self._deadlines.discard(limit)
+        except (TimeoutError, httpx.TimeoutException) as exc:
+            if isinstance(exc, httpx.ConnectTimeout):
+                raise ServerFailure(f"{url}: {_describe(exc)}") from None
+            raise RequestStalled(f"{url}: no answer within its deadline of {deadline:.0f} s") from None
+        except httpx.HTTPError as exc:  # refused and dropped connections
             raise ServerFailure(f"{url}: {_describe(exc)}") from None
         latency = time.perf_counter() - start
+        self._last_answer = time.monotonic()
         status = response.status_code
         if status >= 500 or status in RETRYABLE_4XX:
-            raise ServerFailure(f"{url}: HTTP {status}: {response.text[:300]}")
+            raise ServerFailure(f"{url}: HTTP {status}: {response.text[:300]}", retry_after_s(response.headers.get("Retry-After")))
         if status >= 400:
             raise RequestRejected(url, status, response.text)
         try:

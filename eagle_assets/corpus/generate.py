@@ -9,7 +9,9 @@ chat template (conversation.py), giving the token ids and loss mask the trainer 
 skips every id already in the store, so a killed run resumes where its last shard ended.
 A sample that still fails after the client's retries is recorded in failures.jsonl and the
 run goes on. A server that stops answering stops the run at once (`GenerationAborted`), as does
-a long streak of failures; and a run whose failed share ends above `max_failed_share` (default
+one that takes requests but finishes none within a request's deadline (the client's
+`ServerStalled`; the requests still waiting are abandoned, not recorded as failed) and a long
+streak of failures; and a run whose failed share ends above `max_failed_share` (default
 5%) fails (`GenerationFailed`), saying how many failed and the commonest errors, instead of
 passing for a corpus. Either way every finished sample is stored, and a rerun retries the rest.
 
@@ -28,14 +30,15 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
 from tqdm.auto import tqdm
 
-from eagle_assets.corpus.client import ClientSettings, InferenceClient, InferenceError, RetriesExhausted
+from eagle_assets.corpus.client import ClientSettings, InferenceClient, InferenceError, RetriesExhausted, ServerStalled
 from eagle_assets.corpus.conversation import ChatTemplate, ConversationError, ThinkingFormat
 from eagle_assets.corpus.prompts import Prompt, ensure_training_prompts, load_prompt_file
-from eagle_assets.corpus.store import CorpusStore
+from eagle_assets.corpus.store import CorpusStore, CorpusStoreError
 from eagle_assets.formats import stable_id
 
 
@@ -273,6 +276,7 @@ async def generate_corpus_async(
     streak = 0
     last_error = ""
     gone: list[str] = []  # why the server was found gone, once it was
+    stalled: list[str] = []  # why the server was found to take requests and finish none
     failures: list[tuple[str, str]] = []  # every failure's type and message, for the commonest
     bar = tqdm(total=len(todo), desc="corpus", unit="sample", disable=not show_progress_bar, file=sys.stderr)
     pending = iter(todo)
@@ -282,6 +286,8 @@ async def generate_corpus_async(
         if progress:
             progress(stats)
 
+    stop = asyncio.Event()  # set when the run stops early: the requests still waiting are abandoned
+
     async def worker() -> None:
         nonlocal streak, last_error
         # Workers share one iterator: each (prompt, id) is taken exactly once.
@@ -290,6 +296,11 @@ async def generate_corpus_async(
                 return
             try:
                 row = await _answer(client, template, prompt, sid, sampling, target)
+            except ServerStalled as exc:  # not this sample's fault: it stays to be done, by a rerun
+                stalled.append(str(exc))
+                stats.aborted = True
+                stop.set()
+                return
             except (InferenceError, ConversationError) as exc:
                 stats.failed += 1
                 last_error = f"{prompt.origin or prompt.prompt_id}: {exc}"
@@ -316,6 +327,8 @@ async def generate_corpus_async(
                     except InferenceError as unreachable:
                         gone.append(str(unreachable))
                         stats.aborted = True
+                if stats.aborted:
+                    stop.set()
             else:
                 streak = 0
                 store.append(row)
@@ -330,15 +343,24 @@ async def generate_corpus_async(
             if stats.attempted % progress_every == 0:
                 report()
 
+    workers = [asyncio.create_task(worker()) for _ in range(client.settings.concurrency)]
+    everything = asyncio.gather(*workers)
+    stopped = asyncio.create_task(stop.wait())
     try:
-        await asyncio.gather(*(worker() for _ in range(client.settings.concurrency)))
+        await asyncio.wait([everything, stopped], return_when=asyncio.FIRST_COMPLETED)
+        if everything.done():
+            everything.result()  # a worker's own error (a full disk, say) is the run's
     finally:
+        # Stopped early, or failed: the other workers' requests are abandoned at once, not waited for.
+        for task in (*workers, stopped):
+            task.cancel()
+        await asyncio.gather(everything, stopped, return_exceptions=True)
         bar.close()
         store.flush()
         report()
     stored = f"{stats.succeeded + stats.already_done} samples are stored"
     if stats.aborted:
-        why = (f"the server stopped answering after a sample failed ({last_error}): {gone[0]}" if gone else
+        why = (stalled[0] if stalled else f"the server stopped answering after a sample failed ({last_error}): {gone[0]}" if gone else
                f"{max_consecutive_failures} samples in a row failed after retries against {client.settings.base_url} (last: {last_error})")  # fmt: skip
         raise GenerationAborted(f"stopped: {why}. {stored}; restart the server and rerun to resume.", stats)
     problem = failed_share_problem(stats.failed, stats.attempted, max_failed_share, "samples", failures)
@@ -365,8 +387,10 @@ def generate_corpus(
     show_progress_bar: bool = True,
     max_consecutive_failures: int | None = 64,
     max_failed_share: float | None = DEFAULT_MAX_FAILED_SHARE,
+    log: Callable[[str], None] | None = None,
 ) -> CorpusStats:
-    """Synchronous entry point: checks the server answers with the model, then generates.
+    """Synchronous entry point: checks the server answers with the model, then generates;
+    `log` hears when requests wait with none finished (the client's `quiet_s`).
 
     Raises `ServerUnreachable` (naming the URL) before touching the store when the server is
     down; `GenerationAborted` (after storing every finished sample) when it goes away;
@@ -375,7 +399,7 @@ def generate_corpus(
     template = ChatTemplate(tokenizer, thinking)
 
     async def run() -> CorpusStats:
-        async with InferenceClient(server) as client:
+        async with InferenceClient(server, log=log) as client:
             await client.check_server()
             return await generate_corpus_async(
                 prompts,
@@ -394,51 +418,94 @@ def generate_corpus(
     return asyncio.run(run())
 
 
+def _number(kind: type, low: float, what: str, inclusive: bool = True, high: float | None = None) -> Callable[[str], Any]:
+    """An argparse type: a `kind` at least `low` (above it when not `inclusive`), at most `high`."""
+
+    def parse(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not {what}") from None
+        if value != value or (value < low if inclusive else value <= low) or (high is not None and value > high):
+            raise argparse.ArgumentTypeError(f"{text!r} is not {what}")
+        return value
+
+    return parse
+
+
+def _check_out(out: str) -> None:
+    """Refuse a local --out that cannot become a folder: a file, or a path under one (a device)."""
+    if "://" in out or "::" in out:
+        return  # a URL: its filesystem says, when the store opens it
+    path = Path(out).expanduser().absolute()
+    if path.exists() and not path.is_dir():
+        raise ValueError(f"--out {out} is a file, not a folder: give the corpus folder (made if missing, resumed if present)")
+    parent = next(p for p in path.parents if p.exists())
+    if not parent.is_dir():
+        raise ValueError(f"--out {out} lies under {parent}, which is not a folder: give a corpus folder on a disk")
+
+
 def _main(argv: Sequence[str] | None = None) -> int:
+    """The command line: every argument is checked before anything slow, and every refusal or
+    failure is one clear line (exit 2 for a bad argument, 1 for a failure), never a traceback."""
+    count = _number(int, 1, "a whole number of at least 1")
+    seconds = _number(float, 0, "a positive number of seconds", inclusive=False, high=float("inf"))
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--prompts", required=True, help="JSONL or Parquet prompt file (any fsspec URL)")
     parser.add_argument("--out", required=True, help="corpus folder (any fsspec URL); resumed if present")
     parser.add_argument("--server", required=True, help="e.g. http://localhost:8000")
     parser.add_argument("--model", required=True, help="the server's --served-model-name")
     parser.add_argument("--tokenizer", required=True, help="the target's HF folder (tokenizer + chat template)")
-    parser.add_argument("--max-tokens", type=int, default=2048)
-    parser.add_argument("--temperature", type=float, default=0.0)
+    parser.add_argument("--max-tokens", type=count, default=2048)
+    parser.add_argument("--temperature", type=_number(float, 0, "a temperature of at least 0", high=float("inf")), default=0.0)
     parser.add_argument("--seed", type=int, default=None)
-    parser.add_argument("--concurrency", type=int, default=16)
-    parser.add_argument("--shard-size", type=int, default=256)
-    parser.add_argument("--retries", type=int, default=4)
-    parser.add_argument("--backoff", type=float, default=1.0)
-    parser.add_argument("--timeout", type=float, default=600.0)
-    parser.add_argument("--limit", type=int, default=None, help="use only the first N prompts")
-    parser.add_argument("--max-failed-share", type=float, default=DEFAULT_MAX_FAILED_SHARE,
+    parser.add_argument("--concurrency", type=count, default=16)
+    parser.add_argument("--shard-size", type=count, default=256)
+    parser.add_argument("--retries", type=_number(int, 0, "a whole number of at least 0"), default=4)
+    parser.add_argument("--backoff", type=seconds, default=1.0)
+    parser.add_argument(
+        "--timeout", type=seconds, default=600.0, help="the most seconds one request may take; shorter answers get a deadline fitted to --max-tokens"
+    )
+    parser.add_argument("--limit", type=count, default=None, help="use only the first N prompts")
+    parser.add_argument("--max-failed-share", type=_number(float, 0, "a share between 0 and 1", high=1.0), default=DEFAULT_MAX_FAILED_SHARE,
                         help="fail (exit 1) when more than this share of the samples tried fail")  # fmt: skip
     args = parser.parse_args(argv)
-    from eagle_assets.corpus.target import load_tokenizer, target_fingerprint
+    from eagle_assets.corpus.target import check_tokenizer_folder, load_tokenizer, target_fingerprint
 
-    server = ClientSettings(
-        args.server,
-        args.model,
-        concurrency=args.concurrency,
-        max_retries=args.retries,
-        backoff_s=args.backoff,
-        timeout_s=args.timeout,
-    )
-    prompts = load_prompt_file(args.prompts, limit=args.limit)
     try:
+        server = ClientSettings(
+            args.server, args.model, concurrency=args.concurrency, max_retries=args.retries, backoff_s=args.backoff, timeout_s=args.timeout
+        )
+        sampling = SamplingParams(temperature=args.temperature, max_tokens=args.max_tokens, seed=args.seed)
+        check_tokenizer_folder(args.tokenizer, "--tokenizer")
+        _check_out(args.out)
+    except ValueError as exc:
+        parser.error(str(exc))
+
+    def fail(exc: BaseException) -> int:
+        print(f"corpus generation failed: {exc}", file=sys.stderr)
+        return 1
+
+    try:
+        target = target_fingerprint(args.tokenizer)
+        prompts = load_prompt_file(args.prompts, limit=args.limit)
+        tokenizer = load_tokenizer(args.tokenizer)
         with CorpusStore(args.out, shard_size=args.shard_size) as store:
             stats = generate_corpus(
-                prompts, store, server, load_tokenizer(args.tokenizer),
-                target=target_fingerprint(args.tokenizer),
-                sampling=SamplingParams(temperature=args.temperature, max_tokens=args.max_tokens, seed=args.seed),
+                prompts, store, server, tokenizer, target=target, sampling=sampling,
                 progress=lambda s: print(s.summary(), file=sys.stderr, flush=True), max_failed_share=args.max_failed_share,
+                log=lambda line: print(line, file=sys.stderr, flush=True),
             )  # fmt: skip
     except (GenerationAborted, GenerationFailed) as exc:
         print(json.dumps(exc.stats.as_metadata(), indent=1))
-        print(f"corpus generation failed: {exc}", file=sys.stderr)
-        return 1
-    except InferenceError as exc:  # the server was down before anything was asked
-        print(f"corpus generation failed: {exc}", file=sys.stderr)
-        return 1
+        return fail(exc)
+    except KeyboardInterrupt:
+        print(f"interrupted: the finished samples are stored in {args.out}; rerun the same command to resume", file=sys.stderr)
+        return 130
+    # The server down before anything was asked, a prompt file or a corpus folder that cannot be
+    # read or written (a full disk among them): each message names what and where.
+    except (InferenceError, ValueError, OSError, CorpusStoreError) as exc:
+        return fail(exc)
     print(json.dumps(stats.as_metadata(), indent=1))
     return 0
 

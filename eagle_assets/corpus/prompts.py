@@ -43,8 +43,9 @@ from typing import TYPE_CHECKING, Any
 
 import fsspec
 
-from eagle_assets.corpus.client import ClientSettings, InferenceClient
+from eagle_assets.corpus.client import ClientSettings, InferenceClient, ServerStalled
 from eagle_assets.corpus.conversation import ChatTemplate
+from eagle_assets.durable import no_room
 from eagle_assets.formats import stable_id
 
 if TYPE_CHECKING:  # prompt_formats imports this module
@@ -258,11 +259,16 @@ def write_prompts(prompts: Sequence[Prompt], url: str, storage_options: Mapping[
     if parent:
         fs.makedirs(parent, exist_ok=True)
     tmp = posixpath.join(parent, f".tmp-{uuid.uuid4().hex[:8]}-{posixpath.basename(path)}")
-    with fs.open(tmp, "wb") as f:
-        for p in prompts:
-            row = {"prompt_id": p.prompt_id, "source": p.source, "messages": p.to_messages()}
-            f.write((json.dumps(row, ensure_ascii=False) + "\n").encode("utf-8"))
-    fs.mv(tmp, path)
+    try:
+        with fs.open(tmp, "wb") as f:
+            for p in prompts:
+                row = {"prompt_id": p.prompt_id, "source": p.source, "messages": p.to_messages()}
+                f.write((json.dumps(row, ensure_ascii=False) + "\n").encode("utf-8"))
+        fs.mv(tmp, path)
+    except OSError as exc:  # a full disk among them: no half file stays, the old one is kept
+        if fs.exists(tmp):
+            fs.rm(tmp)
+        raise no_room(exc, url, f"{len(prompts)} prompts", f"{url} keeps what it held before") or exc from None
 
 
 # ---- Magpie synthesis -------------------------------------------------------------------
@@ -442,8 +448,8 @@ async def synthesize_prompts_async(
         for i, result in zip(range(index, index + batch), results):
             stats.requested += 1
             if isinstance(result, BaseException):
-                if not isinstance(result, Exception):
-                    raise result
+                if not isinstance(result, Exception) or isinstance(result, ServerStalled):
+                    raise result  # a stalled server fails every candidate left: stop, naming it
                 stats.failed += 1
                 stats.errors.append(f"candidate {i}: {result}")
                 continue
@@ -475,12 +481,15 @@ def synthesize_prompts(
     tokenizer: Any,
     settings: MagpieSettings,
     progress: Callable[[str], None] | None = None,
+    log: Callable[[str], None] | None = None,
 ) -> tuple[list[Prompt], MagpieStats]:
-    """Synchronous entry point: checks the server, then runs `synthesize_prompts_async`."""
+    """Synchronous entry point: checks the server, then runs `synthesize_prompts_async`; `log`
+    hears when requests wait with none finished. A server that takes requests and finishes none
+    within a request's deadline raises the client's `ServerStalled`."""
     template = ChatTemplate(tokenizer)
 
     async def run() -> tuple[list[Prompt], MagpieStats]:
-        async with InferenceClient(server) as client:
+        async with InferenceClient(server, log=log) as client:
             await client.check_server()
             return await synthesize_prompts_async(client, template, settings, progress)
 

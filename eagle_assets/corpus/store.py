@@ -51,7 +51,7 @@ import pyarrow.parquet as pq
 from fsspec.implementations.local import LocalFileSystem
 
 from eagle_assets.checked_reads import parse_json_object
-from eagle_assets.durable import fsync_dir
+from eagle_assets.durable import fsync_dir, no_room
 from eagle_assets.formats import CORPUS_COLUMNS, CORPUS_FAILURES, CORPUS_MANIFEST, stable_id
 
 log = logging.getLogger(__name__)
@@ -130,6 +130,8 @@ class CorpusStore:
         self.fs, self.root = fsspec.core.url_to_fs(url, **dict(storage_options or {}))
         self._buffer: list[dict] = []
         self._buffered_ids: set[str] = set()
+        self._failed: OSError | None = None
+        """A write that found the disk full: raised once, after which nothing more is written."""
         self.repairs: list[str] = []
         """What opening the store for writing found wrong and repaired, one line each."""
         self._failures_dirty = False
@@ -145,11 +147,31 @@ class CorpusStore:
         return posixpath.join(self.root, name)
 
     def _atomic_write(self, name: str, data: bytes) -> None:
+        tmp = self._path(f"{TMP_PREFIX}{uuid.uuid4().hex[:8]}-{name}")
+        try:
+            self._write_then_rename(tmp, name, data)
+        except OSError as exc:
+            # Nothing half-written stays: the temporary file goes, the final name keeps what it held.
+            try:
+                self.fs.rm(tmp)
+            except (OSError, FileNotFoundError):
+                pass
+            full = no_room(exc, self._path(name), f"{name} ({len(data)} bytes) of the corpus", self._kept())
+            if full is None:
+                raise
+            self._failed = full
+            raise full from None
+
+    def _kept(self) -> str:
+        """What a failed write leaves, for its message."""
+        waiting = f"; the {len(self._buffer)} samples not yet in a shard are generated again by a rerun" if self._buffer else ""
+        return f"the {self.num_rows} samples in complete shards are kept{waiting}"
+
+    def _write_then_rename(self, tmp: str, name: str, data: bytes) -> None:
         if not self.fs.exists(self.root):
             self.fs.makedirs(self.root, exist_ok=True)
             if self._local:
                 fsync_dir(posixpath.dirname(self.root.rstrip("/")) or "/")  # keep the new folder's own entry
-        tmp = self._path(f"{TMP_PREFIX}{uuid.uuid4().hex[:8]}-{name}")
         if self._local:
             # fsync before the rename: after a power loss the rename could otherwise survive
             # while the data did not (a complete-looking shard of zeros); fsync the folder after
@@ -362,6 +384,8 @@ class CorpusStore:
         """Buffer one row (a dict with exactly CORPUS_COLUMNS); writes a shard when the buffer is full."""
         if self.mode != "a":
             raise CorpusStoreError(f"{self.url} was opened read-only (mode='r')")
+        if self._failed is not None:  # the disk was full: the store writes no more
+            raise self._failed
         keys = set(row)
         if keys != set(CORPUS_COLUMNS):
             raise CorpusStoreError(
@@ -393,7 +417,11 @@ class CorpusStore:
         self._write_manifest()
 
     def flush(self) -> None:
-        """Write the buffered rows as one shard, then the manifest (and failures, if changed)."""
+        """Write the buffered rows as one shard, then the manifest (and failures, if changed).
+        After a write found the disk full (raised once, `DiskFull`), nothing more is written: a
+        second attempt would fail the same way, and the shards written before stay whole."""
+        if self._failed is not None:
+            return
         if self._buffer:
             index = 1 + max((int(SHARD_RE.match(s["file"]).group(1)) for s in self._manifest["shards"]), default=-1)
             name = shard_file(index)

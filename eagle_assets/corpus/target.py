@@ -50,8 +50,31 @@ def target_fingerprint(model_dir: str | Path) -> str:
     return f"{folder.name}-{h.hexdigest()[:16]}"
 
 
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "tiktoken.model")
+"""A folder holding none of these has no tokenizer transformers can load."""
+
+
+def check_tokenizer_folder(model_dir: str | Path, what: str = "the target") -> Path:
+    """`model_dir` when it is a local folder holding a tokenizer; else a ValueError naming it and
+    what it lacks, at once (transformers would take it for a hub id and answer seconds later
+    about repository names)."""
+    folder = Path(model_dir).expanduser()
+    if not folder.is_dir():
+        problem = "is a file, not a folder" if folder.exists() else "does not exist"
+        raise ValueError(f"{what} {str(model_dir)!r} {problem}: give the target's Hugging Face folder (config.json, tokenizer and chat template)")
+    if not any((folder / name).is_file() for name in TOKENIZER_FILES):
+        raise ValueError(f"{what} {str(model_dir)!r} holds no tokenizer ({', '.join(TOKENIZER_FILES)}): give the target's Hugging Face folder")
+    return folder
+
+
 def load_tokenizer(model_dir: str | Path, trust_remote_code: bool = False) -> Any:
-    """The target's own tokenizer (with its chat template), from a local folder only."""
+    """The target's own tokenizer (with its chat template), from a local folder only; a
+    ValueError naming the folder when there is none to load."""
+    check_tokenizer_folder(model_dir)
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(str(model_dir), trust_remote_code=trust_remote_code, local_files_only=True)
+    try:
+        return AutoTokenizer.from_pretrained(str(model_dir), trust_remote_code=trust_remote_code, local_files_only=True)
+    except (OSError, ValueError) as exc:
+        first = next((line for line in str(exc).splitlines() if line.strip()), type(exc).__name__)
+        raise ValueError(f"the tokenizer in {model_dir} cannot be loaded: {first}") from None

@@ -23,6 +23,7 @@ from eagle_assets.drafter.trackers import benchmark_scalars, log_to_recorded_run
 from eagle_assets.engines.k_schedule import KSchedule
 from eagle_assets.resources.inference_server import NEEDS_DRAFTER_SERVER, InferenceServerResource
 from eagle_assets.resources.storage import StorageResource
+from eagle_assets.url_scope import check_prompt_url
 
 
 class BenchmarkConfig(dg.Config):
@@ -129,8 +130,10 @@ def benchmark_report(context: dg.AssetExecutionContext, config: ReportSettings, 
     k = benchmark_k(config.k, summary, preset.ttt_steps)
     prompt_set = None
     if config.prompts_url:
+        # Read only under the roots a run's prompt files may come from, as prompts.file_url.
+        prompts_url = check_prompt_url(config.prompts_url, storage.root or None, "benchmark_report.prompts_url")
         fits = context_fit(path, preset.max_model_len, config.output_len + max([k, *config.also_k]), preset.trust_remote_code)
-        prompt_set = user_prompt_set(config.prompts_url, config.num_prompts, config.prompts_format, fits)
+        prompt_set = user_prompt_set(prompts_url, config.num_prompts, config.prompts_format, fits)
     settings = config.settings(k, inference_server.served_dtype(), prompt_set)
     notes = [inference_server.serving_note()]
     if inference_server.url:

@@ -4,8 +4,6 @@
 
 import hashlib
 import json
-import os
-import posixpath
 from typing import Optional
 
 import dagster as dg
@@ -22,53 +20,13 @@ from eagle_assets.defs.code_versions import code_version
 from eagle_assets.defs.common import GROUP, check_result, hash_tree, metadata, target_of
 from eagle_assets.defs.settings import with_defaults
 from eagle_assets.durable import write_durably
-from eagle_assets.paths import data_dir
 from eagle_assets.resources.inference_server import InferenceServerResource
 from eagle_assets.resources.storage import StorageResource
-from eagle_assets.settings_env import env_list, env_str
+from eagle_assets.url_scope import check_prompt_url
 
 PROMPTS_FILE = "prompts.jsonl"
 PROMPTS_KEY_FILE = "prompts.key.json"
 """Beside the prompts: what they were made from, so a rerun with the same inputs keeps them."""
-PROMPT_ROOTS_ENV = "EAGLE_ASSETS_PROMPT_ROOTS"
-
-
-def prompt_roots(data_root: str | None = None) -> list[str]:
-    """Where a run's `prompts.file_url` may read: the data folder (`data_root`, default
-    EAGLE_ASSETS_DATA's), the folder the prompt sensor watches (EAGLE_ASSETS_PROMPTS_URL) and the
-    folders or URL prefixes listed in EAGLE_ASSETS_PROMPT_ROOTS (comma-separated; `*` allows
-    any). Anyone who may launch a run sets file_url, so without this limit a run could read any
-    file the code location can."""
-    watched = env_str("EAGLE_ASSETS_PROMPTS_URL")
-    return [data_root or str(data_dir()), *([watched] if watched else []), *env_list(PROMPT_ROOTS_ENV)]
-
-
-def check_prompt_url(url: str, data_root: str | None = None) -> None:
-    """Refuse a prompt file outside `prompt_roots(data_root)`, naming the setting that allows it."""
-    roots = prompt_roots(data_root)
-    if "*" in roots or any(_url_under(url, root) for root in roots):
-        return
-    raise ValueError(
-        f"prompts.file_url {url!r} lies outside the folders a run may read prompts from ({', '.join(roots)}): "
-        f"move the file under one of them, or add its folder to {PROMPT_ROOTS_ENV} (comma-separated folders or "
-        "URL prefixes; * allows any) in the code location's environment"
-    )
-
-
-def _url_key(url: str) -> tuple[str, str]:
-    """(protocol, normalised path): local paths resolved through symbolic links and `..`."""
-    protocol, path = fsspec.core.split_protocol(url)
-    protocol = protocol or "file"
-    if protocol in ("file", "local"):
-        return "file", os.path.realpath(os.path.expanduser(path))
-    return protocol, posixpath.normpath(path)
-
-
-def _url_under(url: str, root: str) -> bool:
-    if "::" in url:  # a chained URL (simplecache::s3://..., zip://...::file): only where a root names it
-        return url == root or url.startswith(root.rstrip("/") + "/")
-    (protocol, path), (root_protocol, root_path) = _url_key(url), _url_key(root)
-    return protocol == root_protocol and (path == root_path or path.startswith(root_path.rstrip("/") + "/"))
 
 
 class PromptsConfig(dg.Config):
@@ -132,10 +90,11 @@ def _file_stamp(url: str) -> str:
     return f"{info.get('size')}:{info.get('ETag') or info.get('etag') or info.get('mtime') or info.get('LastModified')}"
 
 
-def prompts_key(config: PromptsConfig, target: str) -> str:
+def prompts_key(config: PromptsConfig, target: str, file_url: str | None = None) -> str:
     """A hash of everything the prompts are made from: the settings, the target, the code
-    version and, for a prompt file, the file's stamp."""
-    stamp = _file_stamp(config.file_url) if config.file_url and config.source in ("file", "mix") else None
+    version and, for a prompt file, the stamp of the file at `file_url` (default config.file_url)."""
+    file_url = file_url or config.file_url
+    stamp = _file_stamp(file_url) if file_url and config.source in ("file", "mix") else None
     parts = {"config": config.model_dump(), "target": target, "code_version": PROMPTS_VERSION, "file": stamp}
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
@@ -177,11 +136,10 @@ def prompts(
         raise ValueError(f"prompts.mix names {unknown}: give shares of {', '.join(PROMPT_SOURCES)}")
     if "file" in counts and not config.file_url:
         raise ValueError("prompts use a file but file_url is empty: give the prompt file's path or URL")
-    if "file" in counts:
-        check_prompt_url(config.file_url, storage.root or None)
+    file_url = check_prompt_url(config.file_url, storage.root or None) if "file" in counts else None
     # A rerun after a failure further down keeps prompts made from the same inputs: Magpie's would
     # differ with the server's timing, and with them every corpus sample id.
-    key = prompts_key(config, target_fingerprint(path))
+    key = prompts_key(config, target_fingerprint(path), file_url)
     storage.fetch(out, log=context.log.info)
     kept = kept_prompts(out, key)
     if kept is not None:
@@ -195,7 +153,7 @@ def prompts(
     for source, n in counts.items():
         if source == "file":
             read = ReadStats()
-            whole = load_prompt_file(config.file_url, purpose="training", format=config.file_format,
+            whole = load_prompt_file(file_url, purpose="training", format=config.file_format,
                                      skip_bad_rows=config.skip_bad_rows, stats=read)  # fmt: skip
             parts[source] = sample_prompts(whole, n if config.source == "mix" else None, config.seed, stats=read,
                                            user_turns=config.user_turns, fit=fit)  # fmt: skip
@@ -215,7 +173,7 @@ def prompts(
             )
             with inference_server.serve(log=context.log.info) as server:
                 client = ClientSettings(base_url=server.base_url, model=server.model, api_key=server.api_key)
-                parts[source], magpie = synthesize_prompts(client, tokenizer, settings, progress=context.log.info)
+                parts[source], magpie = synthesize_prompts(client, tokenizer, settings, progress=context.log.info, log=context.log.warning)
                 errors = [(e.split(": ", 1)[-1],) * 2 for e in magpie.errors]  # without "candidate N: "; the message is the kind
                 problem = failed_share_problem(magpie.failed, magpie.requested, config.max_error_rate, "Magpie requests", errors)
                 if problem:  # raised inside the block: a server that died is named, with its log
@@ -254,7 +212,12 @@ class CorpusConfig(dg.Config):
     max_tokens: int = 256
     concurrency: int = 8
     request_timeout_s: float = 600
+    """The most seconds one request may take; one asking for fewer tokens is abandoned sooner, after
+    2 min plus max_tokens at 2 tokens/s (corpus/client.py, deadlines). A request past its deadline is
+    tried once more; when none finishes within a deadline the run stops, naming the server."""
     max_retries: int = 4
+    """Retries of a request the server refused for a passing reason (5xx, 429, a dropped connection),
+    each after a backoff, at least what its Retry-After asks."""
     max_error_rate: float = 0.02
     """The run fails when more than this share of the samples it tried failed (saying how many
     and the commonest errors; the finished ones stay stored for a rerun), and the error_rate
@@ -326,7 +289,7 @@ def synthetic_corpus(
         try:
             stats = generate_corpus(
                 items, store, client, tokenizer, target=fingerprint, sampling=sampling,
-                progress=progress, show_progress_bar=True, max_failed_share=config.max_error_rate,
+                progress=progress, show_progress_bar=True, max_failed_share=config.max_error_rate, log=context.log.warning,
             )  # fmt: skip
         finally:
             store.close()

@@ -24,15 +24,21 @@ from pathlib import Path
 from eagle_assets.checked_reads import read_json_object, read_safetensors_header
 from eagle_assets.formats import NUMBERING_KEY
 from eagle_assets.paths import engine_venv
-from eagle_assets.targets import default_aux_layer_ids, preset_from_hf_config, read_target_config
+from eagle_assets.targets import PRESETS, default_aux_layer_ids, preset_from_hf_config, read_target_config
 
 ENGINE_SCRIPTS = Path(__file__).resolve().parent
+EAGLE3_KNOWN = {p.architecture for p in PRESETS.values()}
+"""Target architectures the pinned vLLM serves with EAGLE-3: the presets', each served with a
+drafter by the test suite (SmolLM2's Llama, the DeepSeek-V3 and Kimi-K2.5 stand-ins). Where our
+own checks refuse a drafter for any other, the engine is asked (`_ask_eagle3_support`)."""
 EAGLE3_ARCHITECTURES = {"LlamaForCausalLMEagle3", "Eagle3LlamaForCausalLM", "LlamaForCausalLMEagle3Speculator"}
 DRAFTER_CONFIG_FIX = "re-export the drafter, or pass its export folder (config.json + model.safetensors)"
 # What a drafter's config.json may give as `torch_dtype` / `dtype`: the names the engines load.
 DRAFTER_DTYPES = ("bfloat16", "float16", "float32", "half", "float", "auto")
 
 ENGINE_NAMES = {"vllm": "vLLM", "sglang": "SGLang"}
+ROOT_CAUSES = ("no_eagle3",)
+"""Findings that make every other one moot: said first."""
 
 
 def wrong_engine_export(drafter_config: dict, config_path: Path, engine: str) -> str | None:
@@ -80,6 +86,10 @@ class PreflightReport:
 
     def errors(self) -> list[Finding]:
         return [f for f in self.findings if f.level == "error"]
+
+    def root_cause_first(self) -> None:
+        """Put the findings that end the matter (ROOT_CAUSES) before the others, in their order."""
+        self.findings.sort(key=lambda f: f.code not in ROOT_CAUSES)
 
     def render(self) -> str:
         lines = []
@@ -240,8 +250,11 @@ def check_drafter(target_cfg: dict, drafter: Path, report: PreflightReport, engi
         report.add("error", "weights_incomplete", f"drafter weights lack {sorted(missing)}")
 
 
-def run_engine_preflight(model: Path, drafter: Path | None, k: int, engine_args: dict, venv: Path | None = None, timeout_s: float = 180) -> dict:
-    """Runs `vllm_preflight.py` in the engine venv; returns its JSON answer."""
+def run_engine_preflight(
+    model: Path, drafter: Path | None, k: int, engine_args: dict, venv: Path | None = None, timeout_s: float = 180, target_only: bool = False
+) -> dict:
+    """Runs `vllm_preflight.py` in the engine venv; returns its JSON answer. `target_only`: only
+    whether the target's architecture has EAGLE-3 support there."""
     from eagle_assets.engines.vllm_launch import engine_environment, engine_python
 
     venv = venv or engine_venv("vllm")
@@ -258,7 +271,7 @@ def run_engine_preflight(model: Path, drafter: Path | None, k: int, engine_args:
             ],
             "engine": {},
         }
-    request = {"model": str(model), "drafter": str(drafter) if drafter else None, "k": k, "engine_args": engine_args}
+    request = {"model": str(model), "drafter": str(drafter) if drafter else None, "k": k, "engine_args": engine_args, "target_only": target_only}
     env = engine_environment(venv)
     env["VLLM_LOGGING_LEVEL"] = "WARNING"
     proc = subprocess.run(
@@ -305,8 +318,12 @@ def preflight(
     if not report.ok:
         # What our own checks refused the engine's validation (~10-30 s) would refuse again, or
         # crash on (a corrupt file) with a traceback in place of the file's name: fix these first.
+        # Only whether the engine can serve this architecture with EAGLE-3 at all is asked of it,
+        # for a target not known to: that answer ends the matter, so it is said first.
+        if engine == "vllm" and drafter is not None and (Path(target) / "config.json").is_file():
+            _ask_eagle3_support(Path(target), num_speculative_tokens, engine_args or {}, venv, report)
         name = ENGINE_NAMES.get(engine, engine)
-        report.add("info", "engine_skipped", f"{name}'s own validation did not run: fix the errors above first")
+        report.add("info", "engine_skipped", f"{name}'s full validation did not run: fix the errors above first")
         report.seconds = time.monotonic() - started
         return report
     if engine == "vllm":
@@ -314,6 +331,7 @@ def preflight(
         for f in answer.get("findings", []):
             report.add(f["level"], f["code"], f["message"])
         report.engine = answer.get("engine", {})
+        report.root_cause_first()
     elif engine == "sglang":
         from eagle_assets.engines.sglang_launch import run_sglang_preflight
 
@@ -325,6 +343,25 @@ def preflight(
         report.add("error", "engine", f"unknown engine {engine!r}: use vllm or sglang")
     report.seconds = time.monotonic() - started
     return report
+
+
+def _ask_eagle3_support(target: Path, k: int, engine_args: dict, venv: Path | None, report: PreflightReport) -> None:
+    """Where our own checks refused a drafter: ask the engine whether it serves the target's
+    architecture with EAGLE-3 at all (a target-only validation, ~10-30 s), unless it is one of
+    the presets' architectures, whose support the test suite serves (`EAGLE3_KNOWN`). A refusal
+    goes first in the report: no drafter fixes it."""
+    try:
+        architecture = (read_target_config(target / "config.json").get("architectures") or [None])[0]
+    except ValueError:
+        return
+    if architecture in EAGLE3_KNOWN:
+        return
+    answer = run_engine_preflight(target, None, k, {**engine_args}, venv, target_only=True)
+    for f in answer.get("findings", []):
+        if f.get("code") == "no_eagle3":
+            report.add(f["level"], f["code"], f["message"])
+    report.engine = answer.get("engine", {})
+    report.root_cause_first()
 
 
 def _check_sglang_layers(drafter: Path, report: PreflightReport) -> None:

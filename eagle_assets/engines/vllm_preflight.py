@@ -39,6 +39,12 @@ def preflight(request: dict) -> dict:
     from vllm.model_executor.models.registry import ModelRegistry
 
     facts["vllm_version"] = vllm.__version__
+    # The target alone first: an architecture without EAGLE-3 support in this engine ends the
+    # matter, whatever else is wrong with the drafter, so it is found and said before the rest.
+    refusal = _target_without_eagle3(request, facts, EngineArgs, ModelRegistry, supports_eagle3, vllm.__version__)
+    if refusal is not None or request.get("target_only"):
+        findings += [refusal] if refusal else []
+        return {"ok": refusal is None, "findings": findings, "engine": facts, "seconds": time.monotonic() - started}
     spec = None
     if request.get("drafter"):
         spec = {
@@ -70,20 +76,7 @@ def preflight(request: dict) -> dict:
         findings.append(_finding("error", "model_class", f"vLLM cannot resolve a model class for {architectures}: {_root_cause(exc)}"))
         return {"ok": False, "findings": findings, "engine": facts, "seconds": time.monotonic() - started}
 
-    eagle3 = supports_eagle3(model_cls)
-    facts["supports_eagle3"] = bool(eagle3)
-    if spec is not None and not eagle3:
-        findings.append(
-            _finding(
-                "error",
-                "no_eagle3",
-                f"vLLM {vllm.__version__} has no EAGLE-3 support for architecture {arch} "
-                f"({model_cls.__qualname__}, model_type {facts['model_type']!r}): the server would "
-                "fail after loading the weights with 'Model does not support EAGLE3 interface'. "
-                "Serve this target without a drafter, or with an engine version that implements "
-                "SupportsEagle3 for it.",
-            )
-        )
+    facts["supports_eagle3"] = bool(supports_eagle3(model_cls))
     if spec is not None and vllm_config.speculative_config is not None:
         draft = vllm_config.speculative_config.draft_model_config
         hf = draft.hf_config
@@ -102,6 +95,37 @@ def preflight(request: dict) -> dict:
             findings.append(_finding("info", "speculative_sampling_probe", f"could not probe sampling under speculation: {_root_cause(exc)}"))
     ok = not any(f["level"] == "error" for f in findings)
     return {"ok": ok, "findings": findings, "engine": facts, "seconds": time.monotonic() - started}
+
+
+def _no_eagle3(version: str, arch: str, cls_name: str, model_type) -> dict:
+    return _finding(
+        "error",
+        "no_eagle3",
+        f"vLLM {version} has no EAGLE-3 support for architecture {arch} ({cls_name}, model_type {model_type!r}): "
+        "no EAGLE-3 drafter can serve with this target, whatever else is said below; the server would fail after "
+        "loading the weights with 'Model does not support EAGLE3 interface'. Serve this target without a drafter, "
+        "or with an engine version that implements SupportsEagle3 for it.",
+    )
+
+
+def _target_without_eagle3(request: dict, facts: dict, EngineArgs, ModelRegistry, supports_eagle3, version: str) -> dict | None:
+    """The `no_eagle3` error when a drafter is asked for (or `target_only`) and the target's
+    architecture has no EAGLE-3 support in this engine; None when it has, or when the target alone
+    cannot be configured (the full validation after says why)."""
+    if not (request.get("drafter") or request.get("target_only")):
+        return None
+    try:
+        model_config = EngineArgs(model=request["model"], **request.get("engine_args", {})).create_engine_config().model_config
+        architectures = list(getattr(model_config.hf_config, "architectures", None) or [])
+        model_cls, arch = ModelRegistry.resolve_model_cls(architectures, model_config=model_config)
+    except Exception:  # noqa: BLE001 - the full validation reports it with its own words
+        return None
+    facts["supports_eagle3"] = bool(supports_eagle3(model_cls))
+    if facts["supports_eagle3"]:
+        return None
+    facts.setdefault("architectures", architectures)
+    facts["model_class"] = f"{model_cls.__module__}.{model_cls.__qualname__}"
+    return _no_eagle3(version, arch, model_cls.__qualname__, getattr(model_config.hf_text_config, "model_type", None))
 
 
 # Two requests' temperatures spread over their draft positions, as vLLM's rejection sampler

@@ -29,6 +29,8 @@ from __future__ import annotations
 import fcntl
 import logging
 import os
+import random
+import time
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
@@ -40,6 +42,7 @@ import torch
 from safetensors.torch import load_file
 
 from eagle_assets.checked_reads import read_json_object
+from eagle_assets.corpus.client import retry_after_s
 from eagle_assets.drafter.target_head import read_named_tensor
 from eagle_assets.hidden_states.corpus_io import ShardSamples
 from eagle_assets.hidden_states.extract import ExtractSettings, ShardExtractor, _progress
@@ -103,14 +106,34 @@ class EngineStateClient:
     `layer_ids` are the ids the server captures (its `eagle_aux_hidden_state_layer_ids`), in
     ascending order: column j of a file's `hidden_states` (T, n_ids, H) holds id `layer_ids[j]`.
     Up to `concurrency` requests are in flight, so the engine batches them.
+
+    Deadlines: a request's answer comes whole, once its prefill ends, so a stalled server and a
+    long prefill look alike until one ends. Each request gets a deadline that fits its length,
+    `deadline_base_s` plus `deadline_per_token_s` per token, at most `timeout_s`, for the answer
+    and the states' file together; past it, `EngineStateError` names the server (a retry would
+    stall as long). A refused or dropped connection, HTTP 5xx, 408 or 429 is tried again, up to
+    `attempts` in all, after a backoff of at least what a `Retry-After` header asks.
     """
 
-    def __init__(self, base_url: str, model: str, layer_ids: Sequence[int], api_key: str | None = None,
-                 concurrency: int = 16, timeout_s: float = 1800.0):  # fmt: skip
+    def __init__(
+        self,
+        base_url: str,
+        model: str,
+        layer_ids: Sequence[int],
+        api_key: str | None = None,
+        concurrency: int = 16,
+        timeout_s: float = 1800.0,
+        deadline_base_s: float = 120.0,
+        deadline_per_token_s: float = 0.05,
+        attempts: int = 3,
+        retry_after_max_s: float = 300.0,
+    ):
         self.base_url = base_url.rstrip("/")
         self.model = model
         self.layer_ids = tuple(sorted({int(k) for k in layer_ids}))
         self.concurrency = max(1, int(concurrency))
+        self.timeout_s, self.deadline_base_s, self.deadline_per_token_s = timeout_s, deadline_base_s, deadline_per_token_s
+        self.attempts, self.retry_after_max_s = max(1, int(attempts)), retry_after_max_s
         self.headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         # A long prefill of a large model can take minutes; connecting should not.
         self._http = httpx.Client(headers=self.headers, timeout=httpx.Timeout(timeout_s, connect=30.0))
@@ -121,23 +144,24 @@ class EngineStateClient:
     def column(self, layer_id: int) -> int:
         return self.layer_ids.index(layer_id)
 
+    def deadline_s(self, num_tokens: int) -> float:
+        """Seconds the states of a sequence of `num_tokens` tokens may take (class docstring)."""
+        return min(self.timeout_s, self.deadline_base_s + num_tokens * self.deadline_per_token_s)
+
     def one(self, token_ids: np.ndarray) -> torch.Tensor:
         """The captured states of one sequence: (T, n_ids, H), in the engine's dtype."""
         ids = [int(t) for t in token_ids]
         body = {"model": self.model, "prompt": ids, "max_tokens": 1, "temperature": 0.0}
-        try:
-            resp = self._http.post(f"{self.base_url}/v1/completions", json=body)
-        except httpx.HTTPError as exc:
-            raise EngineStateError(f"the extraction server at {self.base_url} did not answer ({exc}); is it still running?") from exc
-        if resp.status_code != 200:
-            raise EngineStateError(f"the extraction server at {self.base_url} answered {resp.status_code}: {resp.text[:500]}")
+        deadline = self.deadline_s(len(ids))
+        ends = time.monotonic() + deadline
+        resp = self._post(body, deadline)
         path = (resp.json().get("kv_transfer_params") or {}).get("hidden_states_path")
         if not path:
             raise EngineStateError(
                 f"the server at {self.base_url} returned no hidden_states_path: it does not extract hidden states. Launch it "
                 "with the extraction configs (engines/vllm_launch.extraction_config and hidden_states_transfer)"
             )
-        states, got_ids = _read_spooled(Path(path))
+        states, got_ids = _read_spooled(Path(path), ends - time.monotonic(), self.base_url)
         if got_ids != ids:
             raise EngineStateError(f"{path}: the engine wrote the states of another sequence than the one sent")
         if states.shape[1] != len(self.layer_ids):
@@ -146,6 +170,38 @@ class EngineStateClient:
                 f"layer ids {list(self.layer_ids)}: the server captures other layers"
             )
         return states
+
+    def _post(self, body: dict, deadline: float) -> httpx.Response:
+        """The request's 200 answer, retried on what a retry may cure (class docstring)."""
+        url, tokens = f"{self.base_url}/v1/completions", len(body["prompt"])
+        for attempt in range(1, self.attempts + 1):
+            wait = None
+            try:
+                resp = self._http.post(url, json=body, timeout=httpx.Timeout(deadline, connect=30.0))
+            except httpx.TimeoutException as exc:
+                if isinstance(exc, httpx.ConnectTimeout):
+                    problem = f"did not take the connection ({type(exc).__name__})"
+                else:  # no answer within the deadline: it takes requests but does no work
+                    raise EngineStateError(
+                        f"the extraction server at {self.base_url} did not answer a request of {tokens} tokens within its "
+                        f"deadline of {deadline:.0f} s ({self.deadline_base_s:g} s and {self.deadline_per_token_s:g} s a token): "
+                        "it takes requests but makes no progress. See its log, restart it and rerun"
+                    ) from None
+            except httpx.HTTPError as exc:  # refused or dropped: it may be restarting
+                problem = f"did not answer ({type(exc).__name__}: {exc})"
+            else:
+                if resp.status_code == 200:
+                    return resp
+                if resp.status_code < 500 and resp.status_code not in (408, 429):
+                    raise EngineStateError(f"the extraction server at {self.base_url} answered {resp.status_code}: {resp.text[:500]}")
+                problem = f"answered {resp.status_code}: {resp.text[:200]}"
+                wait = retry_after_s(resp.headers.get("Retry-After"))
+            if attempt == self.attempts:
+                raise EngineStateError(f"the extraction server at {self.base_url} {problem}, {attempt} times; is it still running?")
+            backoff = 2.0 ** (attempt - 1) * random.uniform(0.5, 1.0)
+            log.warning("extraction request of %d tokens: the server at %s %s; retrying", tokens, self.base_url, problem)
+            time.sleep(max(backoff, min(wait, self.retry_after_max_s)) if wait is not None else backoff)
+        raise AssertionError("unreachable")
 
     def states(self, sequences: Sequence[np.ndarray]) -> Iterator[tuple[int, torch.Tensor]]:
         """(index, states) of each sequence, as they finish (any order)."""
@@ -159,8 +215,9 @@ class EngineStateClient:
                     future.cancel()
 
 
-def _read_spooled(path: Path) -> tuple[torch.Tensor, list[int]]:
-    """Read one file the connector wrote, once its writer has released the lock; then remove it."""
+def _read_spooled(path: Path, wait_s: float = 600.0, server: str = "the engine") -> tuple[torch.Tensor, list[int]]:
+    """Read one file the connector wrote, once its writer has released the lock (waiting at most
+    `wait_s`); then remove it."""
     lock = Path(str(path) + ".lock")
     if not path.exists() and not lock.exists():
         raise EngineStateError(
@@ -170,7 +227,7 @@ def _read_spooled(path: Path) -> tuple[torch.Tensor, list[int]]:
     try:
         if lock.exists():
             with open(lock) as held:
-                fcntl.flock(held, fcntl.LOCK_SH)  # sleeps until the writer releases its exclusive lock
+                _shared_lock(held, wait_s, f"{server} still holds {lock}, the lock of the states it reported at {path}")
         data = load_file(str(path))
     except (OSError, ValueError) as exc:
         raise EngineStateError(f"cannot read the engine's states at {path} ({exc}); see the engine's log") from exc
@@ -181,6 +238,20 @@ def _read_spooled(path: Path) -> tuple[torch.Tensor, list[int]]:
             except FileNotFoundError:
                 pass
     return data["hidden_states"], [int(t) for t in data["token_ids"].tolist()]
+
+
+def _shared_lock(f, wait_s: float, what: str) -> None:
+    """A shared flock on `f` once its writer releases its exclusive one, polled: a writer that
+    never lets go fails the request after `wait_s` instead of holding it forever."""
+    ends = time.monotonic() + max(0.0, wait_s)
+    while True:
+        try:
+            fcntl.flock(f, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            if time.monotonic() >= ends:
+                raise EngineStateError(f"{what}, past the request's deadline: see the engine's log") from None
+            time.sleep(0.01)
 
 
 class EngineExtractor(ShardExtractor):

@@ -43,9 +43,11 @@ import numpy as np
 import torch
 from safetensors import safe_open
 
-from eagle_assets.durable import fsync_dir
+from eagle_assets.durable import fsync_dir, no_room, room_named
 from eagle_assets.formats import SHARD_MANIFEST_FILE, SHARD_STATES_FILE, ShardManifest, shard_name
 
+SHARD_KEPT = "the complete shards are kept; this one is not, and a rerun builds it"
+"""What a full disk leaves, for its message: a shard is whole or absent."""
 TENSOR_ORDER = ("offsets", "input_ids", "aux", "final", "loss_mask")
 _DTYPES = {"offsets": ("I64", 8), "aux": ("BF16", 2), "final": ("BF16", 2), "input_ids": ("I32", 4), "loss_mask": ("U8", 1)}
 
@@ -226,8 +228,9 @@ class ShardWriter:
             )
         self.out_dir.mkdir(parents=True, exist_ok=True)
         remove_stale(self.out_dir, index)
-        self.tmp_dir.mkdir()
-        self._fd = os.open(self.tmp_dir / SHARD_STATES_FILE, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        with room_named(self.final_dir, f"shard {index}", SHARD_KEPT):
+            self.tmp_dir.mkdir()
+            self._fd = os.open(self.tmp_dir / SHARD_STATES_FILE, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         try:
             # Full size up front: the rows land at fixed offsets in any order, and a short file
             # can never pass for a finished one.
@@ -235,9 +238,12 @@ class ShardWriter:
             _pwrite_all(self._fd, layout.header(), 0)
             for name, values, dtype in (("offsets", offsets, "<i8"), ("input_ids", input_ids, "<i4"), ("loss_mask", loss_mask, "u1")):
                 _pwrite_all(self._fd, np.ascontiguousarray(values, dtype=dtype), layout.tensor_offset(name))
-        except BaseException:
+        except BaseException as exc:
             os.close(self._fd)
             shutil.rmtree(self.tmp_dir, ignore_errors=True)
+            full = no_room(exc, self.final_dir, f"shard {index}'s header", SHARD_KEPT)
+            if full is not None:
+                raise full from None
             raise
 
         self._queue: queue.Queue = queue.Queue()
@@ -282,6 +288,9 @@ class ShardWriter:
 
     def _raise_if_failed(self) -> None:
         if self._error is not None:
+            full = no_room(self._error, self.final_dir, f"shard {self.index}'s states", SHARD_KEPT)
+            if full is not None:
+                raise full from None
             raise RuntimeError(f"writing shard {self.index} to {self.tmp_dir} failed: {self._error}") from self._error
 
     def _stop(self) -> None:
@@ -306,13 +315,14 @@ class ShardWriter:
             expected_start = b
         if expected_start != T:
             raise RuntimeError(f"shard {self.index}: {expected_start} of {T} token rows written")
-        os.fsync(self._fd)
-        os.close(self._fd)
-        self._closed = True
+        with room_named(self.final_dir, f"shard {self.index}", SHARD_KEPT):  # a full disk may show only at fsync
+            os.fsync(self._fd)
+            os.close(self._fd)
+            self._closed = True
         self._validate_file()
         manifest.states_bytes, manifest.states_sha256 = self.layout.file_bytes(), file_sha256(self.tmp_dir / SHARD_STATES_FILE)
         manifest_tmp = self.tmp_dir / (SHARD_MANIFEST_FILE + ".tmp")
-        with open(manifest_tmp, "w") as f:
+        with room_named(self.final_dir, f"shard {self.index}'s manifest", SHARD_KEPT), open(manifest_tmp, "w") as f:
             f.write(manifest.to_json())
             f.flush()
             os.fsync(f.fileno())

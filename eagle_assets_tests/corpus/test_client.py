@@ -8,6 +8,7 @@ exercised over real connections. The real vLLM server's own 4xx is checked in te
 from __future__ import annotations
 
 import asyncio
+import email.utils
 import json
 import time
 
@@ -17,8 +18,9 @@ from eagle_assets.corpus.client import (
     ClientSettings,
     InferenceClient,
     RequestRejected,
-    RetriesExhausted,
+    ServerStalled,
     ServerUnreachable,
+    retry_after_s,
 )
 from eagle_assets.engines.process import free_port
 from eagle_assets_tests.http_stub import JsonHandler, StubServer
@@ -51,6 +53,17 @@ class ScriptedServer(StubServer):
                 elif action == "slow":
                     time.sleep(0.5)
                     self.send_json(200, OK)
+                elif action == "late":
+                    time.sleep(0.2)
+                    self.send_json(200, OK)
+                elif action == "stall":  # takes the request and writes nothing for longer than any deadline here
+                    time.sleep(5)
+                    self.send_json(200, OK)
+                elif action.startswith("429 after "):  # shed, asking for a wait: seconds, or an HTTP date
+                    self.send_response(429)
+                    self.send_header("Retry-After", action.removeprefix("429 after "))
+                    self.send_header("Content-Length", "0")
+                    self.end_headers()
                 elif action.isdigit():
                     self.send_json(int(action), {"error": {"message": f"scripted {action}"}})
                 else:
@@ -92,11 +105,55 @@ def test_server_errors_and_dropped_connections_are_retried(serve):
     assert len(server.requests) == 4
 
 
-def test_timeouts_are_retried_and_retries_run_out(serve):
-    server = serve(["slow"])
-    with pytest.raises(RetriesExhausted, match=r"gave up after 3 attempts; last error: .*ReadTimeout"):
-        chat(settings(server.url, max_retries=2, timeout_s=0.3))
+def test_a_stalled_attempt_is_tried_once_more_while_other_requests_finish(serve):
+    # Request 1 stalls; request 2 finishes within request 1's deadline, so the server works and
+    # request 1 is tried again (request 3), once.
+    server = serve(["stall", "late", "ok"])
+
+    async def run():
+        async with InferenceClient(settings(server.url, concurrency=2, timeout_s=0.6)) as client:
+            return await asyncio.gather(*(client.chat([{"role": "user", "content": "2+2?"}], {}) for _ in range(2)))
+
+    first, second = asyncio.run(run())
+    assert (first.attempts, second.attempts, len(server.requests)) == (2, 1, 3)
+
+
+def test_a_server_that_takes_requests_and_finishes_none_is_named_within_one_deadline(serve):
+    server = serve(["stall"])
+    said: list[str] = []
+
+    async def run():
+        async with InferenceClient(settings(server.url, concurrency=3, timeout_s=0.6), log=said.append) as client:
+            return await asyncio.gather(*(client.chat([], {"max_tokens": 8}) for _ in range(3)), return_exceptions=True)
+
+    started = time.monotonic()
+    outcomes = asyncio.run(run())
+    took = time.monotonic() - started
+    assert all(isinstance(o, ServerStalled) for o in outcomes), outcomes
+    assert f"the server at {server.url} finished no request in 1 s" in str(outcomes[0])
+    assert 0.55 <= took < 1.5, took  # one deadline, not a retry, not timeout_s x attempts
     assert len(server.requests) == 3
+    assert said and f"no request to {server.url} has finished" in said[0], said
+
+
+def test_a_deadline_fits_the_answer_asked_for():
+    s = ClientSettings("http://h", "m")
+    assert (s.deadline_s(256), s.deadline_s(2048), s.deadline_s(None)) == (120 + 128, 600, 600)
+    assert ClientSettings("http://h", "m", timeout_s=2).deadline_s(256) == 2
+    with pytest.raises(ValueError, match="timeout_s must be a positive number"):
+        ClientSettings("http://h", "m", timeout_s=0)
+
+
+@pytest.mark.parametrize("wait", ["1", "date"])
+def test_retry_after_is_honoured(serve, wait):
+    when = email.utils.formatdate(time.time() + 2, usegmt=True) if wait == "date" else wait
+    server = serve([f"429 after {when}", "ok"])
+    started = time.monotonic()
+    result = chat(settings(server.url, max_retries=2))
+    took = time.monotonic() - started
+    assert result.attempts == 2
+    assert took >= 0.9, took  # the backoff alone would wait 0.05 s
+    assert retry_after_s("120") == 120 and retry_after_s("soon") is None and retry_after_s(None) is None
 
 
 def test_client_errors_are_not_retried_and_the_key_never_shows(serve):
