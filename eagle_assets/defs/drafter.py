@@ -18,6 +18,7 @@ from eagle_assets.defs.common import GROUP, check_result, hash_files, hash_tree,
 from eagle_assets.defs.corpus import synthetic_corpus
 from eagle_assets.defs.hidden_state_settings import NUM_SHARDS, engine_max_model_len, training_source
 from eagle_assets.defs.hidden_states import hidden_state_shards, vocab_mapping
+from eagle_assets.defs.sensors import after_its_asset
 from eagle_assets.defs.settings import with_defaults
 from eagle_assets.drafter.config import folder_drafts_in_parallel, folder_num_layers, vllm_only_reason
 from eagle_assets.drafter.export import check_sglang_names, read_drafter_tensors
@@ -266,11 +267,13 @@ def _trained(inference_server: InferenceServerResource, storage: StorageResource
             "serves_in_vllm",
             asset="drafter_checkpoint",
             blocking=True,
+            automation_condition=after_its_asset(),
             description="The vLLM export loads in the real vLLM server and its greedy output equals the run without speculation.",
         ),  # fmt: skip
         dg.AssetCheckSpec(
             "samples_under_speculation",
             asset="drafter_checkpoint",
+            automation_condition=after_its_asset(),
             description="Requests sampled at temperature 1e-4 with the drafter write the greedy answer: the engine gives every draft position the request's sampling settings. A fault of the engine, not the drafter: it warns and does not block.",
         ),  # fmt: skip
     ],
@@ -301,7 +304,7 @@ def drafter_serves(context: dg.AssetCheckExecutionContext, inference_server: Inf
                        asset_key=DRAFTER_KEY)  # fmt: skip
 
 
-@dg.asset_check(asset=drafter_checkpoint, blocking=True,
+@dg.asset_check(asset=drafter_checkpoint, blocking=True, automation_condition=after_its_asset(),
                 description="Every weight name of the SGLang export is one SGLang's loader recognises (it drops unknown names silently).")  # fmt: skip
 def sglang_names(inference_server: InferenceServerResource, storage: StorageResource) -> dg.AssetCheckResult:
     preset, out, summary = _trained(inference_server, storage)
@@ -313,7 +316,7 @@ def sglang_names(inference_server: InferenceServerResource, storage: StorageReso
     return check_result(not dropped, {"unrecognised_names": dropped})
 
 
-@dg.asset_check(asset=drafter_checkpoint, blocking=True,
+@dg.asset_check(asset=drafter_checkpoint, blocking=True, automation_condition=after_its_asset(),
                 description="On a warm start, the fine-tune is not clearly worse than its parent on the same held-out samples "
                             "(a paired comparison beyond their sampling error); the exports hold whichever measured higher.")  # fmt: skip
 def not_worse_than_parent(inference_server: InferenceServerResource, storage: StorageResource) -> dg.AssetCheckResult:

@@ -120,6 +120,14 @@ def stale_condition() -> dg.AutomationCondition:
     return (trigger.since_last_handled() & ready).with_label("stale")
 
 
+def after_its_asset() -> dg.AutomationCondition:
+    """The automation condition of a check defined beside its asset (not in the asset's own
+    step): run it once the asset is rebuilt, in the same tick's run where the asset is requested.
+    Without one, the automation rebuilds the asset and never checks it, and whatever waits for
+    the asset's blocking checks (`stale_condition`) waits for ever."""
+    return dg.AutomationCondition.eager().with_label("after its asset")
+
+
 def with_automation(assets: Sequence[dg.AssetsDefinition]) -> list[dg.AssetsDefinition]:
     """The assets with `stale_condition()` as their automation condition."""
     return [a.map_asset_specs(lambda spec: spec.replace_attributes(automation_condition=stale_condition())) for a in assets]

@@ -57,3 +57,44 @@ def test_automation_waits_for_a_parents_blocking_checks_on_its_newest_content(tm
     run(dg.AssetSelection.checks(good), None)  # new content whose blocking check fails
     asked, cursor = requested(cursor)
     assert asked == []
+
+
+def test_a_check_defined_beside_its_asset_runs_after_the_automation_rebuilds_it(tmp_path, instance):
+    """The drafter's checks are definitions of their own (not the asset's step): the automation
+    requests them once their asset has new content, and its child once they passed; without
+    their condition the child would wait for ever."""
+    from eagle_assets.defs.sensors import after_its_asset
+
+    written = tmp_path / "parent.txt"
+
+    @dg.asset(code_version="1")
+    def parent(config: ParentConfig) -> dg.MaterializeResult:
+        written.write_text(config.text)
+        return dg.MaterializeResult(data_version=dg.DataVersion(config.text))
+
+    @dg.asset_check(asset=parent, blocking=True, automation_condition=after_its_asset())
+    def good() -> dg.AssetCheckResult:
+        return dg.AssetCheckResult(passed=written.read_text() != "bad")
+
+    @dg.asset(deps=[parent], code_version="1")
+    def child() -> dg.MaterializeResult:
+        return dg.MaterializeResult(data_version=dg.DataVersion("c"))
+
+    assets = with_automation([parent, child])
+
+    def requested(cursor):
+        result = dg.evaluate_automation_conditions(defs=[*assets, good], instance=instance, cursor=cursor)
+        return sorted(r.key.to_user_string() for r in result.results if r.true_subset.size), result.cursor
+
+    def run(selection, text=None):
+        config = {"ops": {"parent": {"config": {"text": text}}}} if text else {}
+        dg.materialize([*assets, good], selection=selection, instance=instance, run_config=config, raise_on_error=False)
+
+    run(dg.AssetSelection.all() | dg.AssetSelection.checks(good), "one")
+    _, cursor = requested(None)
+    run(dg.AssetSelection.assets("parent").without_checks(), "two")  # as an automation run that asked for the asset alone
+    asked, cursor = requested(cursor)
+    assert asked == ["parent:good"]  # the check, and not yet the child
+    run(dg.AssetSelection.checks(good))
+    asked, cursor = requested(cursor)
+    assert asked == ["child"]
