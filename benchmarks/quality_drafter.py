@@ -12,7 +12,7 @@ test), and writes the assets' on-disk layout under `--data`:
            `corpus/prompt_formats.py` as the asset reads them, Magpie prompts the target writes,
            or a mix; default the preset's) and the target's greedy answers; the one difference
            from the asset graph is who generates: the target in this process, continuously
-           batched (`corpus/local_engine.py`, fp32 as the CPU engine serves), instead of its
+           batched (`benchmarks/local_engine.py`, fp32 as the CPU engine serves), instead of its
            vLLM server; ShareGPT's conversations are fitted to `--max-len`
   shards   vocab mapping and hidden-state shards (bf16 forward)
   train    the drafter (one GPU, bf16 autocast), exported for vLLM and SGLang (vLLM alone for
@@ -139,7 +139,7 @@ def stage_target(a) -> dict:
 async def _corpus(a, data: Path, deadline: float, budget_end: float) -> dict:
     from eagle_assets.corpus.conversation import ChatTemplate
     from eagle_assets.corpus.generate import SamplingParams, generate_corpus_async
-    from eagle_assets.corpus.local_engine import LocalGenerationClient, load_generation_model
+    from benchmarks.local_engine import LocalGenerationClient, load_generation_model
     from eagle_assets.corpus.prompts import load_prompt_file, write_prompts
     from eagle_assets.corpus.store import CorpusStore
     from eagle_assets.corpus.target import target_fingerprint
@@ -200,7 +200,8 @@ async def _prompts(a, p: dict, client, template, tokenizer, figures: dict) -> li
     """The preset's prompts from each source, as the `prompts` asset makes them (ShareGPT fitted
     to the generator's `--max-len`); their figures go into `figures`."""
     from eagle_assets.corpus.prompt_formats import ContextFit, combine, sharegpt_prompts
-    from eagle_assets.corpus.prompts import MagpieSettings, ensure_training_prompts, synthesize_prompts_async
+    from eagle_assets.corpus.prompt_record import ensure_training_prompts
+    from eagle_assets.corpus.prompts import MagpieSettings, synthesize_prompts_async
 
     parts = {}
     for source, n in prompt_counts(a, p).items():

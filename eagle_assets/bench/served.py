@@ -65,7 +65,7 @@ from eagle_assets.bench.metrics import (
     spec_stats_from_sglang,
 )
 from eagle_assets.corpus.client import retry_after_s
-from eagle_assets.corpus.prompts import MT_BENCH_PATH
+from eagle_assets.corpus.prompt_record import MT_BENCH_PATH
 from eagle_assets.durable import room_named, write_durably
 from eagle_assets.engines.process import health_problem
 

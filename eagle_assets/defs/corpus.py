@@ -13,7 +13,8 @@ from eagle_assets.corpus import checks as corpus_checks
 from eagle_assets.corpus.client import ClientSettings
 from eagle_assets.corpus.generate import SamplingParams, failed_share_problem, generate_corpus
 from eagle_assets.corpus.prompt_formats import ContextFit, ReadStats, combine, mix_counts, sample_prompts, sharegpt_prompts
-from eagle_assets.corpus.prompts import MagpieSettings, ensure_training_prompts, load_prompt_file, synthesize_prompts, write_prompts
+from eagle_assets.corpus.prompt_record import ensure_training_prompts
+from eagle_assets.corpus.prompts import MagpieSettings, load_prompt_file, synthesize_prompts, write_prompts
 from eagle_assets.corpus.store import CorpusStore
 from eagle_assets.corpus.target import load_tokenizer, target_fingerprint
 from eagle_assets.defs.code_versions import code_version

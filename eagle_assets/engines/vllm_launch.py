@@ -20,8 +20,8 @@ from pathlib import Path
 
 from eagle_assets.checked_reads import read_json_object
 from eagle_assets.engines.cpu_isa import HostCpu, cap_environment, host_cpu
+from eagle_assets.engines.export_kind import DRAFTER_CONFIG_FIX, wrong_engine_export
 from eagle_assets.engines.k_schedule import KSchedule
-from eagle_assets.engines.preflight import DRAFTER_CONFIG_FIX, wrong_engine_export
 from eagle_assets.settings_env import SettingError, env_choice
 from eagle_assets.targets import TargetPreset
 
