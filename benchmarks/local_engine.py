@@ -40,8 +40,8 @@ from typing import Any
 
 import torch
 
-from eagle_assets.corpus.client import Completion, RequestRejected
 from benchmarks.slot_decoder import SlotDecoder, unsupported_reason
+from eagle_assets.corpus.client import Completion, RequestRejected
 from eagle_assets.precision import use_exact_fp32
 
 ENGINES = ("auto", "slots", "generate")

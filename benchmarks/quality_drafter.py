@@ -137,9 +137,9 @@ def stage_target(a) -> dict:
 
 
 async def _corpus(a, data: Path, deadline: float, budget_end: float) -> dict:
+    from benchmarks.local_engine import LocalGenerationClient, load_generation_model
     from eagle_assets.corpus.conversation import ChatTemplate
     from eagle_assets.corpus.generate import SamplingParams, generate_corpus_async
-    from benchmarks.local_engine import LocalGenerationClient, load_generation_model
     from eagle_assets.corpus.prompts import load_prompt_file, write_prompts
     from eagle_assets.corpus.store import CorpusStore
     from eagle_assets.corpus.target import target_fingerprint

@@ -18,11 +18,12 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import tempfile
 import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from eagle_assets.durable import write_durably
 
 PARALLELISMS = ("ddp", "fsdp2")
 PRECISIONS = ("auto", "fp32", "bf16")
@@ -341,12 +342,7 @@ class TrainConfig:
         """Write atomically (temp file then rename), so a reader never sees half a config."""
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-        with os.fdopen(fd, "w") as f:
-            f.write(self.to_json())
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
+        write_durably(path, self.to_json().encode())
         return path
 
     def replace(self, **changes) -> "TrainConfig":
