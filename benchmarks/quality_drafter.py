@@ -67,7 +67,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import torch  # noqa: E402
 
-from eagle_assets.drafter.run_config import TrainConfig  # noqa: E402
+from eagle_assets.drafter.run_config import TrainConfig, defaults  # noqa: E402
 from eagle_assets.run_presets import RUN_PRESETS  # noqa: E402
 
 # The asset configs' defaults for what a preset leaves unset (defs/*.py; this script must not
@@ -91,9 +91,9 @@ ASSET_DEFAULTS: dict[str, dict] = {
     "synthetic_corpus": {"temperature": 0.0, "max_tokens": 256, "shard_size": 64},
     "drafter_checkpoint": {"ttt_steps": None}
     | {
-        f.name: f.default
-        for f in dataclasses.fields(TrainConfig)
-        if f.name
+        name: default
+        for name, default in defaults(TrainConfig).items()
+        if name
         in (
             "drafter_intermediate_size",
             "epochs",
