@@ -39,7 +39,7 @@ _TRAINER = defaults(TrainConfig)
 the trainer also has take their defaults from here, and reach it under the same name."""
 
 
-class DrafterConfig(dg.Config):
+class DrafterAssetConfig(dg.Config):
     ttt_steps: Optional[int] = None
     """Training-time-test unroll K; default: the target preset's."""
     drafter_num_layers: int = _TRAINER["drafter_num_layers"]
@@ -99,7 +99,7 @@ class DrafterConfig(dg.Config):
 
 
 PASSED_TO_TRAINER = tuple(
-    name for name in DrafterConfig.model_fields if name in _TRAINER and name not in ("ttt_steps", "aux_layer_ids", "hidden_states")
+    name for name in DrafterAssetConfig.model_fields if name in _TRAINER and name not in ("ttt_steps", "aux_layer_ids", "hidden_states")
 )
 """The settings handed to the trainer as they are (ttt_steps and aux_layer_ids get the
 preset's and the shards' values where unset; hidden_states is resolved first)."""
@@ -107,8 +107,8 @@ HIDDEN_STATES_TAG = "eagle_assets/hidden_states"
 """Tag on drafter runs `eagle-assets run` submits: "shards", "target" or "server"."""
 
 
-DrafterSettings = with_defaults(DrafterConfig, "drafter_checkpoint")
-"""DrafterConfig with the code location's settings as defaults (defs/settings.py)."""
+DrafterSettings = with_defaults(DrafterAssetConfig, "drafter_checkpoint")
+"""DrafterAssetConfig with the code location's settings as defaults (defs/settings.py)."""
 
 
 TRAINING_KEY_FILE = "training.key.json"

@@ -5,7 +5,7 @@ import pytest
 from typer.testing import CliRunner
 
 from eagle_assets.cli import app
-from eagle_assets.defs.drafter import PASSED_TO_TRAINER, DrafterConfig
+from eagle_assets.defs.drafter import PASSED_TO_TRAINER, DrafterAssetConfig
 from eagle_assets.defs.run_file import ASSET_SECTIONS, check_run_file, read_run_file
 from eagle_assets.drafter.run_config import TrainConfig, defaults
 from eagle_assets.run_presets import RUN_PRESETS, default_preset, run_config
@@ -87,7 +87,7 @@ def test_every_run_preset_is_a_valid_run_file(preset):
 def test_the_drafters_defaults_are_the_trainers():
     trainer = defaults(TrainConfig)
     for name in PASSED_TO_TRAINER:
-        assert DrafterConfig.model_fields[name].default == trainer[name], name
+        assert DrafterAssetConfig.model_fields[name].default == trainer[name], name
     assert {"epochs", "lr", "warmup_steps", "micro_batch_tokens", "val_fraction", "val_interval", "checkpoint_every"} <= set(PASSED_TO_TRAINER)
 
 
