@@ -38,7 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from eagle_assets.corpus.client import ClientSettings  # noqa: E402
 from eagle_assets.corpus.generate import SamplingParams, generate_corpus  # noqa: E402
-from eagle_assets.corpus.prompts import Prompt  # noqa: E402
+from eagle_assets.corpus.prompt_record import Prompt  # noqa: E402
 from eagle_assets.corpus.store import CorpusStore  # noqa: E402
 from eagle_assets.corpus.target import load_tokenizer, target_fingerprint  # noqa: E402
 

@@ -34,7 +34,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import numpy as np  # noqa: E402
 
 from eagle_assets.corpus.prompt_formats import ContextFit, sharegpt_prompts  # noqa: E402
-from eagle_assets.corpus.prompts import TASK_OPENINGS, Prompt, load_prompt_file  # noqa: E402
+from eagle_assets.corpus.prompt_record import Prompt  # noqa: E402
+from eagle_assets.corpus.prompts import TASK_OPENINGS, load_prompt_file
 
 # TASK_OPENINGS, grouped in the order its comment names the families (first opening of each).
 _FAMILY_STARTS = {"writing": "Write a short story about", "role-play": "Imagine you are", "reasoning": "Solve this riddle:",

@@ -12,7 +12,7 @@ test), and writes the assets' on-disk layout under `--data`:
            `corpus/prompt_formats.py` as the asset reads them, Magpie prompts the target writes,
            or a mix; default the preset's) and the target's greedy answers; the one difference
            from the asset graph is who generates: the target in this process, continuously
-           batched (`corpus/local_engine.py`, fp32 as the CPU engine serves), instead of its
+           batched (`benchmarks/local_engine.py`, fp32 as the CPU engine serves), instead of its
            vLLM server; ShareGPT's conversations are fitted to `--max-len`
   shards   vocab mapping and hidden-state shards (bf16 forward)
   train    the drafter (one GPU, bf16 autocast), exported for vLLM and SGLang (vLLM alone for
@@ -67,7 +67,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import torch  # noqa: E402
 
-from eagle_assets.drafter.run_config import TrainConfig  # noqa: E402
+from eagle_assets.drafter.run_config import TrainConfig, defaults  # noqa: E402
 from eagle_assets.run_presets import RUN_PRESETS  # noqa: E402
 
 # The asset configs' defaults for what a preset leaves unset (defs/*.py; this script must not
@@ -91,9 +91,9 @@ ASSET_DEFAULTS: dict[str, dict] = {
     "synthetic_corpus": {"temperature": 0.0, "max_tokens": 256, "shard_size": 64},
     "drafter_checkpoint": {"ttt_steps": None}
     | {
-        f.name: f.default
-        for f in dataclasses.fields(TrainConfig)
-        if f.name
+        name: default
+        for name, default in defaults(TrainConfig).items()
+        if name
         in (
             "drafter_intermediate_size",
             "epochs",
@@ -137,9 +137,9 @@ def stage_target(a) -> dict:
 
 
 async def _corpus(a, data: Path, deadline: float, budget_end: float) -> dict:
+    from benchmarks.local_engine import LocalGenerationClient, load_generation_model
     from eagle_assets.corpus.conversation import ChatTemplate
     from eagle_assets.corpus.generate import SamplingParams, generate_corpus_async
-    from eagle_assets.corpus.local_engine import LocalGenerationClient, load_generation_model
     from eagle_assets.corpus.prompts import load_prompt_file, write_prompts
     from eagle_assets.corpus.store import CorpusStore
     from eagle_assets.corpus.target import target_fingerprint
@@ -200,7 +200,8 @@ async def _prompts(a, p: dict, client, template, tokenizer, figures: dict) -> li
     """The preset's prompts from each source, as the `prompts` asset makes them (ShareGPT fitted
     to the generator's `--max-len`); their figures go into `figures`."""
     from eagle_assets.corpus.prompt_formats import ContextFit, combine, sharegpt_prompts
-    from eagle_assets.corpus.prompts import MagpieSettings, ensure_training_prompts, synthesize_prompts_async
+    from eagle_assets.corpus.prompt_record import ensure_training_prompts
+    from eagle_assets.corpus.prompts import MagpieSettings, synthesize_prompts_async
 
     parts = {}
     for source, n in prompt_counts(a, p).items():

@@ -1,4 +1,4 @@
-"""Decode-step cost of the in-process generator (`corpus/slot_decoder.py`): fp32 next to bf16,
+"""Decode-step cost of the in-process generator (`benchmarks/slot_decoder.py`): fp32 next to bf16,
 eager steps next to CUDA-graph replays (on a GPU).
 
     python3 benchmarks/slot_decoder_step.py                    # GPU: SmolLM2-135M-shaped, 1024 slots
@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import torch  # noqa: E402
 from profiling import print_profile  # noqa: E402  (benchmarks/profiling.py, beside this script)
 
-from eagle_assets.corpus.slot_decoder import SlotDecoder  # noqa: E402
+from benchmarks.slot_decoder import SlotDecoder  # noqa: E402
 
 
 def smollm2_shaped(layers: int):

@@ -43,6 +43,9 @@ VARIABLES: dict[str, str] = {
     "avx512 or avx2 (unset: the host's own)",
     "EAGLE_ASSETS_NPROC_PER_NODE": "training processes per node, at least 1 (default 1)",
     "EAGLE_ASSETS_COMPILE": "drafter kernels compiled: auto (on CUDA), 1 (always) or 0 (never)",
+    "EAGLE_ASSETS_EXECUTOR": "where a run's steps go: default (the run's own process) or celery (Celery workers)",
+    "EAGLE_ASSETS_CELERY_BROKER": "with EAGLE_ASSETS_EXECUTOR=celery: the broker's URL, e.g. redis://host:6379/0",
+    "EAGLE_ASSETS_CELERY_BACKEND": "with EAGLE_ASSETS_EXECUTOR=celery: the result backend's URL (default the broker's)",
 }
 
 FLAG_ON = ("1", "true", "yes", "on")

@@ -7,8 +7,6 @@ import json
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-from eagle_assets.engines.process import free_port
-
 
 class JsonHandler(BaseHTTPRequestHandler):
     """A request handler that answers with `send_json` and keeps the test output clean."""
@@ -32,7 +30,7 @@ class StubServer:
     """Serves `handler` (a JsonHandler subclass) at `self.url` until `close()`."""
 
     def __init__(self, handler: type[JsonHandler]):
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", free_port()), handler)
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), handler)  # the kernel picks a free port as it binds
         self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
         # A short poll: shutdown() waits for it, once per test.
         threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.01}, daemon=True).start()

@@ -211,7 +211,7 @@ CASES = [
 def write_inputs(folder: Path, target_config: dict, target: Path) -> dict[str, str]:
     """Every input file of the table, written for real; {name: path}. `target` is the target's
     folder (its tokenizer serves the generator's rows)."""
-    from eagle_assets.corpus.prompts import MT_BENCH_PATH
+    from eagle_assets.corpus.prompt_record import MT_BENCH_PATH
     from eagle_assets_tests.drafters import write_random_drafter
 
     folder.mkdir(parents=True, exist_ok=True)

@@ -112,7 +112,8 @@ def durable_write(folder: Path) -> tuple[str, str]:
 
 
 def prompt_file(folder: Path) -> tuple[str, str]:
-    from eagle_assets.corpus.prompts import Prompt, write_prompts
+    from eagle_assets.corpus.prompt_record import Prompt
+    from eagle_assets.corpus.prompts import write_prompts
 
     path = folder / "prompts.jsonl"
     with pytest.raises(DiskFull) as full:

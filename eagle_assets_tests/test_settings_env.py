@@ -112,3 +112,9 @@ def test_the_served_benchmark_reads_its_key_from_a_file_or_a_variable(monkeypatc
     key.write_text("")
     with pytest.raises(ValueError, match=f"--api-key-file {re.escape(str(key))} is empty"):
         read_api_key(str(key), None)
+
+
+def test_the_readmes_table_lists_every_variable_and_no_other():
+    readme = (PACKAGE.parent / "README.md").read_text()
+    rows = re.findall(r"^\| `(EAGLE_ASSETS_[A-Z_]+)` \|", readme, re.M)
+    assert sorted(rows) == sorted(settings_env.VARIABLES)  # add or drop the row with the variable

@@ -28,6 +28,7 @@ from dataclasses import asdict, dataclass, field
 import httpx
 
 from eagle_assets.bench.served import ServedRequestError, request_deadline_s
+from eagle_assets.http_client import client
 
 NEAR_TIE_MARGIN = {"float32": 1e-3, "bfloat16": 0.25, "float16": 0.05}
 """Largest top-2 logit margin (nats) that the engine's two paths may flip, by the dtype it serves in.
@@ -109,8 +110,7 @@ class GreedyCheck:
 
 
 def _client(api_key: str | None, timeout_s: float) -> httpx.Client:
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-    return httpx.Client(headers=headers, timeout=httpx.Timeout(timeout_s, connect=30.0))
+    return client(api_key, timeout_s)
 
 
 def _post(base_url: str, endpoint: str, body: dict, api_key: str | None, stall_s: float) -> httpx.Response:

@@ -41,6 +41,8 @@ from dataclasses import asdict, dataclass
 
 import httpx
 
+from eagle_assets.http_client import auth_headers
+
 DRAFTS = "vllm:spec_decode_num_drafts_total"
 DRAFT_TOKENS = "vllm:spec_decode_num_draft_tokens_total"
 ACCEPTED = "vllm:spec_decode_num_accepted_tokens_total"
@@ -183,11 +185,6 @@ def spec_counters_from_text(text: str, model: str | None = None) -> SpecCounters
         accepted=round(totals[ACCEPTED]),
         accepted_per_pos=tuple(round(per_pos[k]) for k in range(len(per_pos))),
     )
-
-
-def auth_headers(api_key: str | None) -> dict[str, str]:
-    """The Authorization header for a server started with an API key (the key is never logged)."""
-    return {"Authorization": f"Bearer {api_key}"} if api_key else {}
 
 
 def scrape(

@@ -18,7 +18,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 from eagle_assets.bench.served import ServedRun
-from eagle_assets.durable import no_room
+from eagle_assets.durable import no_room, replace_durably
 
 # One colour per series name, so the same configuration looks the same in every plot.
 COLOURS = {
@@ -44,7 +44,7 @@ def _save(fig: Figure, path: str | Path) -> Path:
     FigureCanvasAgg(fig)
     try:
         fig.savefig(tmp, format="png", dpi=120, bbox_inches="tight")
-        os.replace(tmp, path)
+        replace_durably(tmp, path)
     except OSError as exc:
         tmp.unlink(missing_ok=True)  # a full disk leaves no half image
         raise no_room(exc, path, f"the plot {path.name}", f"{path} keeps what it held before") or exc from None

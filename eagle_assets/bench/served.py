@@ -45,7 +45,6 @@ import asyncio
 import json
 import logging
 import math
-import random
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -56,18 +55,11 @@ import httpx
 import numpy as np
 from tqdm import tqdm
 
-from eagle_assets.bench.metrics import (
-    SpecCounters,
-    SpecStats,
-    auth_headers,
-    scrape,
-    spec_stats_between,
-    spec_stats_from_sglang,
-)
-from eagle_assets.corpus.client import retry_after_s
-from eagle_assets.corpus.prompts import MT_BENCH_PATH
+from eagle_assets.bench.metrics import SpecCounters, SpecStats, scrape, spec_stats_between, spec_stats_from_sglang
+from eagle_assets.corpus.prompt_record import MT_BENCH_PATH
 from eagle_assets.durable import room_named, write_durably
 from eagle_assets.engines.process import health_problem
+from eagle_assets.http_client import auth_headers, client, retry_after_s, retry_delay_s, retryable_status
 
 log = logging.getLogger(__name__)
 
@@ -266,10 +258,6 @@ def _describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
 
 
-def _backoff(settings: "SweepSettings", attempt: int) -> float:
-    return settings.retry_backoff_s * 2 ** (attempt - 1) * random.uniform(0.5, 1.0)
-
-
 def _down(base_url: str, headers: Mapping[str, str], error: str, what: str) -> ServerGone | None:
     """A `ServerGone` when the server's /health does not answer after `what` failed with `error`."""
     health = health_problem(base_url.rstrip("/") + "/health", 5.0, dict(headers))
@@ -423,7 +411,7 @@ async def _one_request(
     itl: list[float] = []
     spec_details = None
     async with client.stream("POST", url, json=body, headers=headers) as resp:
-        if resp.status_code >= 500 or resp.status_code in (408, 429):
+        if retryable_status(resp.status_code):
             text = (await resp.aread()).decode(errors="replace")
             raise _RetryableStatus(f"HTTP {resp.status_code}: {text[:300]}", retry_after_s(resp.headers.get("Retry-After")))
         if resp.status_code != 200:
@@ -522,10 +510,10 @@ async def _request_with_retries(
             if attempt == settings.request_attempts:
                 raise ServedRequestError(f"prompt {prompt_index}: {url} failed {attempt} times; last: {error}", base_url) from None
             log.warning("prompt %d: %s failed (%s); retrying", prompt_index, url, error)
-            wait = _backoff(settings, attempt)
-            if getattr(exc, "retry_after_s", None) is not None:  # the server's own word on when to come back
-                wait = max(wait, min(exc.retry_after_s, settings.retry_after_max_s))
-            await asyncio.sleep(wait)
+            retry_after = getattr(exc, "retry_after_s", None)  # the server's own word on when to come back
+            await asyncio.sleep(
+                retry_delay_s(attempt, settings.retry_backoff_s, retry_after=retry_after, retry_after_max_s=settings.retry_after_max_s)
+            )
     raise AssertionError("unreachable")
 
 
@@ -544,7 +532,6 @@ async def _run_requests(
         queue.put_nowait(i)
     results: list[RequestResult] = []
     bar = tqdm(total=len(prompts), desc=desc, disable=not settings.progress, leave=False)
-    timeout = httpx.Timeout(settings.request_timeout_s, connect=30.0)  # read: the longest wait for the next bytes
     limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
 
     async def worker(client: httpx.AsyncClient) -> None:
@@ -558,9 +545,10 @@ async def _run_requests(
             bar.update(1)
 
     try:
-        async with httpx.AsyncClient(timeout=timeout, limits=limits) as client:
+        # The read timeout is the longest wait for the next bytes; the key goes with each request.
+        async with client(None, settings.request_timeout_s, asynchronous=True, limits=limits) as http:
             t0 = time.perf_counter()
-            await asyncio.gather(*(worker(client) for _ in range(concurrency)))
+            await asyncio.gather(*(worker(http) for _ in range(concurrency)))
             wall = time.perf_counter() - t0
     finally:
         bar.close()
@@ -578,7 +566,7 @@ def _scrape(base_url: str, api_key: str | None, model: str, settings: SweepSetti
                 raise gone from None
             if attempt == settings.request_attempts:
                 raise ServedRequestError(f"{exc} ({attempt} attempts)", base_url) from None
-            time.sleep(_backoff(settings, attempt))
+            time.sleep(retry_delay_s(attempt, settings.retry_backoff_s))
     raise AssertionError("unreachable")
 
 

@@ -24,8 +24,6 @@ once, naming it. While requests wait with nothing finished, `log` (when given) s
 from __future__ import annotations
 
 import asyncio
-import datetime
-import email.utils
 import json
 import math
 import random
@@ -35,6 +33,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
+
+from eagle_assets import http_client
+from eagle_assets.http_client import retry_after_s, retry_delay_s
 
 # Statuses that mean "try again later" even though they are 4xx.
 RETRYABLE_4XX = (408, 429)
@@ -169,23 +170,6 @@ class ServerUnreachable(InferenceError):
     """The server does not answer or does not serve the model: nothing was sent."""
 
 
-def retry_after_s(value: str | None) -> float | None:
-    """Seconds a `Retry-After` header asks to wait (a number of seconds, or an HTTP date); None when absent or unreadable."""
-    if not value:
-        return None
-    try:
-        return max(0.0, float(value))
-    except ValueError:
-        pass
-    try:
-        when = email.utils.parsedate_to_datetime(value)
-    except (TypeError, ValueError):
-        return None
-    if when.tzinfo is None:
-        when = when.replace(tzinfo=datetime.timezone.utc)
-    return max(0.0, (when - datetime.datetime.now(datetime.timezone.utc)).total_seconds())
-
-
 def _describe(exc: httpx.HTTPError) -> str:
     # httpx messages are often empty ("") for dropped connections; name the type instead.
     return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
@@ -214,10 +198,11 @@ class InferenceClient:
 
     async def __aenter__(self) -> "InferenceClient":
         s = self.settings
-        headers = {"Authorization": f"Bearer {s.api_key}"} if s.api_key else {}
-        self._http = httpx.AsyncClient(
-            headers=headers,
-            timeout=httpx.Timeout(s.timeout_s, connect=s.connect_timeout_s),
+        self._http = http_client.client(
+            s.api_key,
+            s.timeout_s,
+            s.connect_timeout_s,
+            asynchronous=True,
             # One connection per request in flight; keep-alive avoids a handshake per request.
             limits=httpx.Limits(max_connections=s.concurrency, max_keepalive_connections=s.concurrency),
         )
@@ -317,13 +302,7 @@ class InferenceClient:
                     except ServerFailure as exc:
                         if attempt > s.max_retries:
                             raise RetriesExhausted(url, attempt, exc) from None
-                        delay = min(s.backoff_max_s, s.backoff_s * 2 ** (attempt - 1))
-                        # Jitter spreads the retries of many requests that failed together; a
-                        # server's Retry-After is a floor (a retry sooner would be shed again).
-                        delay *= self._rng.uniform(0.5, 1.0)
-                        if exc.retry_after_s is not None:
-                            delay = max(delay, min(exc.retry_after_s, s.retry_after_max_s))
-                        await asyncio.sleep(delay)
+                        await asyncio.sleep(retry_delay_s(attempt, s.backoff_s, s.backoff_max_s, exc.retry_after_s, s.retry_after_max_s, self._rng))
             finally:
                 self._in_flight -= 1
         raise AssertionError("unreachable")

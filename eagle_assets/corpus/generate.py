@@ -37,7 +37,8 @@ from tqdm.auto import tqdm
 
 from eagle_assets.corpus.client import ClientSettings, InferenceClient, InferenceError, RetriesExhausted, ServerStalled
 from eagle_assets.corpus.conversation import ChatTemplate, ConversationError, ThinkingFormat
-from eagle_assets.corpus.prompts import Prompt, ensure_training_prompts, load_prompt_file
+from eagle_assets.corpus.prompt_record import Prompt, ensure_training_prompts
+from eagle_assets.corpus.prompts import load_prompt_file
 from eagle_assets.corpus.store import CorpusStore, CorpusStoreError
 from eagle_assets.formats import stable_id
 

@@ -74,7 +74,7 @@ from typing import Any, TextIO
 
 import fsspec
 
-from eagle_assets.corpus.prompts import Prompt, PromptFileError, _row_to_prompt, _text_hash, mt_bench_hashes, unicode_problem
+from eagle_assets.corpus.prompt_record import Prompt, PromptFileError, mt_bench_hashes, row_to_prompt, text_hash, unicode_problem
 from eagle_assets.formats import stable_id
 
 FORMATS = ("auto", "sharegpt", "openai", "alpaca", "eagle", "text")
@@ -330,7 +330,7 @@ _FORMAT_KEYS = {"sharegpt": "`conversations`", "openai": "`messages`", "alpaca":
 
 
 def _has_format(record: Mapping, fmt: str) -> bool:
-    """Whether a record has the key of `fmt` (this project's own rows: `_row_to_prompt` tells)."""
+    """Whether a record has the key of `fmt` (this project's own rows: `row_to_prompt` tells)."""
     if fmt in _NATIVE:
         return True
     return record.get("conversations" if fmt == "sharegpt" else "instruction") is not None
@@ -447,7 +447,7 @@ def _convert(record: Any, fmt: str, where: str, lenient: bool, stats: ReadStats 
             prompt = alpaca_prompt(record, where)
         else:
             try:
-                prompt = _row_to_prompt(record, where)
+                prompt = row_to_prompt(record, where)
             except PromptFileError as exc:
                 raise RecordProblem("invalid", str(exc)) from None
     return prompt
@@ -600,7 +600,7 @@ def sample_prompts(
             stats.drop("duplicate")
             continue
         seen.add(prompt.prompt_id)
-        if any(_text_hash(t) in mt_bench for t in prompt.turns):
+        if any(text_hash(t) in mt_bench for t in prompt.turns):
             stats.drop("mt_bench", f"{prompt.origin}: an MT-Bench question (the evaluation set), not trained on")
             continue
         key = int(stable_id("sample", seed, prompt.prompt_id)[:16], 16)

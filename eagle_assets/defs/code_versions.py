@@ -33,6 +33,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+from eagle_assets.durable import write_durably
+
 PACKAGE = Path(__file__).resolve().parent.parent
 """The eagle_assets package folder."""
 LOCK_FILE = Path(__file__).resolve().with_name("code_versions.lock.json")
@@ -221,9 +223,7 @@ def read_lock(path: Path = LOCK_FILE) -> dict:
 def write_lock(root: Path = PACKAGE, path: Path = LOCK_FILE) -> dict:
     """Renew the lock from the code under `root`, atomically."""
     lock = {"python": f"{sys.version_info.major}.{sys.version_info.minor}", "assets": fingerprints(root)}
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(lock, indent=1, sort_keys=True) + "\n")
-    tmp.replace(path)
+    write_durably(path, (json.dumps(lock, indent=1, sort_keys=True) + "\n").encode())
     return lock
 
 

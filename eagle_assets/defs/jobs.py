@@ -16,9 +16,9 @@ check and the benchmark serve the same two), which separate step processes would
 
 from __future__ import annotations
 
-import os
-
 import dagster as dg
+
+from eagle_assets.settings_env import env_choice, env_str
 
 EXECUTOR_ENV = "EAGLE_ASSETS_EXECUTOR"
 CELERY_BROKER_ENV = "EAGLE_ASSETS_CELERY_BROKER"
@@ -33,16 +33,14 @@ def executor_from_env() -> dg.ExecutorDefinition:
     # The choice is read as the definitions load, not bound as a dg.EnvVar: it picks the jobs'
     # ExecutorDefinition, part of the definitions themselves; the broker and the backend are the
     # executor's config, {"env": NAME}, which each run reads as it starts (EnvVar's config form).
-    kind = os.environ.get(EXECUTOR_ENV, "").strip() or "default"
-    if kind not in EXECUTORS:
-        raise ValueError(f"{EXECUTOR_ENV}={kind!r}: give one of {', '.join(EXECUTORS)}")
+    kind = env_choice("EAGLE_ASSETS_EXECUTOR", "default", EXECUTORS)
     if kind == "default":
         return dg.in_process_executor
-    if not os.environ.get(CELERY_BROKER_ENV):
+    if not env_str("EAGLE_ASSETS_CELERY_BROKER"):
         raise ValueError(f"{EXECUTOR_ENV}=celery needs {CELERY_BROKER_ENV}, the broker's URL (e.g. redis://host:6379/0)")
     try:
         from dagster_celery import celery_executor
     except ImportError as exc:
         raise ValueError(f"{EXECUTOR_ENV}=celery needs dagster-celery: pip install -e '.[deploy]' ({exc})") from exc
-    backend = CELERY_BACKEND_ENV if os.environ.get(CELERY_BACKEND_ENV) else CELERY_BROKER_ENV
+    backend = CELERY_BACKEND_ENV if env_str("EAGLE_ASSETS_CELERY_BACKEND") else CELERY_BROKER_ENV
     return celery_executor.configured({"broker": {"env": CELERY_BROKER_ENV}, "backend": {"env": backend}}, name="celery")

@@ -24,7 +24,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from eagle_assets.defs.benchmark import BenchmarkConfig
 from eagle_assets.defs.corpus import CorpusConfig, PromptsConfig
-from eagle_assets.defs.drafter import DrafterConfig
+from eagle_assets.defs.drafter import DrafterAssetConfig
 from eagle_assets.defs.hidden_states import HiddenStatesConfig, VocabConfig
 from eagle_assets.run_presets import RUN_PRESETS
 
@@ -50,7 +50,7 @@ class RunFile(BaseModel):
     synthetic_corpus: Optional[_strict(CorpusConfig)] = None
     vocab_mapping: Optional[_strict(VocabConfig)] = None
     hidden_state_shards: Optional[_strict(HiddenStatesConfig)] = None
-    drafter_checkpoint: Optional[_strict(DrafterConfig)] = None
+    drafter_checkpoint: Optional[_strict(DrafterAssetConfig)] = None
     benchmark_report: Optional[_strict(BenchmarkConfig)] = None
 
     def asset_settings(self) -> dict[str, dict]:

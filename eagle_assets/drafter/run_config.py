@@ -1,4 +1,4 @@
-"""Settings of one drafter training run, as a frozen dataclass that round-trips through JSON.
+"""Settings of one drafter training run: a frozen pydantic model that round-trips through JSON.
 
 The trainer is launched out of process (`torchrun -m eagle_assets.drafter.train --config
 run.json`), so everything a run needs is in this one file: where the data and the target are,
@@ -9,31 +9,43 @@ the drafter's shape, the optimiser, the schedule, the parallelism and the checkp
     cfg.save("runs/d1/run.json")
     assert TrainConfig.load("runs/d1/run.json") == cfg
 
-Unknown keys in a JSON file are an error naming the key and listing the known ones: a typo
-must not silently train with a default.
+Unknown keys are an error naming the key and listing the known ones (a typo must not silently
+train with a default), and so is text where a number belongs (`"lr": "1e-4"` fails here, not
+mid-run). Each field's type, choices (`Literal`) and range (`Field`) are declared once, here; the
+Dagster asset's settings take their defaults from this model (defs/drafter.py).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
-import tempfile
-import types
 import typing
-from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Annotated, Any, Literal, Union
 
-PARALLELISMS = ("ddp", "fsdp2")
-PRECISIONS = ("auto", "fp32", "bf16")
-HIDDEN_STATE_SOURCES = ("shards", "target", "server")
-TRACKERS = ("tensorboard", "mlflow", "wandb", "none")
-EXPORT_ENGINES = ("vllm", "sglang")
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
+
+from eagle_assets.durable import write_durably
+
+Parallelism = Literal["ddp", "fsdp2"]
+Precision = Literal["auto", "fp32", "bf16"]
+HiddenStateSource = Literal["shards", "target", "server"]
+Tracker = Literal["tensorboard", "mlflow", "wandb", "none"]
+ExportEngine = Literal["vllm", "sglang"]
+PARALLELISMS = typing.get_args(Parallelism)
+PRECISIONS = typing.get_args(Precision)
+HIDDEN_STATE_SOURCES = typing.get_args(HiddenStateSource)
+TRACKERS = typing.get_args(Tracker)
+EXPORT_ENGINES = typing.get_args(ExportEngine)
+
+Positive = Annotated[int, Field(ge=1)]
+NonNegative = Annotated[int, Field(ge=0)]
 
 
-@dataclass(frozen=True)
-class TrainConfig:
+class TrainConfig(BaseModel):
     """One training run of an EAGLE-3 drafter."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)
 
     # --- inputs ---
     shard_dirs: tuple[str, ...]
@@ -46,7 +58,7 @@ class TrainConfig:
     """Where checkpoints, logs, TensorBoard events and the exported drafter go."""
 
     # --- where the hidden states come from (drafter/sources.py) ---
-    hidden_states: str = "shards"
+    hidden_states: HiddenStateSource = "shards"
     """"shards": read from `shard_dirs` (extracted once, read every epoch). Online, never written
     to disk: "target", the target loaded beside the drafter (frozen), each micro-batch's states
     computed by its forward pass in the step; "server", an extraction server (`extraction_url`,
@@ -54,7 +66,7 @@ class TrainConfig:
     online sources read the corpus (`corpus_dir`)."""
     corpus_dir: str | None = None
     """Online sources: the corpus folder (the synthetic_corpus asset's output)."""
-    num_shards: int = 4
+    num_shards: Positive = 4
     """Online sources number the corpus's samples as `hidden_state_shards` in this many shards
     stores them, so one seed trains the same samples in the same order online as from shards."""
     extraction_url: str | None = None
@@ -63,30 +75,30 @@ class TrainConfig:
     """"server": the model name it serves; None = the first it lists."""
     extraction_api_key_env: str | None = None
     """"server": the environment variable holding its API key (the key itself is never written here)."""
-    lookahead_steps: int = 4
+    lookahead_steps: Positive = 4
     """"server": optimiser steps whose states are asked for ahead of the one training; with
     `extraction_concurrency` it bounds the states held in memory and the server's spool."""
-    extraction_concurrency: int = 16
+    extraction_concurrency: Positive = 16
     """"server": requests in flight at once (the engine batches them; each leaves one file in its
     spool until read)."""
 
     # --- drafter ---
-    drafter: dict | str | None = None
+    drafter: Union[dict, str, None] = None
     """A `DrafterConfig` as a dict, a drafter preset name, or None to derive the drafter from
     the target's `config.json`, the draft vocabulary size and the shards' aux layer ids."""
-    drafter_num_layers: int = 1
+    drafter_num_layers: Positive = 1
     """Decoder layers of a new drafter derived from the target (`drafter` None or a preset name).
     More than one serves in vLLM only (SGLang's later layers compute another function), so
     `export_engines` must then leave SGLang out."""
-    drafter_intermediate_size: int | None = None
+    drafter_intermediate_size: Positive | None = None
     """MLP width of a new drafter derived from the target (`drafter` None or a preset name);
     None = the target's own MLP width. The engines read it from the exported config."""
-    ttt_steps: int = 7
+    ttt_steps: Positive = 7
     """Training-time-test unroll length K (draft tokens per step at serving time)."""
-    target_temperature: float = 1.0
+    target_temperature: Annotated[float, Field(gt=0)] = 1.0
     """The drafter learns softmax(target logits / this) over the draft vocabulary; below 1
     sharpens it towards the target's greedy token (what greedy verification accepts)."""
-    unreached_weight: float = 1.0
+    unreached_weight: Annotated[float, Field(ge=0, le=1)] = 1.0
     """Weight of a draft step's position when an earlier step there drafted another token than
     the target's (serving never verifies that draft): 1 trains every position alike (EAGLE-3),
     0 only the chains serving reaches (GRIFFIN's token-alignable training)."""
@@ -105,54 +117,54 @@ class TrainConfig:
     """A parent drafter's HF folder to start from; its d2t/t2d must equal `vocab_mapping`'s. The
     run ends by comparing the fine-tune with the parent on the same held-out samples
     (`parent_gate.py`) and exports whichever measured higher."""
-    min_finetune_samples: int = 256
+    min_finetune_samples: NonNegative = 256
     """A warm start with fewer training samples than this is not fine-tuned: so few cannot move a
     parent measurably, and the few samples such a corpus holds out cannot tell a fine-tune from
     its parent. The parent is then exported as it is, measured on every sample of the corpus."""
 
     # --- data ---
-    max_seq_len: int = 2048
+    max_seq_len: Positive = 2048
     """Samples longer than this are cut to their first `max_seq_len` tokens."""
-    micro_batch_tokens: int | None = 4096
+    micro_batch_tokens: Positive | None = 4096
     """Budget of one micro-batch in padded tokens (samples x longest sample); None = no limit."""
-    micro_batch_samples: int | None = None
+    micro_batch_samples: Positive | None = None
     """Most samples in one micro-batch; None = only the token budget applies."""
-    grad_accum: int = 1
+    grad_accum: Positive = 1
     """Micro-batches each process accumulates per optimiser step. The global batch is
     world_size x grad_accum micro-batches, independent of how it is split over processes."""
-    length_window: int = 512
+    length_window: Positive = 512
     """Length-aware batching sorts the shuffled samples by length inside windows of this many
     samples: similar lengths share a micro-batch (little padding), the order stays random."""
-    val_fraction: float = 0.02
+    val_fraction: Annotated[float, Field(ge=0, lt=1)] = 0.02
     """Share of samples held out for validation, chosen by a stable hash of sample_id."""
 
     # --- optimisation ---
-    epochs: int = 1
+    epochs: Positive = 1
     """Passes over the training split (when `max_steps` is None)."""
-    max_steps: int | None = None
+    max_steps: Positive | None = None
     """Exactly this many optimiser steps, the data repeating as needed (`epochs` is then
     ignored); None = `epochs` full passes."""
-    lr: float = 1e-4
+    lr: Annotated[float, Field(gt=0)] = 1e-4
     """Peak learning rate of AdamW."""
-    warmup_steps: int = 100
+    warmup_steps: NonNegative = 100
     """Linear warm-up from 0 to `lr` over this many steps."""
     cosine: bool = True
     """Cosine decay from `lr` to `min_lr_ratio * lr` after warm-up; False keeps `lr` constant."""
-    min_lr_ratio: float = 0.1
+    min_lr_ratio: Annotated[float, Field(ge=0, le=1)] = 0.1
     """Final learning rate as a fraction of `lr` (cosine schedule only)."""
     weight_decay: float = 0.0
     """AdamW weight decay, applied to matrices only (never to norms)."""
     betas: tuple[float, float] = (0.9, 0.95)
     """AdamW betas."""
-    grad_clip: float | None = 0.5
+    grad_clip: Annotated[float, Field(gt=0)] | None = 0.5
     """Clip the global gradient norm to this value; None = no clipping."""
     seed: int = 0
     """Seeds weight initialisation, data order (with the epoch) and every RNG."""
 
     # --- parallelism and precision ---
-    parallelism: str = "ddp"
+    parallelism: Parallelism = "ddp"
     """"ddp" (replicated weights) or "fsdp2" (sharded weights, `fully_shard`)."""
-    precision: str = "auto"
+    precision: Precision = "auto"
     """"auto": bf16 autocast on CUDA, fp32 on a CPU; "fp32": always fp32; "bf16": bf16 autocast
     on any device. The weights, optimiser state and loss sums stay fp32 either way. A CPU trains
     in fp32 by default because its bf16 matmuls run other kernels on each processor kind (AMX,
@@ -160,21 +172,21 @@ class TrainConfig:
     is the tensor cores' rate and the field's practice."""
 
     # --- validation, checkpoints, logging ---
-    val_interval: int = 500
+    val_interval: NonNegative = 500
     """Validate every this many optimiser steps (and at the end); 0 = only at the end."""
-    val_max_batches: int | None = None
+    val_max_batches: Positive | None = None
     """Cap on validation micro-batches per validation (None = the whole held-out split)."""
-    checkpoint_every: int = 500
+    checkpoint_every: NonNegative = 500
     """Write a resumable checkpoint every this many optimiser steps; 0 = never."""
-    keep_last: int = 2
+    keep_last: Annotated[int, Field(ge=1)] = 2
     """Checkpoints kept on disk; older ones are deleted once a newer one is complete."""
     resume: bool = True
     """Resume from the newest complete checkpoint in `out_dir` when there is one."""
-    log_every: int = 10
+    log_every: NonNegative = 10
     """Write scalars (TensorBoard, metrics.jsonl, reporter) every this many steps."""
     tensorboard_dir: str | None = None
     """TensorBoard event folder; None = `out_dir/tensorboard`."""
-    tracker: str = "tensorboard"
+    tracker: Tracker = "tensorboard"
     """Where the scalars of metrics.jsonl also go (`trackers.py`): "tensorboard", "mlflow",
     "wandb" (the last two: pip install -e '.[mlflow]' / '.[wandb]') or "none"."""
     tracker_project: str | None = None
@@ -182,76 +194,50 @@ class TrainConfig:
     tracker_uri: str | None = None
     """MLflow's tracking URI (e.g. http://mlflow.internal:5000); None = MLFLOW_TRACKING_URI, else
     MLflow's own default. W&B reads its server from its own settings (WANDB_BASE_URL)."""
-    export_engines: tuple[str, ...] = ("vllm",)
+    export_engines: tuple[ExportEngine, ...] = ("vllm",)
     """Engines to export the final drafter for, each to `out_dir/drafter-<engine>` with
     export.py: "vllm" and/or "sglang"; empty = no export."""
 
-    extra: dict = field(default_factory=dict)
+    extra: dict = Field(default_factory=dict)
     """Free-form notes carried into the checkpoint and summary (lineage, run ids)."""
 
-    def __post_init__(self) -> None:
-        # JSON gives lists; the dataclass is frozen and hashable-minded, so store tuples.
-        if isinstance(self.shard_dirs, (str, os.PathLike)):
-            object.__setattr__(self, "shard_dirs", (str(self.shard_dirs),))
-        object.__setattr__(self, "shard_dirs", tuple(str(p) for p in self.shard_dirs))
-        object.__setattr__(self, "betas", tuple(float(b) for b in self.betas))
-        object.__setattr__(self, "export_engines", tuple(str(e) for e in self.export_engines))
-        if self.aux_layer_ids is not None:
-            object.__setattr__(self, "aux_layer_ids", tuple(int(i) for i in self.aux_layer_ids))
-        for name in ("vocab_mapping", "target", "out_dir"):
-            object.__setattr__(self, name, str(getattr(self, name)))
-        self.validate()
+    def __init__(self, **data: Any) -> None:
+        try:
+            super().__init__(**data)
+        except ValidationError as exc:
+            raise ValueError(readable(exc, "TrainConfig", list(type(self).model_fields))) from None
 
-    def validate(self) -> None:
-        """Raise ValueError naming the setting and what to write instead."""
+    @field_validator("*", mode="before")
+    @classmethod
+    def _no_text_for_numbers(cls, value: Any, info: ValidationInfo) -> Any:
+        """Text where the field takes no text is refused (pydantic would read "1e-4" as a number);
+        paths become text, and one shard folder a tuple of one."""
+        if info.field_name == "shard_dirs" and isinstance(value, (str, os.PathLike)):
+            return (str(value),)
+        if info.field_name in ("vocab_mapping", "target", "out_dir") and isinstance(value, os.PathLike):
+            return str(value)
+        if isinstance(value, str) and not _takes_text(cls.model_fields[info.field_name].annotation):
+            raise ValueError(f"{info.field_name}={value!r} should be {_kind(cls.model_fields[info.field_name].annotation)}")
+        return value
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "TrainConfig":
+        """The settings that depend on each other; a ValueError names the setting and what to write instead."""
         problems = []
-        if self.precision not in PRECISIONS:
-            problems.append(f"precision={self.precision!r}: use one of {PRECISIONS}")
-        if self.hidden_states not in HIDDEN_STATE_SOURCES:
-            problems.append(f"hidden_states={self.hidden_states!r}: use one of {HIDDEN_STATE_SOURCES}")
-        elif self.hidden_states == "shards" and not self.shard_dirs:
+        if self.hidden_states == "shards" and not self.shard_dirs:
             problems.append("shard_dirs is empty: give at least one hidden-state shard folder (or train online: hidden_states target or server)")
         elif self.hidden_states != "shards" and not self.corpus_dir:
             problems.append(f"hidden_states={self.hidden_states!r} reads the corpus: set corpus_dir to the synthetic_corpus folder")
         if self.hidden_states == "server" and not self.extraction_url:
             problems.append("hidden_states='server' needs extraction_url, an extraction server's URL (`eagle-assets serve --extract`)")
-        for name in ("num_shards", "lookahead_steps", "extraction_concurrency"):
-            if getattr(self, name) < 1:
-                problems.append(f"{name}={getattr(self, name)} must be >= 1")
-        if self.parallelism not in PARALLELISMS:
-            problems.append(f"parallelism={self.parallelism!r}: use one of {PARALLELISMS}")
         if self.micro_batch_tokens is None and self.micro_batch_samples is None:
             problems.append("set micro_batch_tokens or micro_batch_samples (both are None)")
-        for name in ("grad_accum", "epochs", "max_seq_len", "length_window", "ttt_steps"):
-            if getattr(self, name) < 1:
-                problems.append(f"{name}={getattr(self, name)} must be >= 1")
-        for name in ("micro_batch_tokens", "micro_batch_samples", "max_steps"):
-            value = getattr(self, name)
-            if value is not None and value < 1:
-                problems.append(f"{name}={value} must be >= 1 or null")
-        for name in ("warmup_steps", "val_interval", "checkpoint_every", "log_every"):
-            if getattr(self, name) < 0:
-                problems.append(f"{name}={getattr(self, name)} must be >= 0")
-        if self.min_finetune_samples < 0:
-            problems.append(f"min_finetune_samples={self.min_finetune_samples} must be >= 0")
-        if self.keep_last < 1:
-            problems.append(f"keep_last={self.keep_last} must be >= 1 (the newest checkpoint is what resume reads)")
-        if not 0.0 <= self.val_fraction < 1.0:
-            problems.append(f"val_fraction={self.val_fraction} must be in [0, 1)")
-        if not 0.0 <= self.min_lr_ratio <= 1.0:
-            problems.append(f"min_lr_ratio={self.min_lr_ratio} must be in [0, 1]")
-        if self.lr <= 0:
-            problems.append(f"lr={self.lr} must be > 0")
         if self.drafter_intermediate_size is not None:
-            if self.drafter_intermediate_size < 1:
-                problems.append(f"drafter_intermediate_size={self.drafter_intermediate_size} must be >= 1 or null")
             if isinstance(self.drafter, dict):
                 problems.append("drafter_intermediate_size is set beside a `drafter` dict: put intermediate_size in the dict")
             if self.warm_start:
                 problems.append("drafter_intermediate_size is set with warm_start: a warm start keeps the parent's architecture")
         if self.drafter_num_layers != 1:
-            if self.drafter_num_layers < 1:
-                problems.append(f"drafter_num_layers={self.drafter_num_layers} must be >= 1")
             if isinstance(self.drafter, dict):
                 problems.append("drafter_num_layers is set beside a `drafter` dict: put num_hidden_layers in the dict")
             if self.warm_start:
@@ -272,21 +258,9 @@ class TrainConfig:
                 f"aux_layer_ids={list(self.aux_layer_ids)} must be distinct and ascending (the engines concatenate "
                 f"the captured states in ascending order): use {sorted(set(self.aux_layer_ids))}"
             )
-        if not self.target_temperature > 0:
-            problems.append(f"target_temperature={self.target_temperature} must be > 0 (1 = the target's distribution)")
-        if not 0.0 <= self.unreached_weight <= 1.0:
-            problems.append(f"unreached_weight={self.unreached_weight} must be in [0, 1] (1 = every position trains alike)")
-        if len(self.betas) != 2:
-            problems.append(f"betas={self.betas} must be two numbers")
-        if self.grad_clip is not None and self.grad_clip <= 0:
-            problems.append(f"grad_clip={self.grad_clip} must be > 0 or null")
-        if self.tracker not in TRACKERS:
-            problems.append(f"tracker={self.tracker!r}: use one of {TRACKERS}")
-        bad_engines = sorted(set(self.export_engines) - set(EXPORT_ENGINES))
-        if bad_engines:
-            problems.append(f"export_engines has {bad_engines}: use a subset of {EXPORT_ENGINES}")
         if problems:
             raise ValueError("invalid TrainConfig:\n  - " + "\n  - ".join(problems))
+        return self
 
     # --- paths derived from out_dir ---
     @property
@@ -302,24 +276,14 @@ class TrainConfig:
 
     # --- JSON ---
     def to_dict(self) -> dict:
-        out = {}
-        for f in dataclasses.fields(self):
-            value = getattr(self, f.name)
-            out[f.name] = list(value) if isinstance(value, tuple) else value
-        return out
+        return self.model_dump(mode="json")
 
     @classmethod
     def from_dict(cls, data: dict, source: str = "config") -> "TrainConfig":
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise ValueError(f"{source}: unknown TrainConfig key(s) {unknown}; known keys: {sorted(known)}")
-        required = [f.name for f in dataclasses.fields(cls) if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
-        missing = [k for k in required if k not in data]
-        if missing:
-            raise ValueError(f"{source}: missing required TrainConfig key(s) {missing}")
-        _check_types(cls, data, source)
-        return cls(**data)
+        try:
+            return cls(**data)
+        except ValueError as exc:
+            raise ValueError(f"{source}: {exc}") from None
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=2, sort_keys=True)
@@ -341,44 +305,44 @@ class TrainConfig:
         """Write atomically (temp file then rename), so a reader never sees half a config."""
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-        with os.fdopen(fd, "w") as f:
-            f.write(self.to_json())
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
+        write_durably(path, self.to_json().encode())
         return path
 
     def replace(self, **changes) -> "TrainConfig":
-        return dataclasses.replace(self, **changes)
+        """A copy with `changes`, validated as a new config is."""
+        return type(self)(**{**self.model_dump(), **changes})
 
 
-def _check_types(cls, data: dict, source: str) -> None:
-    """A light type check of JSON values, so `"lr": "1e-4"` fails here and not mid-run."""
-    hints = typing.get_type_hints(cls)
-    problems = []
-    for key, value in data.items():
-        allowed = _json_kinds(hints[key])
-        if not isinstance(value, allowed) or (isinstance(value, bool) and bool not in allowed):
-            kinds = "/".join(sorted({k.__name__ for k in allowed}))
-            problems.append(f"{key}={value!r} should be {kinds}")
-    if problems:
-        raise ValueError(f"{source}: wrong type for " + "; ".join(problems))
+def defaults(model: type[BaseModel]) -> dict[str, Any]:
+    """Each field's default (a factory's value), for the fields that have one."""
+    return {name: f.get_default(call_default_factory=True) for name, f in model.model_fields.items() if not f.is_required()}
 
 
-def _json_kinds(hint) -> tuple[type, ...]:
-    origin = typing.get_origin(hint)
-    if origin in (typing.Union, types.UnionType):
-        kinds: tuple[type, ...] = ()
-        for arg in typing.get_args(hint):
-            kinds += _json_kinds(arg)
-        return kinds
-    if hint is type(None):
-        return (type(None),)
-    if hint is float:
-        return (float, int)
-    if origin in (tuple, list) or hint in (tuple, list):
-        return (list, tuple)
-    if origin is dict or hint is dict:
-        return (dict,)
-    return (hint,)
+def readable(exc: ValidationError, what: str, known: list[str]) -> str:
+    """pydantic's errors as one line per setting: the setting, its value, what to give instead."""
+    unknown = [str(e["loc"][0]) for e in exc.errors() if e["type"] == "extra_forbidden"]
+    lines = [f"unknown {what} key(s) {sorted(unknown)}; known keys: {sorted(known)}"] if unknown else []
+    for e in exc.errors():
+        if e["type"] == "extra_forbidden":
+            continue
+        name = ".".join(str(part) for part in e["loc"]) or what
+        message = str(e["msg"]).removeprefix("Value error, ")
+        if e["type"] == "literal_error":
+            message = f"use one of {e['ctx']['expected']}"
+        lines.append(message if message.startswith(f"{name}=") or message.startswith("invalid ") else f"{name}={e.get('input')!r}: {message}")
+    return "\n".join(lines)
+
+
+def _takes_text(annotation: Any) -> bool:
+    if annotation is str:
+        return True
+    return any(_takes_text(arg) for arg in typing.get_args(annotation)) or typing.get_origin(annotation) is Literal
+
+
+def _kind(annotation: Any) -> str:
+    """A field's type in a word or two, for a refusal (`int`, `float`, `int/null`)."""
+    kinds = []
+    for arg in typing.get_args(annotation) or (annotation,):
+        base = typing.get_args(arg)[0] if typing.get_origin(arg) is Annotated else arg
+        kinds.append("null" if base is type(None) else getattr(base, "__name__", str(base)))
+    return "/".join(kinds)

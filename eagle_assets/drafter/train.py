@@ -938,9 +938,7 @@ def _read_metrics(path: Path, warn: Callable[[str], None] | None = None) -> list
 
 
 def _write_json(path: Path, obj) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(obj, indent=2))
-    os.replace(tmp, path)
+    write_durably(path, json.dumps(obj, indent=2).encode())
 
 
 # ----------------------------------------------------------------------------- entry points

@@ -17,8 +17,7 @@ from pathlib import Path
 import psutil
 
 # What a launched vLLM holds on a CPU host beyond its float32 weights and its KV cache: the API
-# server, the engine core and the worker with their libraries (the SmolLM2 server's figures
-# behind this constant: benchmarks/results/serving_memory_cpu2_2026-12-02.md).
+# server, the engine core and the worker with their libraries (docs/serving.md, "Warm servers and memory").
 ENGINE_OVERHEAD_BYTES = 2 << 30
 # Memory left to the rest of the run (the pipeline's own process, the page cache) after a start.
 HEADROOM_BYTES = 1 << 30

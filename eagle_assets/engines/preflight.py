@@ -22,7 +22,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from eagle_assets.checked_reads import read_json_object, read_safetensors_header
-from eagle_assets.formats import NUMBERING_KEY
+from eagle_assets.engines.export_kind import DRAFTER_CONFIG_FIX, ENGINE_NAMES, wrong_engine_export
+from eagle_assets.engines.vllm_launch import engine_environment, engine_python
 from eagle_assets.paths import engine_venv
 from eagle_assets.targets import PRESETS, default_aux_layer_ids, preset_from_hf_config, read_target_config
 
@@ -32,36 +33,11 @@ EAGLE3_KNOWN = {p.architecture for p in PRESETS.values()}
 drafter by the test suite (SmolLM2's Llama, the DeepSeek-V3 and Kimi-K2.5 stand-ins). Where our
 own checks refuse a drafter for any other, the engine is asked (`_ask_eagle3_support`)."""
 EAGLE3_ARCHITECTURES = {"LlamaForCausalLMEagle3", "Eagle3LlamaForCausalLM", "LlamaForCausalLMEagle3Speculator"}
-DRAFTER_CONFIG_FIX = "re-export the drafter, or pass its export folder (config.json + model.safetensors)"
 # What a drafter's config.json may give as `torch_dtype` / `dtype`: the names the engines load.
 DRAFTER_DTYPES = ("bfloat16", "float16", "float32", "half", "float", "auto")
 
-ENGINE_NAMES = {"vllm": "vLLM", "sglang": "SGLang"}
 ROOT_CAUSES = ("no_eagle3",)
 """Findings that make every other one moot: said first."""
-
-
-def wrong_engine_export(drafter_config: dict, config_path: Path, engine: str) -> str | None:
-    """Why a drafter folder must not be served by `engine`, or None.
-
-    Our exports mark how their aux layer ids count (SGLang's are one lower than vLLM's for the
-    same layers). Served by the other engine, the drafter reads the wrong target layers and
-    acceptance collapses without an error. A folder without the marker passes: its ids are
-    taken as vLLM's, as `load_drafter` takes them."""
-    marker = drafter_config.get(NUMBERING_KEY)
-    if marker is None or marker == engine:
-        return None
-    if marker not in ENGINE_NAMES:
-        return f"{config_path}: {NUMBERING_KEY} is {marker!r}, which names no engine (our exports write 'vllm' or 'sglang'): re-export the drafter"
-    right = config_path.parent.parent / f"drafter-{engine}"
-    if right.is_dir():
-        where = f"pass {right}"
-    else:
-        where = f"pass the drafter's {ENGINE_NAMES[engine]} export (training writes it as {right})"
-    return (
-        f"{config_path} is the {ENGINE_NAMES[marker]} export (layer ids numbered for {ENGINE_NAMES[marker]}); "
-        f"{ENGINE_NAMES[engine]} would read the wrong target layers: {where}"
-    )
 
 
 @dataclass
@@ -255,7 +231,6 @@ def run_engine_preflight(
 ) -> dict:
     """Runs `vllm_preflight.py` in the engine venv; returns its JSON answer. `target_only`: only
     whether the target's architecture has EAGLE-3 support there."""
-    from eagle_assets.engines.vllm_launch import engine_environment, engine_python
 
     venv = venv or engine_venv("vllm")
     py = engine_python(venv)

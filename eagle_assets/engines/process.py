@@ -36,7 +36,9 @@ from pathlib import Path
 import httpx
 import psutil
 
+from eagle_assets.durable import write_durably
 from eagle_assets.engines.logs import LogWatcher, root_cause, tail_lines, traceback_complete
+from eagle_assets.http_client import client
 
 TROUBLE_GRACE_S = 2.0  # after the first alarming line, wait this long for the traceback to finish
 WATCH_INTERVAL_S = 1.0  # how often the watcher notes the tree's processes and shared-memory files
@@ -185,7 +187,7 @@ def http_client() -> httpx.Client:
     request asks the server as it is now (and a forked child inherits no open socket)."""
     global _http
     if _http is None:
-        _http = httpx.Client(follow_redirects=True, limits=httpx.Limits(max_keepalive_connections=0))
+        _http = client(None, 5.0, connect_s=5.0, follow_redirects=True, limits=httpx.Limits(max_keepalive_connections=0))
     return _http
 
 
@@ -332,9 +334,7 @@ def _shm_from_json(rows: object) -> dict[str, ShmFile]:
 
 
 def _write_json_atomic(path: Path, obj: object) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}-{threading.get_ident()}")
-    tmp.write_text(json.dumps(obj))
-    os.replace(tmp, path)
+    write_durably(path, json.dumps(obj).encode())
 
 
 # --- SIGTERM while a server lives -------------------------------------------------------------

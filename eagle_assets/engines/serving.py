@@ -31,6 +31,7 @@ from eagle_assets.engines.vllm_launch import (
     speculative_config,
     startup_timeout_for,
 )
+from eagle_assets.http_client import auth_headers
 from eagle_assets.paths import engine_venv, runs_dir
 from eagle_assets.settings_env import env_secret
 from eagle_assets.targets import TargetPreset
@@ -55,7 +56,7 @@ class InferenceServer:
 
     @property
     def headers(self) -> dict[str, str]:
-        return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+        return auth_headers(self.api_key)
 
     @property
     def metrics_url(self) -> str:
@@ -90,7 +91,7 @@ def connect(url: str, model: str | None = None, api_key: str | None = None, time
     import json
 
     base = url.rstrip("/").removesuffix("/v1")
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    headers = auth_headers(api_key)
     try:
         resp = http_client().get(f"{base}/v1/models", headers=headers, timeout=timeout_s)
     except REQUEST_ERRORS as exc:

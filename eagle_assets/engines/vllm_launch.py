@@ -20,8 +20,8 @@ from pathlib import Path
 
 from eagle_assets.checked_reads import read_json_object
 from eagle_assets.engines.cpu_isa import HostCpu, cap_environment, host_cpu
+from eagle_assets.engines.export_kind import DRAFTER_CONFIG_FIX, wrong_engine_export
 from eagle_assets.engines.k_schedule import KSchedule
-from eagle_assets.engines.preflight import DRAFTER_CONFIG_FIX, wrong_engine_export
 from eagle_assets.settings_env import SettingError, env_choice
 from eagle_assets.targets import TargetPreset
 
@@ -129,8 +129,7 @@ class VllmLaunch:
     compiled: bool = False
     """CPU only: let vLLM compile the target and the drafter (torch.compile, inductor) instead
     of running them eagerly. Eager starts several times sooner, which tests and `make run`
-    want; compiled serves faster, speculation or not, and is what a deployment runs.
-    `benchmarks/engine_compile.py` measures both (benchmarks/results/engine_compile_*.md)."""
+    want; compiled serves faster, speculation or not, and is what a deployment runs."""
     extra_args: tuple[str, ...] = field(default=())
 
     def command(self, python: Path) -> list[str]:
@@ -227,7 +226,7 @@ def cpu_threads_bind(cpus: Iterable[int]) -> str | None:
     scheduler. On a small host that core is a large share of the compute, and the worker's
     steps are what serving waits on, EAGLE-3's most (its verification pass computes K+1 tokens
     per request): the worker on every core serves faster with and without speculation
-    (`benchmarks/engine_threads.py`; benchmarks/results/engine_threads_cpu2_2026-12-01.md).
+    (docs/serving.md, "Threads on a small CPU host").
     On larger hosts one core is little and vLLM's choice (one CPU per physical core) stands.
     """
     cpus = sorted(set(cpus))

@@ -29,7 +29,6 @@ from __future__ import annotations
 import fcntl
 import logging
 import os
-import random
 import time
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor, as_completed
@@ -42,11 +41,11 @@ import torch
 from safetensors.torch import load_file
 
 from eagle_assets.checked_reads import read_json_object
-from eagle_assets.corpus.client import retry_after_s
 from eagle_assets.drafter.target_head import read_named_tensor
 from eagle_assets.hidden_states.corpus_io import ShardSamples
 from eagle_assets.hidden_states.extract import ExtractSettings, ShardExtractor, _progress
 from eagle_assets.hidden_states.writer import ShardWriter
+from eagle_assets.http_client import auth_headers, client, retry_after_s, retry_delay_s, retryable_status
 
 log = logging.getLogger(__name__)
 
@@ -134,9 +133,9 @@ class EngineStateClient:
         self.concurrency = max(1, int(concurrency))
         self.timeout_s, self.deadline_base_s, self.deadline_per_token_s = timeout_s, deadline_base_s, deadline_per_token_s
         self.attempts, self.retry_after_max_s = max(1, int(attempts)), retry_after_max_s
-        self.headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self.headers = auth_headers(api_key)
         # A long prefill of a large model can take minutes; connecting should not.
-        self._http = httpx.Client(headers=self.headers, timeout=httpx.Timeout(timeout_s, connect=30.0))
+        self._http = client(api_key, timeout_s)
 
     def close(self) -> None:
         self._http.close()
@@ -192,15 +191,14 @@ class EngineStateClient:
             else:
                 if resp.status_code == 200:
                     return resp
-                if resp.status_code < 500 and resp.status_code not in (408, 429):
+                if not retryable_status(resp.status_code):
                     raise EngineStateError(f"the extraction server at {self.base_url} answered {resp.status_code}: {resp.text[:500]}")
                 problem = f"answered {resp.status_code}: {resp.text[:200]}"
                 wait = retry_after_s(resp.headers.get("Retry-After"))
             if attempt == self.attempts:
                 raise EngineStateError(f"the extraction server at {self.base_url} {problem}, {attempt} times; is it still running?")
-            backoff = 2.0 ** (attempt - 1) * random.uniform(0.5, 1.0)
             log.warning("extraction request of %d tokens: the server at %s %s; retrying", tokens, self.base_url, problem)
-            time.sleep(max(backoff, min(wait, self.retry_after_max_s)) if wait is not None else backoff)
+            time.sleep(retry_delay_s(attempt, retry_after=wait, retry_after_max_s=self.retry_after_max_s))
         raise AssertionError("unreachable")
 
     def states(self, sequences: Sequence[np.ndarray]) -> Iterator[tuple[int, torch.Tensor]]:

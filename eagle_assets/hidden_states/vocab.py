@@ -35,7 +35,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from eagle_assets.durable import no_room
+from eagle_assets.durable import no_room, replace_durably
 from eagle_assets.formats import VOCAB_MAPPING_FILE
 
 
@@ -161,7 +161,7 @@ def save_vocab_mapping(mapping: VocabMapping, path: str | Path) -> Path:
     os.close(fd)
     try:
         save_file(tensors, tmp, metadata=mapping.metadata())
-        os.replace(tmp, path)
+        replace_durably(tmp, path)
     except OSError as exc:  # a full disk: named, with the old mapping kept (the temporary file goes below)
         raise no_room(exc, path, "the vocabulary mapping", f"{path} keeps what it held before") or exc from None
     finally:

@@ -30,6 +30,7 @@ from typing import Callable
 import dagster as dg
 from upath import UPath
 
+from eagle_assets.durable import replace_durably
 from eagle_assets.paths import data_location, mirror_dir
 from eagle_assets.settings_env import fsspec_problem
 
@@ -209,7 +210,7 @@ class StorageResource(dg.ConfigurableResource):
                 raise RuntimeError(f"{_join(unit, rel)} has changed since its publish (size {size} expected): "
                                    "another node is publishing it now; rerun once that run is done")  # fmt: skip
             os.utime(part, ns=(mtime_ns, mtime_ns))  # the published time: an unchanged file is not uploaded again
-            os.replace(part, local)
+            replace_durably(part, local)
         return str(self.remote(local_unit / only if only else local_unit))
 
 

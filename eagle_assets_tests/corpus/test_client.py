@@ -14,15 +14,9 @@ import time
 
 import pytest
 
-from eagle_assets.corpus.client import (
-    ClientSettings,
-    InferenceClient,
-    RequestRejected,
-    ServerStalled,
-    ServerUnreachable,
-    retry_after_s,
-)
+from eagle_assets.corpus.client import ClientSettings, InferenceClient, RequestRejected, ServerStalled, ServerUnreachable
 from eagle_assets.engines.process import free_port
+from eagle_assets.http_client import retry_after_s
 from eagle_assets_tests.http_stub import JsonHandler, StubServer
 
 OK = {

@@ -17,7 +17,8 @@ import pytest
 
 from eagle_assets.corpus.client import ClientSettings
 from eagle_assets.corpus.generate import GenerationAborted, GenerationFailed, generate_corpus
-from eagle_assets.corpus.prompts import Prompt, write_prompts
+from eagle_assets.corpus.prompt_record import Prompt
+from eagle_assets.corpus.prompts import write_prompts
 from eagle_assets.corpus.store import CorpusStore
 from eagle_assets_tests.http_stub import JsonHandler, StubServer
 

@@ -8,7 +8,7 @@ import pytest
 
 from eagle_assets.corpus.client import ClientSettings, InferenceClient, ServerUnreachable
 from eagle_assets.corpus.generate import GenerationAborted, SamplingParams, generate_corpus, generate_corpus_async, sample_id_for
-from eagle_assets.corpus.prompts import EvaluationDataError, Prompt, load_mt_bench
+from eagle_assets.corpus.prompt_record import EvaluationDataError, Prompt, load_mt_bench
 from eagle_assets.corpus.store import CorpusStore
 from eagle_assets.engines.process import free_port
 from eagle_assets_tests.corpus.test_store import row

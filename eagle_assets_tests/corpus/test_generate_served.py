@@ -23,7 +23,8 @@ import pytest
 from eagle_assets.corpus import checks
 from eagle_assets.corpus.client import ClientSettings, ServerUnreachable
 from eagle_assets.corpus.generate import GenerationAborted, GenerationFailed, SamplingParams, generate_corpus, sample_id_for
-from eagle_assets.corpus.prompts import MagpieSettings, Prompt, load_prompt_file, normalize_text, synthesize_prompts, write_prompts
+from eagle_assets.corpus.prompt_record import Prompt, normalize_text
+from eagle_assets.corpus.prompts import MagpieSettings, load_prompt_file, synthesize_prompts, write_prompts
 from eagle_assets.corpus.store import CorpusStore
 from eagle_assets.engines.process import port_holder, port_in_use
 from eagle_assets.engines.serving import launch_vllm

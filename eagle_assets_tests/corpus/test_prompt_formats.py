@@ -20,14 +20,8 @@ from eagle_assets.corpus.prompt_formats import (
     sample_prompts,
     sharegpt_prompts,
 )
-from eagle_assets.corpus.prompts import (
-    MT_BENCH_PATH,
-    EvaluationDataError,
-    Prompt,
-    PromptFileError,
-    load_mt_bench,
-    load_prompt_file,
-)
+from eagle_assets.corpus.prompt_record import MT_BENCH_PATH, EvaluationDataError, Prompt, PromptFileError, load_mt_bench
+from eagle_assets.corpus.prompts import load_prompt_file
 from eagle_assets_tests.corpus.conftest import write_jsonl
 
 # One conversation and one single question, as each format writes them.

@@ -10,19 +10,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from eagle_assets.corpus.prompts import (
-    MT_BENCH_PATH,
-    TOPIC_OPENINGS,
-    EvaluationDataError,
-    MagpieSettings,
-    Prompt,
-    PromptFileError,
-    ensure_training_prompts,
-    load_mt_bench,
-    load_prompt_file,
-    load_topics,
-    write_prompts,
-)
+from eagle_assets.corpus.prompt_record import MT_BENCH_PATH, EvaluationDataError, Prompt, PromptFileError, ensure_training_prompts, load_mt_bench
+from eagle_assets.corpus.prompts import TOPIC_OPENINGS, MagpieSettings, load_prompt_file, load_topics, write_prompts
 from eagle_assets.formats import stable_id
 from eagle_assets_tests.corpus.conftest import write_jsonl
 

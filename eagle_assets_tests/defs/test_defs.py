@@ -121,7 +121,7 @@ def _configs() -> dict:
     """Each asset's own Config class (without a code location's defaults)."""
     from eagle_assets.defs.benchmark import BenchmarkConfig
     from eagle_assets.defs.corpus import CorpusConfig, PromptsConfig
-    from eagle_assets.defs.drafter import DrafterConfig
+    from eagle_assets.defs.drafter import DrafterAssetConfig
     from eagle_assets.defs.hidden_states import HiddenStatesConfig, VocabConfig
 
     return {
@@ -129,7 +129,7 @@ def _configs() -> dict:
         "synthetic_corpus": CorpusConfig,
         "vocab_mapping": VocabConfig,
         "hidden_state_shards": HiddenStatesConfig,
-        "drafter_checkpoint": DrafterConfig,
+        "drafter_checkpoint": DrafterAssetConfig,
         "benchmark_report": BenchmarkConfig,
     }
 

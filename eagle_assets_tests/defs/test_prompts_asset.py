@@ -7,7 +7,8 @@ import json
 
 import dagster as dg
 
-from eagle_assets.corpus.prompts import load_mt_bench, load_prompt_file
+from eagle_assets.corpus.prompt_record import load_mt_bench
+from eagle_assets.corpus.prompts import load_prompt_file
 from eagle_assets.defs.corpus import PROMPTS_FILE, prompts
 from eagle_assets.resources.inference_server import InferenceServerResource
 from eagle_assets.resources.storage import StorageResource

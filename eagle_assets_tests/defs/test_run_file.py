@@ -1,15 +1,13 @@
 """One run's settings in one checked file (`eagle-assets run --config`), the target given by
 `--target`, and the drafter's defaults held in one place."""
 
-import dataclasses
-
 import pytest
 from typer.testing import CliRunner
 
 from eagle_assets.cli import app
-from eagle_assets.defs.drafter import PASSED_TO_TRAINER, DrafterConfig
+from eagle_assets.defs.drafter import PASSED_TO_TRAINER, DrafterAssetConfig
 from eagle_assets.defs.run_file import ASSET_SECTIONS, check_run_file, read_run_file
-from eagle_assets.drafter.run_config import TrainConfig
+from eagle_assets.drafter.run_config import TrainConfig, defaults
 from eagle_assets.run_presets import RUN_PRESETS, default_preset, run_config
 from eagle_assets.targets import EMBEDDED_TARGET
 
@@ -87,9 +85,9 @@ def test_every_run_preset_is_a_valid_run_file(preset):
 
 
 def test_the_drafters_defaults_are_the_trainers():
-    trainer = {f.name: f.default for f in dataclasses.fields(TrainConfig)}
+    trainer = defaults(TrainConfig)
     for name in PASSED_TO_TRAINER:
-        assert DrafterConfig.model_fields[name].default == trainer[name], name
+        assert DrafterAssetConfig.model_fields[name].default == trainer[name], name
     assert {"epochs", "lr", "warmup_steps", "micro_batch_tokens", "val_fraction", "val_interval", "checkpoint_every"} <= set(PASSED_TO_TRAINER)
 
 

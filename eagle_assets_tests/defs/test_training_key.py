@@ -2,7 +2,6 @@
 a rerun after a failure keeps them; new inputs (a retrain on a grown corpus) or new settings
 start afresh, where the trainer would otherwise refuse them or finish the old training."""
 
-import dataclasses
 import json
 
 from eagle_assets.defs.drafter import TRAINING_KEY_FILE, clear_other_trainings
@@ -33,7 +32,7 @@ def test_checkpoints_survive_a_rerun_of_the_same_training_and_go_when_its_inputs
     assert not config.checkpoint_dir.exists() and "another training's" in said[-1]
 
     checkpoint()
-    clear_other_trainings(dataclasses.replace(config, lr=config.lr / 2), said.append)  # a new setting
+    clear_other_trainings(config.replace(lr=config.lr / 2), said.append)  # a new setting
     assert not config.checkpoint_dir.exists() and len(said) == 2
 
     clear_other_trainings(config, said.append)  # back to the first settings: nothing left to clear

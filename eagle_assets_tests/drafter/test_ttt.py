@@ -13,8 +13,11 @@ from eagle_assets.drafter.config import tiny_config
 from eagle_assets.drafter.model import Eagle3Drafter
 from eagle_assets.drafter.target_head import draft_head, outside_head, read_target_head
 from eagle_assets.drafter.ttt import replay_drafting, ttt_attention, ttt_loss
+from eagle_assets.paths import PROJECT_ROOT
 from eagle_assets_tests.drafter.test_model import random_drafter
+from eagle_assets_tests.scripts import load_script
 
+BENCHMARKS = PROJECT_ROOT / "benchmarks"
 pytestmark = pytest.mark.usefixtures("one_thread")  # see conftest.py
 
 
@@ -387,7 +390,7 @@ def test_read_target_head_tied_and_sharded(tmp_path, smollm2_path):
 
 def test_dense_formulation_and_benchmark_smoke(capsys):
     """The dense baseline equals the fused path, and the GPU benchmark script runs in its CPU smoke size."""
-    from eagle_assets.drafter.ttt import _bench, ttt_loss_dense
+    from eagle_assets.drafter.ttt import ttt_loss_dense
 
     for layers in (1, 2):
         cfg = tiny_config(vocab_size=80, draft_vocab_size=40, num_hidden_layers=layers)
@@ -398,7 +401,7 @@ def test_dense_formulation_and_benchmark_smoke(capsys):
         dense = ttt_loss_dense(model, batch, head, 3, outside_head=outside)
         torch.testing.assert_close(fused.loss_sum, dense.loss_sum, rtol=1e-5, atol=1e-5)
         assert fused.step_correct.tolist() == dense.step_correct.tolist()
-    _bench(["--smoke", "--layers", "2"])
+    load_script(BENCHMARKS / "ttt_loss.py").main(["--smoke", "--layers", "2"])
     out = capsys.readouterr().out
     assert "layers 2" in out and "speedup" in out  # and the fused and dense losses agreed (else SystemExit)
 

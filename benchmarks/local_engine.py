@@ -6,7 +6,7 @@ and this client decodes them together, so that a small target answers hundreds o
 per forward pass. Two engines:
 
   * `slots` (Llama-family targets, the default where it applies): continuous batching over a
-    preallocated KV cache (`corpus/slot_decoder.py`) in a background thread; a finished
+    preallocated KV cache (`benchmarks/slot_decoder.py`) in a background thread; a finished
     request frees its slot for the next one at once.
   * `generate`: what is waiting is gathered into one batched `model.generate` call, which
     runs until its longest answer ends; for any other architecture.
@@ -40,8 +40,8 @@ from typing import Any
 
 import torch
 
+from benchmarks.slot_decoder import SlotDecoder, unsupported_reason
 from eagle_assets.corpus.client import Completion, RequestRejected
-from eagle_assets.corpus.slot_decoder import SlotDecoder, unsupported_reason
 from eagle_assets.precision import use_exact_fp32
 
 ENGINES = ("auto", "slots", "generate")

@@ -6,11 +6,11 @@ import asyncio
 import pytest
 import torch
 
+from benchmarks.local_engine import LocalGenerationClient, load_generation_model
+from benchmarks.slot_decoder import SlotDecoder
 from eagle_assets.corpus.client import RequestRejected
 from eagle_assets.corpus.conversation import ChatTemplate
-from eagle_assets.corpus.local_engine import LocalGenerationClient, load_generation_model
 from eagle_assets.corpus.prompts import MagpieSettings, synthesize_prompts_async
-from eagle_assets.corpus.slot_decoder import SlotDecoder
 
 QUESTIONS = ["What is the capital of France?", "Name two prime numbers.", "Write a haiku about rain, please, in English."]
 

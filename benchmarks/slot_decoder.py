@@ -14,7 +14,7 @@ decode step is one forward over every slot:
 The math is the model's own (its norms, MLPs, rotary embedding and projections are called as
 modules); only attention is written here, over the slot cache, with grouped-query heads
 folded into the query length instead of repeating keys and values. Greedy output equals
-`generate`'s token for token on the same dtype (eagle_assets_tests/corpus/test_local_engine.py).
+`generate`'s token for token on the same dtype (eagle_assets_tests/test_bench_local_engine.py).
 """
 
 from __future__ import annotations

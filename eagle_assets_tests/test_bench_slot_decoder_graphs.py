@@ -10,7 +10,7 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from eagle_assets.corpus.slot_decoder import SlotDecoder
+from benchmarks.slot_decoder import SlotDecoder
 
 
 def _tiny_llama() -> LlamaForCausalLM:
