@@ -59,7 +59,9 @@ def corpus_generator(folder: Path, urls: dict) -> tuple[list[str], dict[str, str
     prompts = folder / "prompts.jsonl"
     argv = [
         "-m",
-        "eagle_assets.corpus.generate",
+        "eagle_assets.cli",
+        "corpus",
+        "generate",
         "--prompts",
         str(prompts),
         "--out",
@@ -86,29 +88,6 @@ def corpus_kept(folder: Path) -> None:
     store = CorpusStore(str(folder / "corpus"), mode="r")
     assert store.num_rows == 3, store.num_rows  # the three answers before the stall, each in its own shard
     assert not store.failures(), store.failures()  # the abandoned ones are not failures: a rerun asks again
-
-
-def served_smoke(folder: Path, urls: dict) -> tuple[list[str], dict[str, str]]:
-    argv = [
-        "-m",
-        "eagle_assets.bench.served",
-        "--base-url",
-        urls["url"],
-        "--model",
-        "m",
-        "--smoke",
-        "--stall-timeout",
-        str(DEADLINE_S),
-        "--out",
-        str(folder / "served.json"),
-    ]
-    return argv, {}
-
-
-def served_kept(folder: Path) -> None:
-    run = json.loads((folder / "served.json").read_text())
-    assert [lv["concurrency"] for lv in run["levels"]] == [1], run["levels"]  # measured before the stall at concurrency 2
-    assert run["levels"][0]["output_tokens"] == 2 * 16
 
 
 def write_drafter(folder: Path, target: Path) -> None:
@@ -141,6 +120,22 @@ def bench(folder: Path, urls: dict) -> tuple[list[str], dict[str, str]]:
         str(DEADLINE_S),
     ]
     return argv, {"EAGLE_ASSETS_SERVER_URL": urls["healthy"], "EAGLE_ASSETS_SPECULATIVE_URL": urls["url"]}
+
+
+def bench_levels(folder: Path, urls: dict) -> tuple[list[str], dict[str, str]]:
+    """`bench` on your servers, the drafter's stalling after its warm-up and its first level."""
+    argv, env = bench(folder, urls)
+    argv[argv.index("--num-prompts") + 1] = "2"
+    argv[argv.index("--output-len") + 1] = "16"
+    return [*argv, "--concurrency", "2"], env
+
+
+def bench_levels_kept(folder: Path) -> None:
+    measurements = folder / "report" / "measurements"
+    eagle3 = sorted(p.name for p in measurements.glob("sweep--eagle3-*"))
+    assert [re.sub(r"-[0-9a-f]+--", "--", name) for name in eagle3] == ["sweep--eagle3--c1.json"], eagle3  # measured before the stall at c=2
+    level = json.loads((measurements / eagle3[0]).read_text())["level"]
+    assert (level["concurrency"], level["output_tokens"]) == (1, 2 * 16), level
 
 
 def bench_kept(folder: Path) -> None:
@@ -204,7 +199,14 @@ ROWS = [
         corpus_kept,
         write_prompts,
     ),
-    Stall("served_smoke", 4, served_smoke, ("the served benchmark failed", "the server at {url} takes requests but makes no progress"), served_kept),
+    Stall(
+        "bench_levels",
+        4,  # two warm-up requests and the first level's two
+        bench_levels,
+        ("the benchmark stopped while serving 'eagle3", "{url}", "streamed nothing for 2 s"),
+        bench_levels_kept,
+        write_drafter,
+    ),
     Stall("bench", 0, bench, ("the benchmark stopped while serving 'eagle3", "{url}", "streamed nothing for 2 s"), bench_kept, write_drafter),
     Stall(
         "extraction",
