@@ -53,7 +53,7 @@ ui: setup
 # After changing what an asset's computation runs: raise its version in eagle_assets/defs/code_versions.py
 # if its output changes, then renew the lock of the assets' code (the test of the lock says when).
 relock: $(BIN)/.installed
-	$(BIN)/python -m eagle_assets.defs.code_versions --relock
+	$(BIN)/eagle-assets dev relock
 
 clean-runs:
 	rm -rf .runs data .dagster_home

@@ -8,6 +8,9 @@
     eagle-assets run [--preset smollm2-default] [--stale-only] [--part corpus ...]
     eagle-assets ui [--preset smollm2-tiny] [--config run.yaml]
     eagle-assets plan --preset kimi-k2.5 --samples 10000 --tokens-per-sample 1450
+    eagle-assets corpus read|magpie|generate ...   (cli_corpus.py)
+    eagle-assets show report DIR | show counters URL
+    eagle-assets setup lock --device cpu | dev relock
 
 Exit codes: 0 success, 1 a refusal or failure (the message says why), 130 interrupted.
 """
@@ -23,13 +26,19 @@ from typing import Optional
 
 import typer
 
+from eagle_assets.cli_corpus import corpus_app
 from eagle_assets.targets import EMBEDDED_TARGET, PRESETS, WEIGHTS_BUILT, WEIGHTS_EMBEDDED
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="Turn a target LLM into a served, measured EAGLE-3 drafter.")
 target_app = typer.Typer(no_args_is_help=True, help="Target models: presets, the embedded SmolLM2 and the stand-ins built from it.")
 setup_app = typer.Typer(no_args_is_help=True, help="Build environments.")
+show_app = typer.Typer(no_args_is_help=True, help="Print what a saved report or a running server holds.")
+dev_app = typer.Typer(no_args_is_help=True, help="For developers of eagle_assets.")
 app.add_typer(target_app, name="target")
 app.add_typer(setup_app, name="setup")
+app.add_typer(corpus_app, name="corpus")
+app.add_typer(show_app, name="show")
+app.add_typer(dev_app, name="dev")
 
 
 def _fail(message: str, code: int = 1) -> None:
@@ -74,6 +83,67 @@ def setup_engine(device: Optional[str] = typer.Option(None, help="cpu or cuda; d
         ensure_engine_env(device, force=force)
     except (RuntimeError, ValueError) as exc:
         _fail(str(exc))
+
+
+@setup_app.command("lock")
+def setup_lock(
+    device: Optional[str] = typer.Option(None, help="cpu or cuda; default: this host's"),
+    venv: Optional[Path] = typer.Option(None, help="The working engine environment to lock; default: EAGLE_ASSETS_VLLM_VENV's."),
+) -> None:
+    """Write the engine's hash-pinned requirement file from a working engine environment (nothing is installed)."""
+    import subprocess
+
+    from eagle_assets.engines.envs import host_device, write_lock
+
+    if venv is not None and not (venv / "bin" / "python").is_file():
+        _fail(f"--venv {venv} has no bin/python: give the engine's virtual environment")
+    try:
+        typer.echo(str(write_lock(device or host_device(), venv)))
+    except (RuntimeError, ValueError, subprocess.CalledProcessError) as exc:
+        _fail(str(exc))
+
+
+@show_app.command("report")
+def show_report(path: Path = typer.Argument(..., help="A benchmark's report.json, or the folder holding it.")) -> None:
+    """Print a saved benchmark report's console summary."""
+    from eagle_assets.bench.report import load_report, summary_text
+
+    try:
+        typer.echo(summary_text(load_report(path)))
+    except (OSError, ValueError) as exc:
+        _fail(f"{exc}: give a report.json written by `eagle-assets bench` or the graph, or its folder")
+
+
+@show_app.command("counters")
+def show_counters(base_url: str = typer.Argument(..., help="A running vLLM server, e.g. http://127.0.0.1:8000.")) -> None:
+    """Print a server's speculative-decoding counters so far (AL, draft acceptance, p_k); the key,
+    if it needs one, from EAGLE_ASSETS_SERVER_API_KEY."""
+    from eagle_assets.bench.metrics import counters_text
+    from eagle_assets.engines.serving import api_key_from_env
+
+    try:
+        typer.echo(counters_text(base_url, api_key_from_env("EAGLE_ASSETS_SERVER_API_KEY")))
+    except RuntimeError as exc:
+        _fail(str(exc))
+
+
+@dev_app.command("relock")
+def dev_relock(check: bool = typer.Option(False, "--check", help="Only say whether the lock matches the code (exit 1 when not).")) -> None:
+    """Renew the lock of the assets' code after changing it (docs/design.md, "Runs")."""
+    from eagle_assets.defs.code_versions import LOCK_FILE, lock_problems, problems_message, read_lock, write_lock
+
+    if check:
+        problems = lock_problems()
+        if problems:
+            _fail(problems_message(problems))
+        typer.echo("every asset's code matches the lock")
+        return
+    before = read_lock().get("assets", {})
+    for asset, now in write_lock()["assets"].items():
+        was = before.get(asset, {})
+        note = "unchanged" if was == now else f"renewed (version {was.get('version')} -> {now['version']})"
+        typer.echo(f"{asset:20} {note}")
+    typer.echo(f"wrote {LOCK_FILE}")
 
 
 @app.command()
@@ -235,6 +305,15 @@ def _serve_check(server, speculative: bool) -> None:
         typer.echo(f"sampling under speculation: ok (temperature {COLD_TEMPERATURE:g} wrote the greedy answers)")
 
 
+def _refuse_key_argument(value: Optional[str]) -> None:
+    """`bench --api-key`: refused, naming where the key goes instead (`ps` shows a command line to every user)."""
+    if value is not None:
+        raise typer.BadParameter(
+            "a key on the command line is shown by `ps` to every user of this host: set EAGLE_ASSETS_SERVER_API_KEY, "
+            "or EAGLE_ASSETS_SERVER_API_KEY_FILE to a file holding it"
+        )
+
+
 @app.command()
 def bench(
     drafter: Path = typer.Option(..., help="The drafter's vLLM export (a `drafter-vllm/` folder)."),
@@ -306,6 +385,7 @@ def bench(
         "over an extraction server's states (the target is never loaded here); "
         "auto: hf where the target fits this host.",
     ),
+    api_key: Optional[str] = typer.Option(None, "--api-key", hidden=True, callback=_refuse_key_argument),
     stall_timeout: float = typer.Option(
         180.0,
         "--stall-timeout",
@@ -462,6 +542,9 @@ def _user_servers(also_k: list[int], k_schedule: Optional[str], control: bool, c
             "EAGLE_ASSETS_SPECULATIVE_URL name your two servers (one configuration each): leave them out, or unset "
             "the variables"
         )
+    from eagle_assets.engines.serving import api_key_from_env
+
+    api_key_from_env("EAGLE_ASSETS_SERVER_API_KEY")  # a key file that cannot be read is refused now, not at the first request
     return {"target": target, "speculative": speculative, "extraction": extraction}
 
 

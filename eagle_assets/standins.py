@@ -16,15 +16,13 @@ makes greedy comparisons between engines meaningless. It is distilled, seeded, f
 SmolLM2 (whose tokenizer and chat template it uses): SmolLM2's greedy answers to prompts built
 from the corpus openings and topics (never MT-Bench), then cross-entropy on the answer tokens.
 
-    python -m eagle_assets.standins --teacher .cache/targets/smollm2-135m-instruct --out /tmp/standins
+    eagle-assets target pull tiny-kimi-k2.5     # or tiny-deepseek-v3
 
-`eagle-assets target pull tiny-kimi-k2.5` builds both into the cache with a checksum record
-(`embedded_target.pull`); `benchmarks/standin_quality.py` measures how peaked they are.
+builds both (`build(teacher, out)`) into the cache with a checksum record (`embedded_target.pull`); `benchmarks/standin_quality.py` measures how peaked they are.
 """
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import math
@@ -540,16 +538,3 @@ def build(teacher_dir: str | Path, out_root: str | Path, settings: BuildSettings
         (folder / BUILD_RECORD).write_text(json.dumps(record, indent=2))
     log(f"standins: built in {record['seconds']:.0f} s (loss {record['first_loss']:.2f} -> {record['last_loss']:.2f})")
     return {DEEPSEEK_STANDIN: deepseek_dir, KIMI_STANDIN: kimi_dir}
-
-
-def main(argv: Sequence[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--teacher", required=True, type=Path, help="SmolLM2's bf16 HF folder")
-    parser.add_argument("--out", required=True, type=Path, help="folder to write both stand-ins under")
-    args = parser.parse_args(argv)
-    for name, folder in build(args.teacher, args.out).items():
-        print(name, folder)
-
-
-if __name__ == "__main__":
-    main()

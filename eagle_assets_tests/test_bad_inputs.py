@@ -1,8 +1,7 @@
 """Bad inputs, each refused with a message that names it: command-line arguments, environment
 variables and files, run for real through the command lines a user types.
 
-Every row runs `python -m eagle_assets.cli ...` (or `python -m eagle_assets.bench.served ...`)
-in a subprocess, on files written for real, and must exit 1 (a refusal) or 2 (a usage error, the
+Every row runs `eagle-assets ...` (`python -m eagle_assets.cli ...`, the code at ROOT) in a subprocess, on files written for real, and must exit 1 (a refusal) or 2 (a usage error, the
 command-line parser's own), print no traceback, and name what was wrong. Nothing here starts a
 server or loads a model: a command that would go on to serve is given an input that is refused
 first, and every `run` row also points EAGLE_ASSETS_VLLM_VENV at an empty folder, so that a row
@@ -28,21 +27,24 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 CLI = ("-m", "eagle_assets.cli")
-# The served benchmark against a port nothing listens on: a row that is not refused fails to connect.
-SERVED = ("-m", "eagle_assets.bench.served", "--base-url", "http://127.0.0.1:9", "--model", "m")
 PLAN = (*CLI, "plan", "--samples", "10", "--tokens-per-sample", "100")
 BENCH = (*CLI, "bench", "--drafter", "{drafter}", "--target", "/nonexistent/model", "--out", "{tmp}/bench-report")
+# The benchmark on the real target and your prompts: a prompt file that is not refused goes on to find no engine.
+BENCH_PROMPTS = (*CLI, "bench", "--drafter", "{drafter}", "--target", "{target}", "--out", "{tmp}/bench-report", "--prompts")
+# Your two servers, on a port nothing listens on: a row that is not refused fails to connect.
+YOUR_SERVERS = {"EAGLE_ASSETS_SERVER_URL": "http://127.0.0.1:9", "EAGLE_ASSETS_SPECULATIVE_URL": "http://127.0.0.1:9"}
 # The corpus generator with good inputs, against a port nothing listens on: each row spoils one.
 GEN_ARGS = {"--prompts": "{prompts_ok}", "--out": "{tmp}/corpus", "--server": "http://127.0.0.1:9", "--model": "m", "--tokenizer": "{target}"}
 
 
 def gen(**spoiled: str) -> tuple[str, ...]:
-    """`python -m eagle_assets.corpus.generate` with GEN_ARGS, the options given replacing or adding to them (`max_tokens="0"`)."""
+    """`eagle-assets corpus generate` with GEN_ARGS, the options given replacing or adding to them (`max_tokens="0"`)."""
     options = {**GEN_ARGS, **{"--" + k.replace("_", "-"): v for k, v in spoiled.items()}}
-    return ("-m", "eagle_assets.corpus.generate", *(x for item in options.items() for x in item))
+    return (*CLI, "corpus", "generate", *(x for item in options.items() for x in item))
 
 
 NO_ENGINE = {"EAGLE_ASSETS_VLLM_VENV": "{no_engine}"}
+MAGPIE = ("--server", "http://127.0.0.1:9", "--model", "m", "--out", "{tmp}/magpie.jsonl")
 
 
 @dataclass(frozen=True)
@@ -110,17 +112,17 @@ CASES = [
     ),
     Case(
         "server_key_file_missing",
-        SERVED,
+        BENCH,
         ("EAGLE_ASSETS_SERVER_API_KEY_FILE", "/nonexistent/key"),
-        code=2,
-        env={"EAGLE_ASSETS_SERVER_API_KEY_FILE": "/nonexistent/key"},
+        env={**YOUR_SERVERS, "EAGLE_ASSETS_SERVER_API_KEY_FILE": "/nonexistent/key"},
+        within_s=5,
     ),
     Case(
         "server_key_file_empty",
-        SERVED,
+        BENCH,
         ("EAGLE_ASSETS_SERVER_API_KEY_FILE", "is empty"),
-        code=2,
-        env={"EAGLE_ASSETS_SERVER_API_KEY_FILE": "{empty_file}"},
+        env={**YOUR_SERVERS, "EAGLE_ASSETS_SERVER_API_KEY_FILE": "{empty_file}"},
+        within_s=5,
     ),
     # ---- command-line arguments ----------------------------------------------------------
     Case("plan_rate_inf", (*PLAN, "--generation-tok-s", "inf"), ("--generation-tok-s", "inf")),
@@ -167,8 +169,7 @@ CASES = [
         env={"EAGLE_ASSETS_SERVER_URL": "http://127.0.0.1:9", "EAGLE_ASSETS_SPECULATIVE_URL": "http://127.0.0.1:9"},
     ),
     Case("setup_device_unknown", (*CLI, "setup", "engine", "--device", "tpu"), ("'tpu'",)),
-    Case("served_api_key_argument", (*SERVED, "--api-key", "s3cret"), ("--api-key", "--api-key-file"), code=2),
-    Case("served_api_key_file_missing", (*SERVED, "--api-key-file", "/nonexistent/key"), ("--api-key-file", "/nonexistent/key"), code=2),
+    Case("bench_api_key_argument", (*BENCH, "--api-key", "s3cret"), ("--api-key", "EAGLE_ASSETS_SERVER_API_KEY_FILE"), code=2, env=YOUR_SERVERS),
     # ---- files ---------------------------------------------------------------------------
     Case("drafter_dtype_float128", (*CLI, "preflight", "--drafter", "{drafter_float128}"), ("{drafter_float128}/config.json", "float128")),
     Case("drafter_tensor_dtype_bf17", (*CLI, "preflight", "--drafter", "{drafter_bf17}"), ("{drafter_bf17}/model.safetensors", "BF17")),
@@ -176,15 +177,22 @@ CASES = [
     Case(
         "drafter_weights_truncated", (*CLI, "preflight", "--drafter", "{drafter_truncated}"), ("{drafter_truncated}/model.safetensors", "truncated")
     ),
-    Case("prompt_not_text", (*SERVED, "--prompts", "{prompt_number}"), ("{prompt_number} line 2", "`prompt` must be text"), code=2),
-    Case("prompt_lone_surrogate", (*SERVED, "--prompts", "{prompt_surrogate}"), ("{prompt_surrogate} line 3", "lone surrogate"), code=2),
-    Case("prompt_not_utf8", (*SERVED, "--prompts", "{prompt_latin1}"), ("{prompt_latin1} line 1", "not UTF-8"), code=2),
-    Case("prompt_not_json", (*SERVED, "--prompts", "{prompt_not_json}"), ("{prompt_not_json} line 2", "not valid JSON"), code=2),
-    Case("prompt_empty", (*SERVED, "--prompts", "{prompt_empty}"), ("{prompt_empty} line 1", "is empty"), code=2),
-    Case("prompt_no_known_key", (*SERVED, "--prompts", "{prompt_no_key}"), ("{prompt_no_key} line 1", "cannot tell the file's format"), code=2),
-    Case("prompt_file_missing", (*SERVED, "--prompts", "/nonexistent/prompts.jsonl"), ("/nonexistent/prompts.jsonl",), code=2),
-    Case("prompt_file_type", (*SERVED, "--prompts", "{prompt_csv}"), ("{prompt_csv}", "unknown prompt file type"), code=2),
-    # ---- the corpus generator's command line ------------------------------------------------
+    Case("prompt_not_text", (*BENCH_PROMPTS, "{prompt_number}"), ("{prompt_number} line 2", "`prompt` must be text"), env=NO_ENGINE),
+    Case("prompt_lone_surrogate", (*BENCH_PROMPTS, "{prompt_surrogate}"), ("{prompt_surrogate} line 3", "lone surrogate"), env=NO_ENGINE),
+    Case("prompt_not_utf8", (*BENCH_PROMPTS, "{prompt_latin1}"), ("{prompt_latin1} line 1", "not UTF-8"), env=NO_ENGINE),
+    Case("prompt_not_json", (*BENCH_PROMPTS, "{prompt_not_json}"), ("{prompt_not_json} line 2", "not valid JSON"), env=NO_ENGINE),
+    Case("prompt_empty", (*BENCH_PROMPTS, "{prompt_empty}"), ("{prompt_empty} line 1", "is empty"), env=NO_ENGINE),
+    Case("prompt_no_known_key", (*BENCH_PROMPTS, "{prompt_no_key}"), ("{prompt_no_key} line 1", "cannot tell the file's format"), env=NO_ENGINE),
+    Case("prompt_file_missing", (*BENCH_PROMPTS, "/nonexistent/prompts.jsonl"), ("/nonexistent/prompts.jsonl",), env=NO_ENGINE),
+    Case("prompt_file_type", (*BENCH_PROMPTS, "{prompt_csv}"), ("{prompt_csv}", "unknown prompt file type"), env=NO_ENGINE),
+    # ---- the corpus commands ------------------------------------------------------------------
+    Case("read_bad_row", (*CLI, "corpus", "read", "{prompt_number}"), ("{prompt_number} line 2", "`prompt` must be text")),
+    Case("read_format_unknown", (*CLI, "corpus", "read", "{prompts_ok}", "--format", "csv"), ("--format", "'csv'", "sharegpt"), code=2),
+    Case("magpie_tokenizer_missing", (*CLI, "corpus", "magpie", *MAGPIE, "--tokenizer", "/nonexistent"), ("--tokenizer '/nonexistent'",), code=2),
+    Case(
+        "magpie_num_prompts_0", (*CLI, "corpus", "magpie", *MAGPIE, "--tokenizer", "{target}", "--num-prompts", "0"), ("--num-prompts", "'0'"), code=2
+    ),
+    Case("magpie_server_unreachable", (*CLI, "corpus", "magpie", *MAGPIE, "--tokenizer", "{target}"), ("magpie failed", "http://127.0.0.1:9")),
     Case("gen_tokenizer_missing", gen(tokenizer="/nonexistent"), ("--tokenizer '/nonexistent' does not exist",), code=2, within_s=5),
     Case("gen_tokenizer_a_file", gen(tokenizer="{a_file}"), ("is a file, not a folder",), code=2),
     Case("gen_tokenizer_no_tokenizer", gen(tokenizer="{no_engine}"), ("holds no tokenizer",), code=2),

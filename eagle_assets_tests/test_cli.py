@@ -170,3 +170,73 @@ def test_bench_takes_a_users_prompts_that_fit_and_refuses_more_than_there_are(tm
     # Two fit: the prompts pass, and the benchmark goes on to its next check (the engine's environment).
     result = invoke(*args, "--num-prompts", "2", "--concurrency", "1")
     assert result.exit_code == 1 and f"no vLLM environment at {tmp_path / 'no-engine'}" in result.output
+
+
+def test_corpus_read_prints_what_a_prompt_file_holds_and_drops(tmp_path):
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text('{"prompt": "What is 2+2?"}\n{"prompt": 123}\n{"prompt": "Name a colour."}\n')
+    refused = invoke("corpus", "read", str(prompts))
+    assert refused.exit_code == 1
+    assert f"{prompts} line 2" in refused.output and "`prompt` must be text" in refused.output
+    read = invoke("corpus", "read", str(prompts), "--skip-bad")
+    assert read.exit_code == 0, read.output
+    summary = json.loads(read.stdout)
+    assert (summary["records"], summary["prompts_read"], summary["dropped"]) == (3, 2, {"invalid": 1}), summary
+
+
+def test_show_report_prints_a_saved_reports_summary_and_refuses_another_file(tmp_path):
+    not_a_report = tmp_path / "report.json"
+    not_a_report.write_text('{"levels": []}')
+    result = invoke("show", "report", str(tmp_path))
+    assert result.exit_code == 1
+    assert f"{not_a_report} is not a benchmark report" in result.output
+    missing = invoke("show", "report", str(tmp_path / "nowhere"))
+    assert missing.exit_code == 1 and "nowhere" in missing.output
+
+
+def test_show_counters_prints_a_servers_speculation_counters_with_its_key(monkeypatch):
+    from eagle_assets_tests.http_stub import JsonHandler, StubServer
+
+    labels = 'engine="0",model_name="m"'
+    text = (
+        f"vllm:spec_decode_num_drafts_total{{{labels}}} 10.0\n"
+        f"vllm:spec_decode_num_draft_tokens_total{{{labels}}} 30.0\n"
+        f"vllm:spec_decode_num_accepted_tokens_total{{{labels}}} 12.0\n"
+        + "".join(f'vllm:spec_decode_num_accepted_tokens_per_pos_total{{{labels},position="{k}"}} {n}.0\n' for k, n in enumerate((7, 4, 1)))
+    )
+    keys = []
+
+    class Metrics(JsonHandler):
+        def do_GET(self):
+            keys.append(self.headers.get("Authorization"))
+            body = text.encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+    server = StubServer(Metrics)
+    monkeypatch.setenv("EAGLE_ASSETS_SERVER_API_KEY", "s3cret")
+    try:
+        result = invoke("show", "counters", server.url)
+    finally:
+        server.close()
+    assert result.exit_code == 0, result.output
+    assert result.stdout.splitlines() == [
+        "drafts 10  draft tokens 30  accepted 12",
+        "AL 2.200  draft acceptance rate 40.0%  p_k [0.700, 0.400, 0.100]",
+    ]
+    assert keys == ["Bearer s3cret"]
+    gone = invoke("show", "counters", server.url)  # closed: nothing listens there now
+    assert gone.exit_code == 1 and f"could not scrape {server.url}/metrics" in gone.output
+
+
+def test_dev_relock_check_and_setup_lock_refuse_or_report_without_writing(tmp_path):
+    from eagle_assets.defs.code_versions import LOCK_FILE
+
+    before = LOCK_FILE.read_bytes()
+    checked = invoke("dev", "relock", "--check")
+    assert LOCK_FILE.read_bytes() == before  # --check writes nothing
+    assert checked.exit_code == 0 and "every asset's code matches the lock" in checked.output, checked.output
+    refused = invoke("setup", "lock", "--device", "cpu", "--venv", str(tmp_path / "no-venv"))
+    assert refused.exit_code == 1 and f"--venv {tmp_path / 'no-venv'} has no bin/python" in refused.output

@@ -201,7 +201,9 @@ def test_the_corpus_generator_stops_on_a_full_disk_with_one_clear_line(disk, tmp
     try:
         argv = [
             "-m",
-            "eagle_assets.corpus.generate",
+            "eagle_assets.cli",
+            "corpus",
+            "generate",
             "--prompts",
             str(prompts),
             "--out",

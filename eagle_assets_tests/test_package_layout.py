@@ -1,6 +1,7 @@
 """The package holds the product and nothing else: every module is reached from an entry point,
 no two modules import each other (directly or round a longer circle, imports inside functions
-counted), and the formatter runs over every line (no `# fmt: skip`)."""
+counted), the formatter runs over every line (no `# fmt: skip`), and `eagle-assets` is the one
+command line (besides the few that `COMMAND_LINES` names and why)."""
 
 from __future__ import annotations
 
@@ -19,6 +20,16 @@ ENTRY_POINTS = [
     *(str(p.relative_to(PACKAGE)) for p in sorted((PACKAGE / "engines").glob("vllm_*.py"))),
     *(str(p.relative_to(PACKAGE)) for p in sorted((PACKAGE / "engines" / "engine_site").glob("*.py"))),
 ]
+
+
+COMMAND_LINES = {
+    "cli.py": "eagle-assets itself (typer)",
+    "drafter/train.py": "the trainer's torchrun entry",
+    "defs/session.py": "a session's supervisor process, started by the package itself",
+    "engines/vllm_preflight.py": "run by the engine's interpreter, which has no typer",
+    "engines/vllm_reasoning.py": "run by the engine's interpreter, which has no typer",
+}
+"""The package modules that may have a `__main__` block or parse arguments (engines/engine_site/ too, run by the engine)."""
 
 
 def _modules() -> dict[str, Path]:
@@ -100,3 +111,38 @@ def test_the_formatter_runs_over_every_line():
         if any(f"fmt: {word}" in line for word in MARKERS)
     ]
     assert skips == []
+
+
+def _is_main_block(node: ast.AST) -> bool:
+    """`if __name__ == "__main__":`, either way round."""
+    if not (isinstance(node, ast.If) and isinstance(node.test, ast.Compare) and len(node.test.comparators) == 1):
+        return False
+    sides = {ast.unparse(node.test.left), ast.unparse(node.test.comparators[0])}
+    return sides == {"__name__", "'__main__'"}
+
+
+def command_lines(package: Path) -> list[str]:
+    """Modules outside COMMAND_LINES and engines/engine_site/ with a `__main__` block or an argparse import."""
+    found = []
+    for path in sorted(package.rglob("*.py")):
+        name = str(path.relative_to(package))
+        if name in COMMAND_LINES or name.startswith("engines/engine_site/"):
+            continue
+        tree = ast.parse(path.read_text())
+        imports = {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+        imports |= {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
+        if "argparse" in imports or any(_is_main_block(n) for n in ast.walk(tree)):
+            found.append(name)
+    return found
+
+
+def test_eagle_assets_is_the_one_command_line(tmp_path):
+    assert command_lines(PACKAGE) == []  # a command belongs in cli.py (or a cli_*.py group it registers)
+    # The finder sees each way of writing one.
+    (tmp_path / "engines" / "engine_site").mkdir(parents=True)
+    (tmp_path / "a.py").write_text("import argparse\n")
+    (tmp_path / "b.py").write_text("if '__main__' == __name__:\n    pass\n")
+    (tmp_path / "c.py").write_text("def f():\n    from argparse import ArgumentParser\n")
+    (tmp_path / "cli.py").write_text('if __name__ == "__main__":\n    pass\n')
+    (tmp_path / "engines" / "engine_site" / "d.py").write_text("import argparse\n")
+    assert command_lines(tmp_path) == ["a.py", "b.py", "c.py"]

@@ -99,21 +99,6 @@ def test_every_project_variable_is_read_through_the_readers_and_listed():
     assert unused == []
 
 
-def test_the_served_benchmark_reads_its_key_from_a_file_or_a_variable(monkeypatch, tmp_path):
-    from eagle_assets.bench.served import read_api_key
-
-    key = tmp_path / "key"
-    key.write_text("from-file\n")
-    monkeypatch.setenv("MY_SERVER_KEY", "from-env")
-    assert read_api_key(str(key), "MY_SERVER_KEY") == "from-file"
-    assert read_api_key(None, "MY_SERVER_KEY") == "from-env"
-    monkeypatch.delenv("MY_SERVER_KEY")
-    assert read_api_key(None, "MY_SERVER_KEY") is None  # no key: requests go without one
-    key.write_text("")
-    with pytest.raises(ValueError, match=f"--api-key-file {re.escape(str(key))} is empty"):
-        read_api_key(str(key), None)
-
-
 def test_the_readmes_table_lists_every_variable_and_no_other():
     readme = (PACKAGE.parent / "README.md").read_text()
     rows = re.findall(r"^\| `(EAGLE_ASSETS_[A-Z_]+)` \|", readme, re.M)

@@ -26,16 +26,15 @@ Definitions used everywhere in the project (docs/design.md, "Metrics"):
                                   AL 2.05 at K = 7 shows as 15 %)
     p_k (per-position)          = drafts whose k-th token was accepted / drafts   (k = 1..K)
 
-Run it against a live server to print the counters so far:
+Print a live server's counters so far (`counters_text`):
 
-    python -m eagle_assets.bench.metrics http://127.0.0.1:8000
+    eagle-assets show counters http://127.0.0.1:8000
 """
 
 from __future__ import annotations
 
 import math
 import re
-import sys
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass
 
@@ -356,20 +355,12 @@ def spec_stats_from_sglang(meta_infos: Iterable[Mapping]) -> SpecStats | None:
     )
 
 
-def _main(argv: list[str]) -> int:
-    if len(argv) != 1:
-        print("usage: python -m eagle_assets.bench.metrics BASE_URL", file=sys.stderr)
-        return 2
-    c = scrape(argv[0])
+def counters_text(base_url: str, api_key: str | None = None) -> str:
+    """A live server's speculative-decoding counters so far, in two lines (one when it runs without
+    speculation); a RuntimeError naming the URL when it cannot be scraped."""
+    c = scrape(base_url, api_key)
     if not c.present:
-        print("no spec-decode counters: the server runs without speculation")
-        return 0
+        return "no spec-decode counters: the server runs without speculation"
     s = SpecStats(c.drafts, c.draft_tokens, c.accepted, c.accepted_per_pos)
     p = ", ".join(f"{x:.3f}" for x in s.per_position_acceptance)
-    print(f"drafts {s.drafts}  draft tokens {s.draft_tokens}  accepted {s.accepted}")
-    print(f"AL {s.al:.3f}  draft acceptance rate {s.draft_acceptance_rate:.1%}  p_k [{p}]")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(_main(sys.argv[1:]))
+    return f"drafts {s.drafts}  draft tokens {s.draft_tokens}  accepted {s.accepted}\nAL {s.al:.3f}  draft acceptance rate {s.draft_acceptance_rate:.1%}  p_k [{p}]"

@@ -23,13 +23,11 @@ more forward, each attending to the drafter KV at <= p and the mask slots before
 d_2..d_K at once. (vLLM runs them in the first pass's forward; attention makes it the same.)
 
 Metrics (docs/design.md): AL = 1 + accepted / drafts; p_k = drafts whose k-th token was accepted / drafts.
-
-    python -m eagle_assets.bench.reference_decoder --target PATH --drafter PATH --k 3 --prompt "Hello"
+`eagle-assets bench --offline-reference hf` runs it on a drafter folder beside the served benchmark.
 """
 
 from __future__ import annotations
 
-import argparse
 from dataclasses import dataclass, field
 
 import torch
@@ -233,32 +231,3 @@ def greedy_generate(target, input_ids: torch.Tensor, max_new_tokens: int, eos_to
             break
         ids = torch.tensor([[nxt]], device=ids.device)
     return out
-
-
-def main(argv: list[str] | None = None) -> None:
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from eagle_assets.drafter.export import load_drafter
-    from eagle_assets.drafter.target_head import read_target_head
-
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--target", required=True, help="target HF folder")
-    ap.add_argument("--drafter", required=True, help="drafter folder (vLLM or SGLang export)")
-    ap.add_argument("--prompt", action="append", required=True)
-    ap.add_argument("--k", type=int, default=3)
-    ap.add_argument("--max-new-tokens", type=int, default=64)
-    args = ap.parse_args(argv)
-    tok = AutoTokenizer.from_pretrained(args.target)
-    target = AutoModelForCausalLM.from_pretrained(args.target, dtype=torch.float32).eval()
-    drafter, _ = load_drafter(args.drafter, target_num_layers=target.config.num_hidden_layers)
-    drafter.load_target_embedding(read_target_head(args.target, torch.float32)[0])
-    for prompt in args.prompt:
-        ids = tok.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True, return_tensors="pt")
-        ids = ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids
-        res = speculative_generate(target, drafter.eval(), ids, args.max_new_tokens, args.k, tok.eos_token_id)
-        p = " ".join(f"{x:.2f}" for x in res.per_position_acceptance)
-        print(f"AL {res.al:.3f}  p_k [{p}]  drafts {res.num_drafts}  {tok.decode(res.tokens)!r}")
-
-
-if __name__ == "__main__":
-    main()

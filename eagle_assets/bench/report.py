@@ -11,14 +11,13 @@ numbers and the parity verdict, and runs the checks; `write_report` writes
 
 and `summary_text` gives a one-screen console summary. Print a saved report:
 
-    python -m eagle_assets.bench.report path/to/report.json
+    eagle-assets show report path/to/report.json
 """
 
 from __future__ import annotations
 
 import json
 import math
-import sys
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -712,10 +711,3 @@ def load_report(path: str | Path) -> BenchmarkReport:
         return BenchmarkReport.from_dict(json.loads(path.read_text(encoding="utf-8")))
     except (KeyError, TypeError, json.JSONDecodeError) as e:
         raise ValueError(f"{path} is not a benchmark report written by write_report: {e}") from e
-
-
-if __name__ == "__main__":
-    if len(sys.argv) != 2:
-        print("usage: python -m eagle_assets.bench.report REPORT_JSON_OR_FOLDER", file=sys.stderr)
-        sys.exit(2)
-    print(summary_text(load_report(sys.argv[1])))

@@ -24,28 +24,19 @@ of retrying. A request that streams nothing for `request_timeout_s`, or has not 
 its deadline (`SweepSettings.deadline_s`, fitted to `output_len`), fails the sweep at once,
 naming the server: a stalled server makes no progress for a retry either.
 
-One engine configuration ("baseline", "eagle3", "ngram") gives one `ServedRun`. Run it by hand
-against a server:
-
-    python -m eagle_assets.bench.served --base-url http://127.0.0.1:8000 \\
-        --model smollm2-135m-instruct --label eagle3 --num-prompts 16 --output-len 128 \\
-        --concurrency 1 4 8 --out eagle3.json
-    python -m eagle_assets.bench.served --base-url ... --model ... --label baseline --smoke
-
-The API key is read from a file (`--api-key-file PATH`) or an environment variable
-(`--api-key-env NAME`, default EAGLE_ASSETS_SERVER_API_KEY, or the file NAME_FILE names), never
-from the command line, where `ps` shows it to every user of the host; it is sent as a bearer token
-and never logged or written to results.
+One engine configuration ("baseline", "eagle3", "ngram") gives one `ServedRun`; `eagle-assets
+bench` runs one per configuration, against servers it launches or yours (EAGLE_ASSETS_SERVER_URL
+and EAGLE_ASSETS_SPECULATIVE_URL, whose key is read from EAGLE_ASSETS_SERVER_API_KEY or the file
+EAGLE_ASSETS_SERVER_API_KEY_FILE names, never from the command line, where `ps` shows it to every
+user of the host). The key is sent as a bearer token and never logged or written to results.
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import logging
 import math
-import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
@@ -768,118 +759,3 @@ def write_json_atomic(path: str | Path, obj: object) -> Path:
         path.parent.mkdir(parents=True, exist_ok=True)
     write_durably(path, json.dumps(obj, indent=2, allow_nan=True).encode("utf-8"))
     return path
-
-
-def read_api_key(path: str | None, variable: str | None) -> str | None:
-    """The key in the file `path` when given, else in the variable `variable` (or the file
-    `<variable>_FILE` names); a ValueError naming the file or the variable when it cannot be read."""
-    from eagle_assets.settings_env import env_secret
-
-    if path is None:
-        return env_secret(variable) if variable else None
-    try:
-        key = Path(path).read_text(encoding="utf-8").strip()
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ValueError(f"--api-key-file {path}: cannot be read ({type(exc).__name__}: {exc})") from None
-    if not key:
-        raise ValueError(f"--api-key-file {path} is empty: write the key into it")
-    return key
-
-
-def _main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--base-url", required=True)
-    ap.add_argument("--model", required=True, help="served model name")
-    ap.add_argument("--label", default="baseline", help='engine configuration: "baseline", "eagle3", "ngram"')
-    ap.add_argument("--engine", default="vllm", choices=ENGINES)
-    ap.add_argument("--num-prompts", type=int, default=16, help="MT-Bench questions spread over its categories, or the first N of --prompts")
-    ap.add_argument("--prompts", help="a prompt file in any format of corpus/prompt_formats.py: the first user turn of each (default MT-Bench)")
-    ap.add_argument("--output-len", type=int, default=256)
-    ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 8])
-    ap.add_argument("--smoke", action="store_true", help="2 prompts, 16 tokens, concurrency 1 and 2")
-    ap.add_argument("--api-key-file", metavar="PATH", help="a file holding the server's API key")
-    ap.add_argument(
-        "--api-key-env",
-        metavar="NAME",
-        default="EAGLE_ASSETS_SERVER_API_KEY",
-        help="the environment variable holding the key (or NAME_FILE, a file holding it)",
-    )
-    ap.add_argument("--api-key", help=argparse.SUPPRESS)  # refused below: a key on the command line
-    ap.add_argument("--out", help="write the ServedRun as JSON here (each level as soon as it is measured)")
-    ap.add_argument(
-        "--stall-timeout",
-        type=float,
-        default=SweepSettings.request_timeout_s,
-        metavar="SECONDS",
-        help="abandon a request that streams nothing for this long, and end with the server named",
-    )
-    args = ap.parse_args(argv)
-    if args.api_key is not None:
-        ap.error(
-            "--api-key puts the key on the command line, where `ps` shows it to every user of this host: "
-            "give --api-key-file PATH, or set it in the variable --api-key-env names (default EAGLE_ASSETS_SERVER_API_KEY)"
-        )
-    try:
-        api_key = read_api_key(args.api_key_file, args.api_key_env)
-    except ValueError as exc:
-        ap.error(str(exc))
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
-    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per request drowns the results
-    if args.smoke:
-        args.num_prompts, args.output_len, args.concurrency = 2, 16, [1, 2]
-    try:
-        prompts = list(user_prompt_set(args.prompts, args.num_prompts).messages if args.prompts else mt_bench_prompts(args.num_prompts))
-    except ValueError as exc:
-        ap.error(str(exc))
-    try:
-        settings = SweepSettings(
-            output_len=args.output_len, concurrencies=tuple(args.concurrency), engine=args.engine, request_timeout_s=args.stall_timeout
-        )
-        refuse_too_few_prompts(len(prompts), settings.concurrencies, f"{len(prompts)} prompts")
-    except ValueError as exc:
-        ap.error(str(exc))
-    levels: list[LevelResult] = []
-    started = time.time()
-
-    def served(done: Sequence[LevelResult]) -> ServedRun:
-        return ServedRun(
-            label=args.label,
-            engine=args.engine,
-            model=args.model,
-            base_url=args.base_url,
-            output_len=settings.output_len,
-            num_prompts=len(prompts),
-            levels=tuple(done),
-            started_at=started,
-        )
-
-    def keep(level: LevelResult) -> None:  # a level measured is never lost to a later failure
-        levels.append(level)
-        if args.out:
-            write_json_atomic(args.out, served(levels).to_dict())
-
-    try:
-        run_served(args.label, args.base_url, args.model, prompts, settings, api_key=api_key, on_level=keep)
-    except (ServedRequestError, OSError) as exc:
-        kept = f"; the {len(levels)} level(s) measured are in {args.out}" if args.out and levels else ""
-        print(f"the served benchmark failed: {exc}{kept}", file=sys.stderr)
-        return 1
-    run = served(levels)
-    for lv in run.levels:
-        if lv.spec is None:
-            al = ""
-        elif lv.spec.drafts == 0:
-            al = "  no drafts"
-        else:
-            al = f"  AL {lv.spec.al:.2f}  draft acceptance {lv.spec.draft_acceptance_rate:.1%}"
-        print(
-            f"c={lv.concurrency:<3} {lv.tokens_per_s:8.1f} tok/s  TTFT p50 {lv.ttft_s['p50'] * 1e3:7.1f} ms  "
-            f"ITL p50 {lv.itl_s['p50'] * 1e3:6.1f} ms{al}"
-        )
-    if args.out:
-        print(f"wrote {write_json_atomic(args.out, run.to_dict())}")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(_main())

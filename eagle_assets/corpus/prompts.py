@@ -18,19 +18,17 @@ Sources:
     benchmark only. Any attempt to train on them (by file name, or by the content of the
     questions under any name) raises `EvaluationDataError`.
 
-    python -m eagle_assets.corpus.prompts magpie --server http://localhost:8000 \\
+    eagle-assets corpus magpie --server http://localhost:8000 \\
         --model smollm2-135m-instruct --tokenizer .cache/targets/smollm2-135m-instruct \\
         --num-prompts 64 --out data/prompts/magpie.jsonl
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import posixpath
 import random
-import sys
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
@@ -341,33 +339,3 @@ def synthesize_prompts(
             return await synthesize_prompts_async(client, template, settings, progress)
 
     return asyncio.run(run())
-
-
-def _main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = parser.add_subparsers(dest="command", required=True)
-    m = sub.add_parser("magpie", help="let the target write prompts")
-    m.add_argument("--server", required=True)
-    m.add_argument("--model", required=True)
-    m.add_argument("--tokenizer", required=True)
-    m.add_argument("--out", required=True)
-    m.add_argument("--num-prompts", type=int, default=64)
-    m.add_argument("--seed", type=int, default=0)
-    m.add_argument("--multi-turn-fraction", type=float, default=0.0)
-    m.add_argument("--concurrency", type=int, default=16)
-    args = parser.parse_args(argv)
-    from eagle_assets.corpus.target import load_tokenizer
-
-    prompts, stats = synthesize_prompts(
-        ClientSettings(args.server, args.model, concurrency=args.concurrency),
-        load_tokenizer(args.tokenizer),
-        MagpieSettings(num_prompts=args.num_prompts, seed=args.seed, multi_turn_fraction=args.multi_turn_fraction),
-        progress=lambda line: print(line, file=sys.stderr),
-    )
-    write_prompts(prompts, args.out)
-    print(json.dumps(stats.as_dict(), indent=1))
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(_main())

@@ -2,7 +2,7 @@
 Pure code lives elsewhere.
 
 `ASSETS` and `build_definitions` (defs/graph.py) load on first use, so the modules here that run
-as commands of their own (`python -m eagle_assets.defs.session`, `...code_versions`) start
+as commands of their own (`python -m eagle_assets.defs.session`) start
 without importing every asset's dependencies.
 """
 

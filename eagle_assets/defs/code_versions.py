@@ -14,7 +14,7 @@ not renewed; then the developer decides:
 
 and either way renews the lock, saying which in the commit message:
 
-    make relock        # = .venv/bin/python -m eagle_assets.defs.code_versions --relock
+    make relock        # = .venv/bin/eagle-assets dev relock
 
 The code an asset runs: the asset's function in its module and the names of that module it
 uses (its Config, its helpers), then every eagle_assets module those import, transitively, and
@@ -24,7 +24,6 @@ from the source, not executed, so a module only benchmarks import is in no asset
 
 from __future__ import annotations
 
-import argparse
 import ast
 import hashlib
 import json
@@ -38,7 +37,7 @@ from eagle_assets.durable import write_durably
 PACKAGE = Path(__file__).resolve().parent.parent
 """The eagle_assets package folder."""
 LOCK_FILE = Path(__file__).resolve().with_name("code_versions.lock.json")
-RELOCK_COMMAND = "make relock  (or: .venv/bin/python -m eagle_assets.defs.code_versions --relock)"
+RELOCK_COMMAND = "make relock  (or: .venv/bin/eagle-assets dev relock)"
 
 VERSIONS: dict[str, int] = {
     "prompts": 1,
@@ -284,28 +283,3 @@ def code_version(asset: str, config: type | None = None) -> str:
     defaults = {name: _default_text(field.default) for name, field in config.model_fields.items() if name not in REPORTING_SETTINGS}
     digest = hashlib.sha256(json.dumps(defaults, sort_keys=True).encode()).hexdigest()[:8]
     return f"v{VERSIONS[asset]}-{digest}"
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="Check or renew the lock of the assets' code (module doc).")
-    parser.add_argument("--relock", action="store_true", help="write the lock from the code as it is now")
-    args = parser.parse_args(argv)
-    if args.relock:
-        before = read_lock().get("assets", {})
-        lock = write_lock()
-        for asset, now in lock["assets"].items():
-            was = before.get(asset, {})
-            note = "unchanged" if was == now else f"renewed (version {was.get('version')} -> {now['version']})"
-            print(f"{asset:20} {note}")
-        print(f"wrote {LOCK_FILE}")
-        return 0
-    problems = lock_problems()
-    if problems:
-        print(problems_message(problems), file=sys.stderr)
-        return 1
-    print("every asset's code matches the lock")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

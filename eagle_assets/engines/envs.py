@@ -17,7 +17,7 @@ https://download.pytorch.org/whl/cpu`) or a folder holding that wheel (`PIP_FIND
 unlocked install did. Regenerate it from a working engine environment (resolving hashes from the
 index without downloading the packages):
 
-    python -m eagle_assets.engines.envs lock cpu [VENV]
+    eagle-assets setup lock --device cpu [--venv VENV]
 
 Only a folder carrying the stamp (or an empty one) is ever built over: EAGLE_ASSETS_VLLM_VENV may
 point at an environment made by hand (the engine image's /opt/engine), and one whose python
@@ -216,7 +216,7 @@ def write_lock(device: str, venv: Path | None = None, out: Path | None = None) -
         f"# The engine environment for {device} hosts: {' '.join(REQUIREMENTS[device])} and every package it installs,",
         f"# each pinned to one file by its sha256, for CPython {sys.version_info[0]}.{sys.version_info[1]} on {sysconfig.get_platform()}.",
         "# Installed with `pip install --require-hashes --no-deps -r` (eagle_assets/engines/envs.py).",
-        f"# Regenerate: python -m eagle_assets.engines.envs lock {device} [VENV]",
+        f"# Regenerate: eagle-assets setup lock --device {device} [--venv VENV]",
     ]
     for item in sorted(report["install"], key=lambda i: _name(i["metadata"]["name"])):
         digest = item["download_info"]["archive_info"]["hashes"]["sha256"]
@@ -224,10 +224,3 @@ def write_lock(device: str, venv: Path | None = None, out: Path | None = None) -
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text("\n".join(lines) + "\n")
     return out
-
-
-if __name__ == "__main__":
-    if sys.argv[1:2] == ["lock"]:
-        print(write_lock(sys.argv[2] if len(sys.argv) > 2 else host_device(), Path(sys.argv[3]) if len(sys.argv) > 3 else None))
-    else:
-        ensure_engine_env(sys.argv[1] if len(sys.argv) > 1 else None)

@@ -6,6 +6,7 @@ import dataclasses
 import json
 
 import pytest
+from typer.testing import CliRunner
 
 from eagle_assets.bench.checks import against, host_drift, round_speedups, speedup_check, speedups
 from eagle_assets.bench.metrics import METRIC_DEFINITIONS, SpecStats
@@ -21,6 +22,7 @@ from eagle_assets.bench.report import (
     write_report,
 )
 from eagle_assets.bench.served import LevelResult, ServedRun
+from eagle_assets.cli import app
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 CONCURRENCIES = (1, 4, 8)
@@ -460,5 +462,8 @@ def test_the_written_summary_is_the_console_summary(tmp_path):
     paths = write_report(report, tmp_path)
     assert paths.summary == tmp_path / "summary.txt"
     assert paths.summary.read_text(encoding="utf-8") == summary_text(report) + "\n"
-    # ... and what `python -m eagle_assets.bench.report report.json` prints from the saved report.
+    # ... and what `eagle-assets show report` prints from the saved report (its folder or its report.json).
     assert summary_text(load_report(paths.json)) + "\n" == paths.summary.read_text(encoding="utf-8")
+    for given in (tmp_path, paths.json):
+        shown = CliRunner().invoke(app, ["show", "report", str(given)])
+        assert shown.exit_code == 0 and shown.stdout == paths.summary.read_text(encoding="utf-8"), shown.output

@@ -102,7 +102,7 @@ def test_an_engine_failing_every_request_while_its_server_answers_stops_after_a_
 def test_the_generator_command_exits_1_naming_the_failed_share(server, smollm2_path, tmp_path):
     # The review's case: most samples failed, and the command still said success.
     write_prompts(prompts(12, refused=8), str(tmp_path / "prompts.jsonl"))
-    cmd = [sys.executable, "-m", "eagle_assets.corpus.generate", "--prompts", str(tmp_path / "prompts.jsonl"),
+    cmd = [sys.executable, "-m", "eagle_assets.cli", "corpus", "generate", "--prompts", str(tmp_path / "prompts.jsonl"),
            "--out", str(tmp_path / "corpus"), "--server", server.url, "--model", "m", "--tokenizer", str(smollm2_path)]  # fmt: skip
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 1, proc.stderr[-2000:]

@@ -70,7 +70,7 @@ def killed_and_resumed(vllm_server, tokenizer, target, magpie, smollm2_path, tmp
     write_prompts(prompts, str(work / "prompts.jsonl"))
     out = work / "corpus"
     cmd = [
-        sys.executable, "-m", "eagle_assets.corpus.generate", "--prompts", str(work / "prompts.jsonl"), "--out", str(out),
+        sys.executable, "-m", "eagle_assets.cli", "corpus", "generate", "--prompts", str(work / "prompts.jsonl"), "--out", str(out),
         "--server", vllm_server.base_url, "--model", vllm_server.model, "--tokenizer", str(smollm2_path),
         "--max-tokens", "48", "--concurrency", "4", "--shard-size", "3", "--retries", "1",
     ]  # fmt: skip
