@@ -111,9 +111,9 @@ def test_bench_refuses_a_repeated_k_or_too_few_prompts_before_any_server(tmp_pat
     (tmp_path / "config.json").write_text("{}")
     result = CliRunner().invoke(app, ["bench", "--drafter", str(tmp_path), "-k", "3", "--also-k", "2", "--also-k", "3"])
     assert result.exit_code == 1
-    assert "k=3 and also_k=[2, 3] repeat a K" in result.output
+    assert "-k 3 and --also-k [2, 3] repeat a K: give each K once" in result.output
     result = CliRunner().invoke(app, ["bench", "--drafter", str(tmp_path), "--num-prompts", "4"])
-    assert result.exit_code == 1 and "num_prompts=4 cannot keep 8 requests in flight" in result.output
+    assert result.exit_code == 1 and "--num-prompts 4 cannot keep 8 requests in flight" in result.output
 
 
 def test_a_bad_k_schedule_is_refused_before_any_server(tmp_path):
