@@ -50,6 +50,17 @@ KIMI_DRAFTER_TRAIN_TOK_S_PER_GPU = 11_004.0
 MEASURED_SHAPES = ("kimi-k2.5",)
 EXTRACTION_SOURCES = ("engine", "hf")
 
+LOAD_MINUTES = {"kimi-k2.5": 22.0}
+"""Minutes one server of the target takes to start on the seeds' host: 547 GB of INT4 Kimi-K2.5
+read by 8 GPUs at ~0.4 GB/s (engines/vllm_launch.py, SLOW_WEIGHT_READ_BYTES_PER_S)."""
+TARGET_LOADS = (
+    ("the extraction server", "the corpus's hidden states and the benchmark prompts' greedy answers with theirs"),
+    ("the target alone", "the benchmark's baseline"),
+    ("the target with the drafter", "the benchmark's speculative sweep; it stays up to serve"),
+)
+"""The target servers a run starts on one host, one at a time (docs/kimi-k2.5.md): the corpus
+comes from the server already serving, and nothing else loads the target."""
+
 
 @dataclass(frozen=True)
 class Throughputs:
@@ -114,10 +125,18 @@ class Estimate:
     """Serving replicas generating and extracting side by side (one per host of tensor-parallel GPUs)."""
     extraction: str = "engine"
     """Which source extracts the states: "engine" or "hf"."""
+    target_loads: int = len(TARGET_LOADS)
+    """Target servers started, one at a time, on each serving host (`TARGET_LOADS`)."""
+    load_minutes: float | None = None
+    """Minutes one load takes (`LOAD_MINUTES`, or given); None: unknown, not counted in the total."""
+
+    @property
+    def load_hours(self) -> float:
+        return self.target_loads * (self.load_minutes or 0.0) / 60
 
     @property
     def total_hours(self) -> float:
-        return self.generation_hours + self.extraction_hours + self.training_hours
+        return self.generation_hours + self.extraction_hours + self.training_hours + self.load_hours
 
     def lines(self) -> list[str]:
         t = self.throughputs
@@ -129,6 +148,12 @@ class Estimate:
             f"extraction: {_hours(self.extraction_hours)} at {t.extraction_tokens_per_s:,.0f} tok/s x {self.replicas} replica(s) ({self.extraction})",
             f"training:   {_hours(self.training_hours)} for {self.epochs} epochs over "
             f"{1 - self.val_fraction:.0%} of the samples on {self.gpus} GPU(s) at {t.train_tokens_per_gpu_s:,.0f} tok/s per GPU",
+            (
+                f"loads:      {_hours(self.load_hours)} for {self.target_loads} target loads of {self.load_minutes:.0f} min, one server at a time "
+                if self.load_minutes
+                else f"loads:      {self.target_loads} target loads, one server at a time (pass --load-minutes for their hours) "
+            )
+            + f"({'; '.join(f'{who}: {why}' for who, why in TARGET_LOADS)})",
             f"total:      {_hours(self.total_hours)}",
         ]
         return out + [f"note: {n}" for n in self.notes]
@@ -152,12 +177,15 @@ def estimate(
     num_aux: int | None = None,
     replicas: int = 1,
     extraction: str | None = None,
+    load_minutes: float | None = None,
 ) -> Estimate:
     """Sizes and hours for `samples` of `tokens_per_sample` tokens on `preset`.
 
     `gpus` (training) defaults to the preset's tensor-parallel size times `replicas` (the hosts
     that serve it train on it); `replicas` serving replicas generate and extract side by side;
-    `extraction` defaults to the engine where the target needs several GPUs, else Hugging Face.
+    `extraction` defaults to the engine where the target needs several GPUs, else Hugging Face;
+    `load_minutes`, the minutes one target server takes to start, to the seeds' host's for a
+    target measured there (`LOAD_MINUTES`).
     """
     p = get_preset(preset) if isinstance(preset, str) else preset
     _require(samples >= 1, f"samples must be at least 1, not {samples}")
@@ -165,6 +193,7 @@ def estimate(
     _require(epochs >= 1, f"epochs must be at least 1, not {epochs}")
     _require(0 <= val_fraction < 1, f"the validation fraction must be in [0, 1), not {val_fraction}")
     _require(replicas >= 1, f"replicas must be at least 1, not {replicas}")
+    _require(load_minutes is None or (math.isfinite(load_minutes) and load_minutes >= 0), f"load minutes must be 0 or more, not {load_minutes}")
     extraction = extraction or ("engine" if p.tensor_parallel_size > 1 else "hf")
     _require(extraction in EXTRACTION_SOURCES, f"extraction must be one of {', '.join(EXTRACTION_SOURCES)}, not {extraction!r}")
     gpus = p.tensor_parallel_size * replicas if gpus is None else gpus
@@ -190,6 +219,7 @@ def estimate(
         notes=notes,
         replicas=replicas,
         extraction=extraction,
+        load_minutes=LOAD_MINUTES.get(p.name) if load_minutes is None else load_minutes,
     )
 
 

@@ -1,4 +1,4 @@
-"""`benchmark_report`: served speedup and acceptance, tied to the offline reference."""
+"""`benchmark_reference` and `benchmark_report`: served speedup and acceptance, tied to the offline reference."""
 
 # No `from __future__ import annotations`: Dagster resolves Config types from real annotations.
 
@@ -9,14 +9,16 @@ from typing import Optional
 
 import dagster as dg
 
-from eagle_assets.bench.benchmark import BenchmarkSettings, benchmark_k, run_benchmark
+from eagle_assets.bench import reference_states
+from eagle_assets.bench.benchmark import BenchmarkIncomplete, BenchmarkSettings, ServerUnavailable, benchmark_k, run_benchmark
 from eagle_assets.bench.checks import BASELINE, CONTROL, NGRAM, against, host_drift, round_speedups
 from eagle_assets.bench.parity import ParityTolerance
 from eagle_assets.bench.served import PromptSet, context_fit, user_prompt_set
 from eagle_assets.defs.common import GROUP, check_result, hash_files, metadata, stage_version, target_of
 from eagle_assets.defs.drafter import drafter_checkpoint
+from eagle_assets.defs.hidden_states import HiddenStatesConfig, engine_layer_ids, extraction_settings
 from eagle_assets.engines.k_schedule import KSchedule
-from eagle_assets.resources.inference_server import NEEDS_DRAFTER_SERVER, InferenceServerResource
+from eagle_assets.resources.inference_server import InferenceServerResource
 from eagle_assets.resources.storage import StorageResource
 
 
@@ -84,9 +86,78 @@ class BenchmarkConfig(dg.Config):
         )
 
 
+class BenchmarkReferenceConfig(dg.Config):
+    """What the benchmark will ask of the reference: its prompts and tokens, and the layers the
+    hidden-state stage captures. `run_presets.run_config` fills it from the run's
+    benchmark_report, hidden_state_shards and drafter_checkpoint settings, so the two agree."""
+
+    num_prompts: int = 8
+    prompts_url: Optional[str] = None
+    prompts_format: str = "auto"
+    output_len: int = 64
+    k: Optional[int] = None
+    also_k: list[int] = []
+    ttt_steps: Optional[int] = None
+    """The drafter's training unroll K, the benchmark's K where `k` is unset; default: the preset's."""
+    offline_reference: str = "auto"
+    aux_layer_ids: Optional[list[int]] = None
+    parent_drafter: Optional[str] = None
+    parent_numbering: str = "measure"
+
+
+def benchmark_prompt_set(num_prompts: int, prompts_url: Optional[str], prompts_format: str, path, preset, new_tokens: int) -> PromptSet:
+    """The benchmark's prompts: MT-Bench's first turns, or the first of a file of the user's that fit."""
+    if not prompts_url:
+        from eagle_assets.bench.served import mt_bench_set
+
+        return mt_bench_set(num_prompts)
+    fits = context_fit(path, preset.max_model_len, new_tokens, preset.trust_remote_code)
+    return user_prompt_set(prompts_url, num_prompts, prompts_format, fits)
+
+
 @dg.asset(
     group_name=GROUP,
-    deps=[drafter_checkpoint],
+    code_version=stage_version("bench/reference_states.py", "defs/benchmark.py", BenchmarkReferenceConfig),
+)
+def benchmark_reference(
+    context: dg.AssetExecutionContext, config: BenchmarkReferenceConfig, inference_server: InferenceServerResource, storage: StorageResource
+):
+    """The target's side of the offline reference, captured by the hidden-state stage's
+    extraction server while it is up: each benchmark prompt's greedy answer and the engine's
+    states along it (`bench/reference_states.py`). The benchmark then replays its drafter over
+    them and needs no extraction server of its own: one target server at a time. Skipped (the
+    benchmark then takes its reference as before) where no extraction server serves this run or
+    the reference is Hugging Face's."""
+    preset, path = target_of(inference_server)
+    out = storage.base(preset.name) / "benchmark_reference"
+    why_not = None
+    if config.offline_reference == "hf":
+        why_not = "the offline reference is Hugging Face's (offline_reference: hf)"
+    elif not inference_server.extraction_url:
+        why_not = "no extraction server serves this run (the hidden states come from Hugging Face, or each partition started its own)"
+    if why_not:
+        context.log.info(f"benchmark reference not captured: {why_not}")
+        return dg.MaterializeResult(metadata=metadata({"captured": False, "why": why_not}))
+    k = max([config.k or config.ttt_steps or preset.ttt_steps, *config.also_k])
+    tokens = config.output_len + k
+    prompt_set = benchmark_prompt_set(config.num_prompts, config.prompts_url, config.prompts_format, path, preset, tokens)
+    settings = extraction_settings(HiddenStatesConfig(aux_layer_ids=config.aux_layer_ids, parent_drafter=config.parent_drafter,
+                                                      parent_numbering=config.parent_numbering), preset)  # fmt: skip
+    ids = engine_layer_ids(settings, preset)
+    with inference_server.extraction_server(ids, preset.max_model_len + k + 1, log=context.log.info) as server:
+        reference_states.capture(server.base_url, server.model, server.api_key, prompt_set.messages[: config.num_prompts], tokens, ids, out,
+                                 log=context.log.info)  # fmt: skip
+    storage.publish(out, log=context.log.info)
+    return dg.MaterializeResult(
+        metadata=metadata({"captured": True, "prompts": config.num_prompts, "tokens": tokens, "layer_ids": ids, "path": str(out)}),
+        data_version=dg.DataVersion(hash_files([out / reference_states.MANIFEST_FILE, out / reference_states.STATES_FILE])),
+    )
+
+
+@dg.asset(
+    group_name=GROUP,
+    deps=[drafter_checkpoint, benchmark_reference],
+    output_required=False,
     code_version=stage_version("bench", "defs/benchmark.py", BenchmarkConfig),
     check_specs=[
         dg.AssetCheckSpec("speedup", asset="benchmark_report", description="Tokens/s with the drafter above tokens/s without, at concurrency 1."),
@@ -104,7 +175,11 @@ def benchmark_report(context: dg.AssetExecutionContext, config: BenchmarkConfig,
     """The drafter in the real engine: the same prompts (MT-Bench's, or prompts_url's) without
     speculation, with our EAGLE-3 drafter and with vLLM's n-gram speculation, over a concurrency sweep; acceptance
     from the engine's own counters against the offline reference decoder, with a verdict on
-    whether a gap is the drafter's fault or the engine wiring's. Markdown, JSON and plots."""
+    whether a gap is the drafter's fault or the engine wiring's. Markdown, JSON and plots.
+
+    With servers of the user's given one at a time (the target alone, later with the drafter),
+    each run measures what its server serves and keeps it; the asset is materialised by the run
+    that completes the measurements (a run that cannot finish yet says what is left)."""
     preset, path = target_of(inference_server)
     drafter_dir = storage.drafter(preset.name) / "drafter-vllm"
     storage.fetch(drafter_dir, storage.drafter(preset.name) / "summary.json", log=context.log.info)  # not the checkpoints
@@ -112,31 +187,48 @@ def benchmark_report(context: dg.AssetExecutionContext, config: BenchmarkConfig,
     k = benchmark_k(config.k, summary, preset.ttt_steps)
     prompt_set = None
     if config.prompts_url:
-        fits = context_fit(path, preset.max_model_len, config.output_len + max([k, *config.also_k]), preset.trust_remote_code)
-        prompt_set = user_prompt_set(config.prompts_url, config.num_prompts, config.prompts_format, fits)
+        prompt_set = benchmark_prompt_set(config.num_prompts, config.prompts_url, config.prompts_format, path, preset,
+                                          config.output_len + max([k, *config.also_k]))  # fmt: skip
     settings = config.settings(k, inference_server.served_dtype(), prompt_set)
     notes = [inference_server.serving_note()]
-    if inference_server.url:
-        if not inference_server.speculative_url:
-            raise ValueError(NEEDS_DRAFTER_SERVER)
-        # Two servers of the user's: the target alone and with the drafter, one configuration each.
+    report_notes = []
+    if inference_server.connected:
+        # Servers of the user's: the target alone and with the drafter, one configuration each,
+        # given together or one at a time (a host holding one target server: measured in turn).
         settings = dataclasses.replace(settings, also_k=(), k_schedule=None, ngram=False, control=False, interleave_rounds=0,
                                        baseline_again=False, confirm_schedule=False)  # fmt: skip
-        notes.append(f"served by your servers: the target at {inference_server.url}, with the drafter at "
-                     f"{inference_server.speculative_url} (at the K it was started with); no n-gram, other K or A/A control")  # fmt: skip
+        report_notes.append("served by your servers: the target alone and with the drafter (at the K it was started with), "
+                            "one configuration each; no n-gram, other K or A/A control")  # fmt: skip
 
     def serve(speculative, replica=0):
+        if inference_server.connected and not (inference_server.speculative_url if speculative else inference_server.url):
+            raise ServerUnavailable("no server of the target with the drafter is given (EAGLE_ASSETS_SPECULATIVE_URL)" if speculative
+                                    else "no server of the target alone is given (EAGLE_ASSETS_SERVER_URL)")  # fmt: skip
         return inference_server.serve(speculative=speculative, replica=replica, log=context.log.info)
 
     def extraction_server(layer_ids):
         return inference_server.extraction_server(layer_ids, preset.max_model_len + settings.k + 1, log=context.log.info)
 
-    report, paths = run_benchmark(
-        settings, preset.name, path, drafter_dir, serve, storage.report(preset.name),
-        target_num_layers=preset.num_layers, parent_al=config.parent_al, log=context.log.info,
-        notes=notes, training_summary=summary, why_not_at_once=inference_server.why_not_at_once,
-        extraction_server=extraction_server, trust_remote_code=preset.trust_remote_code,
-    )  # fmt: skip
+    reference_dir = storage.base(preset.name) / "benchmark_reference"
+    storage.fetch(reference_dir, log=context.log.info)
+    reference = reference_states.load(reference_dir)
+    can_extract = not inference_server.connected or bool(inference_server.extraction_url)
+    try:
+        report, paths = run_benchmark(
+            settings, preset.name, path, drafter_dir, serve, storage.report(preset.name),
+            target_num_layers=preset.num_layers, parent_al=config.parent_al, log=context.log.info,
+            notes=notes, training_summary=summary, why_not_at_once=inference_server.why_not_at_once,
+            extraction_server=extraction_server if can_extract else None, trust_remote_code=preset.trust_remote_code,
+            reference=reference, report_notes=report_notes,
+        )  # fmt: skip
+    except BenchmarkIncomplete as exc:
+        # Measured in parts (one target server at a time): what was measured is kept, and the
+        # asset is materialised by the run that measures the rest.
+        context.log.warning(str(exc))
+        storage.publish(storage.report(preset.name), log=context.log.info)
+        for check_name in ("speedup", "parity", "parent_al", "greedy_output"):
+            yield check_result(False, {"not_measured_yet": str(exc)}, check_name=check_name, blocking_severity=dg.AssetCheckSeverity.WARN)
+        return
     storage.publish(storage.report(preset.name), log=context.log.info)
     text = paths.summary.read_text().rstrip("\n")
     context.log.info("\n" + text)

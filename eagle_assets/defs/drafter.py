@@ -17,6 +17,7 @@ from eagle_assets.drafter.run_config import TrainConfig
 from eagle_assets.drafter.train import SUMMARY_FILE
 from eagle_assets.engines.serving import SMOKE_PROMPTS, chat_once, cold_sampling_check
 from eagle_assets.hidden_states.reader import stored_aux_layer_ids
+from eagle_assets.hub_target import drafter_folder
 from eagle_assets.resources.inference_server import NEEDS_DRAFTER_SERVER, InferenceServerResource
 from eagle_assets.resources.storage import StorageResource
 from eagle_assets.resources.trainer import TrainerResource
@@ -57,7 +58,11 @@ class DrafterConfig(dg.Config):
     layer choices by training only. A drafter that reads the last layer (id L) is exported for
     vLLM only: SGLang cannot capture that layer."""
     warm_start: Optional[str] = _TRAINER["warm_start"]
-    """A parent drafter folder (`midlayer.*` or `layers.0.*` names) to fine-tune from."""
+    """A parent drafter to fine-tune from (`midlayer.*` or `layers.0.*` names): its folder, or a
+    hub id pulled with `eagle-assets target pull ORG/NAME`."""
+    parent_numbering: str = _TRAINER["parent_numbering"]
+    """How the parent counts its layer ids where its config does not say: "measure" (its
+    held-out acceptance at both readings, the better trained and recorded), "vllm" or "sglang"."""
     ptd_token_id: Optional[int] = _TRAINER["ptd_token_id"]
     """Set: train the drafter for vLLM's parallel drafting (P-EAGLE): draft steps after the first
     are mask slots that read this token's embedding and a learned state, all drafted in one
@@ -67,9 +72,9 @@ class DrafterConfig(dg.Config):
     seed: int = _TRAINER["seed"]
 
 
-PASSED_TO_TRAINER = tuple(name for name in DrafterConfig.model_fields if name in _TRAINER and name not in ("ttt_steps", "aux_layer_ids"))
+PASSED_TO_TRAINER = tuple(name for name in DrafterConfig.model_fields if name in _TRAINER and name not in ("ttt_steps", "aux_layer_ids", "warm_start"))
 """The settings handed to the trainer as they are (ttt_steps and aux_layer_ids get the
-preset's and the shards' values where unset)."""
+preset's and the shards' values where unset; warm_start is resolved to a folder)."""
 
 
 @dg.asset(
@@ -92,9 +97,10 @@ def drafter_checkpoint(
     out = storage.drafter(preset.name)
     # With a URL root: the shards, the vocabulary and the earlier checkpoints (training resumes from the newest).
     storage.fetch(storage.hidden_states(preset.name), storage.vocab_mapping(preset.name), out, log=context.log.info)
+    parent = str(drafter_folder(config.warm_start)) if config.warm_start else None
     # A warm start keeps its parent's layers; SGLang serves one-layer step-by-step drafters only.
-    num_layers = folder_num_layers(config.warm_start) if config.warm_start else config.drafter_num_layers
-    parallel = folder_drafts_in_parallel(config.warm_start) if config.warm_start else config.ptd_token_id is not None
+    num_layers = folder_num_layers(parent) if parent else config.drafter_num_layers
+    parallel = folder_drafts_in_parallel(parent) if parent else config.ptd_token_id is not None
     aux_layer_ids = config.aux_layer_ids or stored_aux_layer_ids(storage.hidden_states(preset.name))
     vllm_only = vllm_only_reason(num_layers, aux_layer_ids, preset.num_layers, parallel)
     train_config = TrainConfig(
@@ -104,6 +110,8 @@ def drafter_checkpoint(
         out_dir=str(out),
         ttt_steps=config.ttt_steps or preset.ttt_steps,
         aux_layer_ids=tuple(config.aux_layer_ids) if config.aux_layer_ids else None,
+        warm_start=parent,
+        drafter_shape=dict(preset.drafter_shape) if not parent and preset.drafter_shape else None,
         **{name: getattr(config, name) for name in PASSED_TO_TRAINER},
         tensorboard_dir=str(out / "tensorboard"),
         export_engines=("vllm",) if vllm_only else ("vllm", "sglang"),
@@ -171,7 +179,7 @@ def drafter_serves(context: dg.AssetCheckExecutionContext, inference_server: Inf
     Both servers stay warm for the benchmark of the same run (two on a CPU host; on a GPU the
     plain one, started second, for the benchmark's baseline)."""
     _, out, summary = _trained(inference_server, storage)
-    if inference_server.url and not inference_server.speculative_url:
+    if inference_server.connected and not (inference_server.url and inference_server.speculative_url):
         # Connected to a server of the user's, which cannot load this drafter: said, not failed,
         # so the graph finishes; the message says how to serve it and check again.
         context.log.warning(NEEDS_DRAFTER_SERVER)

@@ -12,7 +12,9 @@ from eagle_assets.corpus.store import CorpusStore
 from eagle_assets.corpus.target import target_fingerprint
 from eagle_assets.defs.common import GROUP, check_result, hash_files, metadata, stage_version, target_of
 from eagle_assets.defs.corpus import synthetic_corpus
+from eagle_assets.drafter.warm_start import parent_layer_ids
 from eagle_assets.formats import SHARD_MANIFEST_FILE, SHARD_STATES_FILE, shard_name
+from eagle_assets.hidden_states.budget import predict_bytes
 from eagle_assets.hidden_states.corpus_io import corpus_token_counts
 from eagle_assets.hidden_states.engine_extract import EngineExtractor, EngineStateClient, final_norm_of
 from eagle_assets.hidden_states.extract import ExtractSettings, extract_shard, load_target
@@ -24,6 +26,7 @@ from eagle_assets.hidden_states.vocab import (
     load_parent_mapping,
     save_vocab_mapping,
 )
+from eagle_assets.hub_target import drafter_folder
 from eagle_assets.resources.inference_server import InferenceServerResource
 from eagle_assets.resources.storage import StorageResource
 from eagle_assets.settings_env import env_int
@@ -38,7 +41,8 @@ class VocabConfig(dg.Config):
     draft_vocab_size: Optional[int] = None
     """Top-N target tokens by frequency over assistant tokens; default: the target preset's."""
     parent_drafter: Optional[str] = None
-    """Warm start: the parent drafter's folder; its d2t/t2d are taken as they are, never rebuilt."""
+    """Warm start: the parent drafter (a folder, or a hub id pulled with `eagle-assets target
+    pull`); its d2t/t2d are taken as they are, never rebuilt."""
 
 
 @dg.asset(
@@ -60,7 +64,7 @@ def vocab_mapping(context: dg.AssetExecutionContext, config: VocabConfig, infere
     corpus = str(storage.corpus(preset.name))
     counts = count_assistant_tokens(corpus, preset.vocab_size)
     if config.parent_drafter:
-        mapping = load_parent_mapping(config.parent_drafter, vocab_size=preset.vocab_size)
+        mapping = load_parent_mapping(drafter_folder(config.parent_drafter), vocab_size=preset.vocab_size)
         context.log.info(f"vocab mapping inherited from the parent drafter {config.parent_drafter}")
     else:
         mapping = build_vocab_mapping(counts, preset.vocab_size, config.draft_vocab_size or preset.draft_vocab_size)
@@ -83,7 +87,15 @@ def vocab_mapping(context: dg.AssetExecutionContext, config: VocabConfig, infere
 
 class HiddenStatesConfig(dg.Config):
     aux_layer_ids: Optional[list[int]] = None
-    """Aux ids (HF hidden_states numbering); default: the preset's (2, L//2, L-3)."""
+    """Aux ids (HF hidden_states numbering); default: the parent drafter's, else the preset's (2, L//2, L-3)."""
+    parent_drafter: Optional[str] = None
+    """Warm start: the parent drafter (a folder, or a hub id pulled with `eagle-assets target
+    pull`); the states are taken at its layers. A parent whose config does not say how its ids
+    count is taken at both readings' layers (`parent_numbering`)."""
+    parent_numbering: str = "measure"
+    """How an unmarked parent's ids count: "measure" (the states of both readings are kept; the
+    trainer measures the parent's acceptance at each and trains at the better), "vllm" (as
+    written) or "sglang" (one more)."""
     source: str = "auto"
     """"engine" (the serving engine extracts them: vLLM's extract_hidden_states, one server for
     every shard), "hf" (a Hugging Face forward pass here) or "auto": the preset's choice, else the
@@ -108,15 +120,34 @@ def _device(choice: str) -> str:
 
 def extraction_settings(config: HiddenStatesConfig, preset) -> ExtractSettings:
     return ExtractSettings(
-        aux_layer_ids=tuple(config.aux_layer_ids or preset.default_aux_layer_ids),
+        aux_layer_ids=tuple(config.aux_layer_ids or parent_ids(config, preset) or preset.default_aux_layer_ids),
         num_shards=NUM_SHARDS,
         batch_tokens=config.batch_tokens,
     )
 
 
+def parent_ids(config: HiddenStatesConfig, preset) -> tuple[int, ...]:
+    """The layers a warm start from `config.parent_drafter` needs (`drafter/warm_start.py`); () without one."""
+    if not config.parent_drafter:
+        return ()
+    return parent_layer_ids(drafter_folder(config.parent_drafter), preset.num_layers, config.parent_numbering)
+
+
+def stage_bytes(config: HiddenStatesConfig, preset, corpus: str) -> int:
+    """Bytes the whole stage writes: every shard (a partition rebuilds its shard whole, and the
+    old one goes only once the new one is in place)."""
+    settings = extraction_settings(config, preset)
+    counts = corpus_token_counts(corpus, NUM_SHARDS)
+    tokens = sum(sum(shard.values()) for shard in counts.values())
+    samples = sum(len(shard) for shard in counts.values())
+    return predict_bytes(tokens, len(settings.aux_layer_ids), preset.hidden_size, samples, NUM_SHARDS)
+
+
 def hidden_states_source(config: HiddenStatesConfig, preset, path) -> str:
-    """ "engine" or "hf" for this target (`hidden_states/source.py`)."""
-    return choose_source(config.source, preset, hf_loadable(path, preset.trust_remote_code))
+    """ "engine" or "hf" for this target (`hidden_states/source.py`); transformers is asked
+    whether it loads the target (running its remote configuration code) only where the
+    choice turns on it."""
+    return choose_source(config.source, preset, lambda: hf_loadable(path, preset.trust_remote_code))
 
 
 def engine_layer_ids(settings: ExtractSettings, preset) -> list[int]:

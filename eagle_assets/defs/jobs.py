@@ -1,8 +1,9 @@
-"""Jobs: the graph in three runs, because one job may not mix partitioned and unpartitioned assets.
+"""Jobs: the graph in four runs, because one job may not mix partitioned and unpartitioned assets.
 
 1. `corpus_job`: prompts -> synthetic_corpus -> vocab_mapping
 2. `hidden_states_job`: hidden_state_shards, one run per partition (shard)
-3. `drafter_job`: drafter_checkpoint -> benchmark_report
+3. `reference_job`: benchmark_reference, from the same extraction server as the partitions
+4. `drafter_job`: drafter_checkpoint -> benchmark_report
 
 Executors. The chained stages (1 and 3) run their steps in the run's own process: each step
 there waits for the one before, and the inference-server resource keeps a launched vLLM warm
@@ -27,8 +28,11 @@ import dagster as dg
 
 CORPUS_STAGE = ["prompts", "synthetic_corpus", "vocab_mapping"]
 HIDDEN_STAGE = ["hidden_state_shards"]
+REFERENCE_STAGE = ["benchmark_reference"]
 DRAFTER_STAGE = ["drafter_checkpoint", "benchmark_report"]
-STAGES = [CORPUS_STAGE, HIDDEN_STAGE, DRAFTER_STAGE]
+STAGES = [CORPUS_STAGE, HIDDEN_STAGE, REFERENCE_STAGE, DRAFTER_STAGE]
+EXTRACTION_STAGES = (HIDDEN_STAGE, REFERENCE_STAGE)
+"""The stages that read the target's states from its extraction server: one server serves both."""
 
 EXECUTOR_ENV = "EAGLE_ASSETS_EXECUTOR"
 CELERY_BROKER_ENV = "EAGLE_ASSETS_CELERY_BROKER"
@@ -67,10 +71,11 @@ def stage_job(name: str, selection: Sequence[str], partitioned: bool, executor: 
 
 
 def build_jobs(executor: dg.ExecutorDefinition | None = None) -> list:
-    """The three stage jobs (define_asset_job's unresolved jobs), with `executor` or their defaults."""
+    """The four stage jobs (define_asset_job's unresolved jobs), with `executor` or their defaults."""
     return [
         stage_job("corpus_job", CORPUS_STAGE, False, executor, "Prompts, the target's answers and the draft vocabulary."),
         stage_job("hidden_states_job", HIDDEN_STAGE, True, executor, "The target's hidden states, one run per shard."),
+        stage_job("reference_job", REFERENCE_STAGE, False, executor, "The benchmark prompts' greedy answers and states, from the extraction server."),
         stage_job("drafter_job", DRAFTER_STAGE, False, executor, "Train, export, smoke-load and benchmark the drafter."),
     ]
 

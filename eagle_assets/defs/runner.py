@@ -1,8 +1,10 @@
 """Runs the whole graph (or only its stale part) as Dagster runs of the local instance.
 
-The graph goes in three stages (docs/design.md: one job may not mix partitioned and unpartitioned
+The graph goes in four stages (docs/design.md: one job may not mix partitioned and unpartitioned
 assets): the corpus stage, the hidden-state partitions (one run each, side by side as the run
-queue allows), then the drafter stage. Every run is submitted to the instance in $DAGSTER_HOME,
+queue allows), the benchmark reference (from the partitions' extraction server, while it is
+up), then the drafter stage. The hidden-state stage's whole disk need is checked before its
+first partition starts (and before an extraction server is launched for it). Every run is submitted to the instance in $DAGSTER_HOME,
 whose run queue and daemon launch it with dagster.yaml's run launcher (instance_runs.py), so the
 web UI shows it with its lineage and checks. Each stage waits for its runs; the first failed run
 stops the graph with its error.
@@ -17,7 +19,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Callable, Iterator, Sequence
 
@@ -31,13 +33,15 @@ from eagle_assets.defs.hidden_states import (
     extraction_settings,
     hidden_states_source,
     shard_partitions,
+    stage_bytes,
 )
 from eagle_assets.defs.instance_runs import WORKSPACE_FILE, RunSession, RunSpec
-from eagle_assets.defs.jobs import CORPUS_STAGE, HIDDEN_STAGE, JOBS, STAGES
+from eagle_assets.defs.jobs import CORPUS_STAGE, EXTRACTION_STAGES, HIDDEN_STAGE, JOBS, REFERENCE_STAGE, STAGES
 from eagle_assets.defs.resources import default_resources
 from eagle_assets.defs.staleness import STALE_ONLY_TAG, StaleRun, Step, run_stale
 from eagle_assets.embedded_target import resolve_target
 from eagle_assets.engines.serving import launch_extraction_server
+from eagle_assets.hidden_states.budget import check_free_space
 from eagle_assets.paths import PROJECT_ROOT
 from eagle_assets.run_presets import run_config
 
@@ -84,7 +88,7 @@ def resource_run_config(name: str, resource: dg.ConfigurableResource, **changes)
 
 PARTS = {
     "corpus": tuple(CORPUS_STAGE),
-    "hidden_states": tuple(HIDDEN_STAGE),
+    "hidden_states": (*HIDDEN_STAGE, *REFERENCE_STAGE),
     "drafter": ("drafter_checkpoint",),
     "benchmark": ("benchmark_report",),
 }
@@ -161,17 +165,26 @@ def materialize_graph(preset: str = DEFAULT_PRESET, log: Callable[[str], None] =
     resources, target_config = run_resources(target)
     runs: list[dg.DagsterRun] = []
     with RunSession(instance, workspace_file, log=log) as session:
-        for job, stage in zip(JOBS, stages):
-            if not stage:
-                continue
-            config = {**run_config(preset, stage, changes), **target_config}
-            tags = {STAGE_TAG: job.name}
-            if stage != HIDDEN_STAGE:
-                runs += session.run([RunSpec(job.name, tuple(stage), run_config=config, tags=tags)])
-                continue
-            with shared_extraction_server(resources, config, log) as (server_config, source):
-                specs = [RunSpec(job.name, tuple(stage), partition=key, run_config={**config, **server_config},
-                                 tags={**tags, EXTRACTION_TAG: source}) for key in shard_partitions.get_partition_keys()]  # fmt: skip
+        extraction = ExitStack()  # the extraction server of the hidden-state and reference stages, while they run
+        server_config, source = {}, None
+        with extraction:
+            for job, stage in zip(JOBS, stages):
+                if not stage:
+                    continue
+                config = {**run_config(preset, stage, changes), **target_config}
+                tags = {STAGE_TAG: job.name}
+                if stage not in EXTRACTION_STAGES:
+                    extraction.close()  # stopped before the drafter stage trains on its GPUs
+                    runs += session.run([RunSpec(job.name, tuple(stage), run_config=config, tags=tags)])
+                    continue
+                if source is None:
+                    hidden = {**run_config(preset, HIDDEN_STAGE, changes), **target_config}
+                    server_config, source = extraction.enter_context(shared_extraction_server(resources, hidden, log, check_disk=HIDDEN_STAGE in stages))
+                if stage == HIDDEN_STAGE:
+                    specs = [RunSpec(job.name, tuple(stage), partition=key, run_config={**config, **server_config},
+                                     tags={**tags, EXTRACTION_TAG: source}) for key in shard_partitions.get_partition_keys()]  # fmt: skip
+                else:
+                    specs = [RunSpec(job.name, tuple(stage), run_config={**config, **server_config}, tags=tags)]
                 runs += session.run(specs)
     return runs
 
@@ -187,23 +200,31 @@ def extraction_source(resources: dict, config: dict, log: Callable[[str], None])
 
 
 @contextmanager
-def shared_extraction_server(resources: dict, config: dict, log: Callable[[str], None]) -> Iterator[tuple[dict, str]]:
-    """(resource run config, source) for the hidden-state runs. Where those take the states from
-    the serving engine and no extraction server is given, one is launched here for all of them
-    (one model load for every partition, not one per run) and handed to them as the
-    `inference_server` resource's `extraction_url`, in run config; else the run config is empty."""
+def shared_extraction_server(resources: dict, config: dict, log: Callable[[str], None], check_disk: bool = True) -> Iterator[tuple[dict, str]]:
+    """(resource run config, source) for the hidden-state and reference runs. Where those take the
+    states from the serving engine and no extraction server is given, one is launched here for
+    all of them (one model load for every partition and the benchmark reference, not one per
+    run) and handed to them as the `inference_server` resource's `extraction_url`, in run
+    config; else the run config is empty. A server of the user's for serving (`url`) is no
+    extraction server: one is launched beside it only where none is given. With `check_disk`,
+    the free space for every shard of the stage is checked first, before any model loads."""
     server_resource = resources["inference_server"]
     preset, path = resolve_target(server_resource.target, log=log)
     settings = _hidden_settings(config)
     source = hidden_states_source(settings, preset, path)
-    if server_resource.extraction_url or server_resource.url or source != "engine":
+    storage = resources["storage"]
+    if check_disk:
+        storage.fetch(storage.corpus(preset.name), log=log)
+        need = stage_bytes(settings, preset, str(storage.corpus(preset.name)))
+        check_free_space(storage.hidden_states(preset.name), need)
+        log(f"hidden states: {need / 1e9:.3f} GB for {len(shard_partitions.get_partition_keys())} shards fit the disk of {storage.hidden_states(preset.name)}")
+    if server_resource.extraction_url or source != "engine":
         yield {}, source
         return
     ids = engine_layer_ids(extraction_settings(settings, preset), preset)
-    storage = resources["storage"]
     storage.fetch(storage.corpus(preset.name), log=log)  # the server's context fits the longest sample
     with launch_extraction_server(path, ids, engine_max_model_len(preset, str(storage.corpus(preset.name))), log=log) as server:
-        log(f"one extraction server for every hidden-state partition: {server.base_url}")
+        log(f"one extraction server for every hidden-state partition and the benchmark reference: {server.base_url}")
         yield resource_run_config("inference_server", server_resource, extraction_url=server.base_url), source
 
 

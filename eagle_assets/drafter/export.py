@@ -243,6 +243,19 @@ def _drafter_config(raw: dict, cfg_path: Path, numbering: str, target_num_layers
         raise ValueError(f"{cfg_path}: {exc}") from None
 
 
+def load_drafter_config(folder, layer_id_numbering: str | None = None, target_num_layers: int | None = None) -> DrafterConfig:
+    """A drafter folder's config alone (its layer ids in our numbering: the marker of our exports,
+    else `layer_id_numbering`, default "vllm"), without reading its weights."""
+    cfg_path = Path(folder) / CONFIG_FILE
+    if not cfg_path.is_file():
+        raise FileNotFoundError(f"{cfg_path} does not exist: not a drafter checkpoint folder")
+    raw = read_json_object(cfg_path, "the drafter's config", "re-export the drafter")
+    numbering = raw.get(NUMBERING_KEY) or layer_id_numbering or "vllm"
+    if layer_id_numbering and raw.get(NUMBERING_KEY) and layer_id_numbering != raw[NUMBERING_KEY]:
+        raise ValueError(f"{cfg_path} says its ids are {raw[NUMBERING_KEY]!r}-numbered, caller says {layer_id_numbering!r}")
+    return _drafter_config(raw, cfg_path, numbering, target_num_layers)
+
+
 def load_drafter(
     folder,
     layer_id_numbering: str | None = None,
@@ -256,14 +269,7 @@ def load_drafter(
     the checkpoint has one: call `model.load_target_embedding` with the target's.
     """
     folder = Path(folder)
-    cfg_path = folder / CONFIG_FILE
-    if not cfg_path.is_file():
-        raise FileNotFoundError(f"{cfg_path} does not exist: not a drafter checkpoint folder")
-    raw = read_json_object(cfg_path, "the drafter's config", "re-export the drafter")
-    numbering = raw.get(NUMBERING_KEY) or layer_id_numbering or "vllm"
-    if layer_id_numbering and raw.get(NUMBERING_KEY) and layer_id_numbering != raw[NUMBERING_KEY]:
-        raise ValueError(f"{cfg_path} says its ids are {raw[NUMBERING_KEY]!r}-numbered, caller says {layer_id_numbering!r}")
-    config = _drafter_config(raw, cfg_path, numbering, target_num_layers)
+    config = load_drafter_config(folder, layer_id_numbering, target_num_layers)
     tensors = {k.replace("midlayer.", "layers.0."): v for k, v in read_drafter_tensors(folder).items()}
     for i in range(1, config.num_hidden_layers):  # vLLM builds it in later layers but never reads it
         tensors.pop(f"layers.{i}.hidden_norm.weight", None)

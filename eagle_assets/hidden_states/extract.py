@@ -16,7 +16,9 @@ lm_head never runs).
 
 `extract_all` skips complete shards whose manifest matches the corpus and the settings, and
 rebuilds the others; `extract_shard` (one Dagster partition) always rebuilds its shard. Free
-disk space is checked before anything is written. Samples are batched longest-first with
+disk space is checked before anything is written, and each shard's bytes are reserved
+(`budget.reserve_space`) until it is committed, so that shards written side by side cannot
+overfill the disk between them. Samples are batched longest-first with
 right padding and an attention mask, up to `batch_tokens` padded tokens per batch, and only
 the real tokens' rows are kept. The host copy and the disk writes overlap the next forward
 pass (see `writer.py`).
@@ -51,7 +53,7 @@ import torch
 from torch import nn
 
 from eagle_assets.formats import ShardManifest, hidden_state_bytes_per_token, shard_name
-from eagle_assets.hidden_states.budget import check_free_space
+from eagle_assets.hidden_states.budget import check_free_space, reserve_space
 from eagle_assets.hidden_states.corpus_io import (
     ShardSamples,
     corpus_token_counts,
@@ -419,7 +421,9 @@ class ShardExtractor:
         started = time.perf_counter()
         counts = samples.token_counts
         layout = self.layout(counts)
-        check_free_space(out_dir, layout.file_bytes())
+        # Held until the shard is committed or abandoned: partitions writing side by side each
+        # see what the others have still to write (the file is sparse until its rows land).
+        reservation = reserve_space(out_dir, layout.file_bytes(), f"shard {shard_index}", ShardWriter.staging_dir(out_dir, shard_index))
         offsets = np.zeros(len(counts) + 1, dtype=np.int64)
         np.cumsum(counts, out=offsets[1:])
         batches = plan_batches(counts, self.settings.batch_tokens)
@@ -430,11 +434,16 @@ class ShardExtractor:
             shard_index, len(counts), layout.num_tokens, len(batches), out_dir / shard_name(shard_index),
             layout.file_bytes() / 1e9,
         )  # fmt: skip
-        writer = ShardWriter(out_dir, shard_index, layout, offsets, flat_ids, flat_mask)
+        try:
+            writer = ShardWriter(out_dir, shard_index, layout, offsets, flat_ids, flat_mask)
+        except BaseException:
+            reservation.release()
+            raise
         try:
             finite = self._fill(samples, batches, offsets, writer, shard_index, on_batch)
         except BaseException:
             writer.abort()
+            reservation.release()
             raise
         manifest = self.manifest_for(shard_index, samples, target_fingerprint)
 
@@ -445,6 +454,8 @@ class ShardExtractor:
             except BaseException:
                 writer.abort()
                 raise
+            finally:
+                reservation.release()
             seconds = time.perf_counter() - started
             rate = layout.num_tokens / seconds if seconds > 0 else 0.0
             log.info("shard %d: committed in %.1f s (%.0f tokens/s)", shard_index, seconds, rate)

@@ -98,6 +98,12 @@ class InferenceServerResource(dg.ConfigurableResource):
     _deaths: "dict[str, str]" = PrivateAttr(default_factory=dict)
     """Configurations whose launched server died in this run: how, and its log."""
 
+    @property
+    def connected(self) -> bool:
+        """Whether the target is served by servers of the user's (`url`, `speculative_url`): no
+        target server is launched then, and a configuration with no server given is not served."""
+        return bool(self.url or self.speculative_url)
+
     def teardown_after_execution(self, context) -> None:
         self.stop_warm()
 
@@ -162,18 +168,18 @@ class InferenceServerResource(dg.ConfigurableResource):
     def served_dtype(self) -> str:
         """The dtype a launched server computes in: fp32 on CPU hosts (`VllmLaunch`), else the model's
         (bf16 for the targets here); a server of yours is taken to serve bf16."""
-        return "float32" if not self.url and (self.device or host_device()) == "cpu" else "bfloat16"
+        return "float32" if not self.connected and (self.device or host_device()) == "cpu" else "bfloat16"
 
     def serving_note(self) -> str | None:
         """How a launched server runs the models, for a report (None for a server of yours)."""
-        return None if self.url else serving_mode_note(self.device or host_device(), self.compiled)
+        return None if self.connected else serving_mode_note(self.device or host_device(), self.compiled)
 
     def why_not_at_once(self, specs: "list[dict | None]") -> str | None:
         """Why the servers of these speculative configs (None: no speculation) cannot all be up
         together here, or None when they can. A warm server of one of them is counted as up
         already; the idle warm others as memory that stopping them would give back."""
-        if self.url:
-            return "the resource points at one existing server (url is set)"
+        if self.connected:
+            return "the resource points at existing servers of the user's, one per configuration"
         device = self.device or host_device()
         if device != "cpu":
             return why_not_at_once([], None, device)
@@ -203,12 +209,14 @@ class InferenceServerResource(dg.ConfigurableResource):
         """A server for the duration of the block: the configured URL, or a vLLM we launch.
         `replica` n > 0 is a further server of the same configuration (an A/A control), not the first again.
         `kv_transfer` and `max_model_len` go to the launch as they are (`extraction_server` uses them)."""
-        if self.url:
+        if self.connected:
             if drafter or speculative:
                 if not self.speculative_url:
                     raise ValueError(NEEDS_DRAFTER_SERVER)
                 yield connect(self.speculative_url, self.model, api_key_from_env(self.api_key_env))
                 return
+            if not self.url:
+                raise ValueError(NEEDS_TARGET_SERVER)
             yield connect(self.url, self.model, api_key_from_env(self.api_key_env))
             return
         served = served_config(drafter, k, speculative)
@@ -319,9 +327,9 @@ class InferenceServerResource(dg.ConfigurableResource):
         if self.extraction_url:
             yield connect(self.extraction_url, self.model, api_key_from_env(self.api_key_env))
             return
-        if self.url:
+        if self.connected:
             raise ValueError(
-                "this resource points at an existing server (url is set) but names no extraction server: give "
+                "this resource points at existing servers of yours (a server URL is set) but names no extraction server: give "
                 "extraction_url (EAGLE_ASSETS_EXTRACTION_URL), a vLLM serving the target with `eagle-assets serve --extract`, "
                 "or extract with Hugging Face (hidden_state_shards source: hf)"
             )
@@ -358,6 +366,13 @@ NEEDS_DRAFTER_SERVER = (
     "or your engine's --speculative-config on that folder) and give its URL in EAGLE_ASSETS_SPECULATIVE_URL, then run the "
     "drafter's checks and the benchmark again (they do not retrain); or leave EAGLE_ASSETS_SERVER_URL empty so the pipeline "
     "launches vLLM itself."
+)
+
+
+NEEDS_TARGET_SERVER = (
+    "the pipeline is connected to your servers and names none of the target alone (EAGLE_ASSETS_SERVER_URL is unset, "
+    "EAGLE_ASSETS_SPECULATIVE_URL set): give the target's server in EAGLE_ASSETS_SERVER_URL, or unset both so that the "
+    "pipeline launches vLLM itself."
 )
 
 
