@@ -4,11 +4,15 @@
 
     >>> from eagle_assets.planner import estimate
     >>> e = estimate("kimi-k2.5", samples=10_000, tokens_per_sample=1_450)
-    >>> round(e.sizes.hidden_state_bytes / 1e9), round(e.extraction_hours, 2), round(e.training_hours, 2)
-    (832, 0.15, 0.21)
+    >>> round(e.sizes.hidden_state_bytes / 1e9), round(e.extraction_hours, 2), round(e.training_hours, 2), e.target_loads
+    (1455, 0.15, 0.21, 3)
+    >>> round(estimate("kimi-k2.5", samples=10_000, tokens_per_sample=1_450, num_aux=3).sizes.hidden_state_bytes / 1e9)
+    832
 
 Sizes come from `hidden_states/budget.py`, the same arithmetic that the hidden-state asset uses
-for its free-space check, so the plan and the check cannot disagree. Hours come from
+for its free-space check, so the plan and the check cannot disagree. Hours include the target's
+loads: each server of a Kimi-sized target takes ~22 minutes to start, and a run starts three,
+one at a time (`TARGET_LOADS`). Hours come from
 throughputs (`default_rates`: at Kimi-K2.5's shape, this project's measurements on an H200, and
 each plan says where every rate comes from); pass your own where your hardware or target
 differs. docs/kimi-k2.5.md reads a plan for an 8-GPU host and a cluster. Pure Python: no
@@ -202,6 +206,13 @@ def estimate(
         _require(rate is None or (math.isfinite(rate) and rate > 0),
                  f"throughput {name} must be a positive finite number, not {rate}: pass a measured rate")  # fmt: skip
     defaults, sources = default_rates(p, extraction)
+    if num_aux is None and p.parent_drafter:
+        # A warm start from an unmarked parent keeps both readings' layers until training has
+        # measured which one the parent was trained at (drafter/train.py).
+        ids = p.default_aux_layer_ids
+        num_aux = len(set(ids) | {i + 1 for i in ids if i < p.num_layers})
+        sources = (*sources, f"hidden states at {num_aux} aux layers: a warm start from {p.parent_drafter}, whose layer ids carry no "
+                   "numbering, keeps the layers of both readings (as written and one up) until training measures which it was trained at")  # fmt: skip
     given = {k: v for k, v in vars(throughputs).items() if v is not None}
     rates = Throughputs(**{**vars(defaults), **given})
     notes = tuple(line for line in sources if not any(line.startswith(_RATE_LINE[k]) for k in given))

@@ -16,10 +16,10 @@ from pathlib import Path
 from eagle_assets.corpus.prompts import TASK_OPENINGS, TOPIC_OPENINGS, load_topics
 from eagle_assets.targets import EMBEDDED_TARGET, PRESETS, WEIGHTS_BUILT
 
-KIMI_PARENT_DRAFTER = "AQ-MedAI/Kimi-K25-eagle3"
-"""The public EAGLE-3 drafter for Kimi-K2.5 (SpecForge-trained, eagle_aux_hidden_state_layer_ids
-[2, 30, 58], no numbering marker): the kimi-k2.5 preset's parent, `eagle-assets target pull
-AQ-MedAI/Kimi-K25-eagle3` puts it where the run finds it."""
+KIMI_PARENT_DRAFTER = PRESETS["kimi-k2.5"].parent_drafter
+"""The public EAGLE-3 drafter for Kimi-K2.5 (eagle_aux_hidden_state_layer_ids [2, 30, 58], no
+numbering marker): the kimi-k2.5 preset's parent; `eagle-assets target pull AQ-MedAI/Kimi-K25-eagle3`
+puts it where the run finds it."""
 
 SMOLLM2_PARENT_DRAFTER = str(Path(__file__).resolve().parent / "data" / "drafters" / "smollm2-135m-instruct-sharegpt-magpie")
 """The SmolLM2 drafter shipped with the project (its README.md is the model card): trained on
@@ -114,6 +114,7 @@ RUN_PRESETS: dict[str, dict[str, dict]] = {
             "num_prompts": 80,
             "output_len": 256,
             "concurrencies": [1, 4, 16],
+            "k": 3,
             "ngram": False,
             "baseline_again": False,
             "interleave_rounds": 0,

@@ -57,8 +57,7 @@ SPECIAL_OFFSETS = {
     254: "[UNK]",
     255: "[PAD]",
 }
-CHAT_TOKENS = ("<|im_end|>", "<|im_user|>", "<|im_assistant|>", "<|start_header_id|>", "<|end_header_id|>", "[EOT]",
-               "<|im_system|>", "<|im_middle|>")  # fmt: skip
+CHAT_TOKENS = ("<|im_end|>", "<|im_user|>", "<|im_assistant|>", "<|start_header_id|>", "<|end_header_id|>", "[EOT]", "<|im_system|>", "<|im_middle|>")
 """The hub class's default `additional_special_tokens`."""
 
 THINK_START, THINK_END = "<think>", "</think>"
@@ -214,8 +213,9 @@ def remote_code(revision: str) -> str:
     """`tokenization_kimi.py` of one revision ("old" or "new", `REVISIONS`)."""
     if revision not in REVISIONS:
         raise ValueError(f"tokenizer revision {revision!r}: give one of {', '.join(REVISIONS)}")
-    return _REMOTE_CODE.format(revision=revision, import_line=REVISIONS[revision], pat_str=PAT_STR,
-                               reserved=RESERVED_SPECIAL_TOKENS, chat_tokens=list(CHAT_TOKENS))  # fmt: skip
+    return _REMOTE_CODE.format(
+        revision=revision, import_line=REVISIONS[revision], pat_str=PAT_STR, reserved=RESERVED_SPECIAL_TOKENS, chat_tokens=list(CHAT_TOKENS)
+    )
 
 
 def _byte_decoder() -> dict[str, int]:

@@ -157,6 +157,7 @@ PREPROCESSOR_CONFIG = {
     }
 }  # fmt: skip
 
+
 def text_config():
     """The stand-in's `DeepseekV3Config`, with the hub's yarn rope as transformers spells it."""
     from transformers import DeepseekV3Config
@@ -457,7 +458,15 @@ def vision_tensors(seed: int) -> dict[str, torch.Tensor]:
 
     # The projector's output width is the text model's; the text model itself is dropped, so a
     # one-layer one with a small vocabulary stands in for it here.
-    text = {**TEXT_SHAPE, "num_hidden_layers": 1, "vocab_size": 64, "model_type": "deepseek_v3", "bos_token_id": 0, "eos_token_id": 0, "pad_token_id": 0}
+    text = {
+        **TEXT_SHAPE,
+        "num_hidden_layers": 1,
+        "vocab_size": 64,
+        "model_type": "deepseek_v3",
+        "bos_token_id": 0,
+        "eos_token_id": 0,
+        "pad_token_id": 0,
+    }
     torch.manual_seed(seed)
     cfg = Kimi_K25Config(
         text_config=text, vision_config=VISION_CONFIG, projection_hidden_size=VISION_CONFIG["hidden_size"], tie_word_embeddings=False

@@ -79,6 +79,9 @@ class TargetPreset:
     notes: str = ""
     aux_layer_ids: tuple[int, ...] = field(default=())
     """Aux layer ids to capture; empty means the engines' default (2, L//2, L-3)."""
+    parent_drafter: str | None = None
+    """The public EAGLE-3 drafter a run warm-starts from (a hub id: `eagle-assets target pull` it);
+    None: a drafter is trained from nothing."""
     drafter_shape: tuple[tuple[str, object], ...] = ()
     """A new drafter's shape where the field trains one differently from the target's attention
     and MLP (`DrafterConfig` fields): for Kimi-K2.5, SpecForge's kimi-k2 drafter config."""
@@ -189,12 +192,20 @@ PRESETS: dict[str, TargetPreset] = {
                 "serves it with EAGLE-3 (KimiK25ForConditionalGeneration implements SupportsEagle3); "
                 "tiny-kimi-k2.5 is its stand-in on CPU."
             ),
+            # SpecForge-trained on 2M samples (eagle_aux_hidden_state_layer_ids [2, 30, 58], no numbering marker).
+            parent_drafter="AQ-MedAI/Kimi-K25-eagle3",
             # SpecForge's kimi-k2 / kimi-k25 EAGLE-3 configs (and the public drafters trained with
             # them): 64 heads of 128 (Kimi's 7168 / 64 would be 112), plain RoPE at 1e6 rather
             # than the target's YaRN at 50,000.
             drafter_shape=(
-                ("head_dim", 128), ("num_attention_heads", 64), ("num_key_value_heads", 64), ("intermediate_size", 18432),
-                ("rope_theta", 1_000_000.0), ("rope_scaling", None), ("max_position_embeddings", 131072), ("rms_norm_eps", 1e-6),
+                ("head_dim", 128),
+                ("num_attention_heads", 64),
+                ("num_key_value_heads", 64),
+                ("intermediate_size", 18432),
+                ("rope_theta", 1_000_000.0),
+                ("rope_scaling", None),
+                ("max_position_embeddings", 131072),
+                ("rms_norm_eps", 1e-6),
             ),
             **_DEEPSEEK_V3_SHAPE,
         ),

@@ -222,11 +222,10 @@ def offline_results(target_path: Path, drafter_dir: Path, prompts: Sequence[Sequ
         log(f"offline reference: {len(results)} of {len(chosen)} prompts kept from an earlier run")
     if len(results) == len(chosen):
         return results
-    from transformers import AutoTokenizer
-
+    from eagle_assets.corpus.target import load_tokenizer
     from eagle_assets.hidden_states.extract import causal_lm_class
 
-    tokenizer = AutoTokenizer.from_pretrained(target_path, trust_remote_code=trust_remote_code)
+    tokenizer = load_tokenizer(target_path, trust_remote_code=trust_remote_code)
     use_exact_fp32(device)
     target = causal_lm_class(target_path, trust_remote_code).from_pretrained(
         target_path, dtype=torch.float32, trust_remote_code=trust_remote_code).to(device).eval()  # fmt: skip
@@ -381,7 +380,9 @@ def run_benchmark(
         notes.append("offline reference replayed over the states the serving engine captured along the target's greedy answers, "
                      "in the hidden-state stage (the target was not loaded here)")  # fmt: skip
         if streams is not None and streams.plain is not None:
-            same = sum(list(r) == list(p[1][: len(r)]) for r, p in zip((s[: settings.output_len + settings.k] for s in reference.streams), streams.plain))
+            same = sum(
+                list(r) == list(p[1][: len(r)]) for r, p in zip((s[: settings.output_len + settings.k] for s in reference.streams), streams.plain)
+            )
             notes.append(f"the extraction server's greedy answers equal the plain server's on {same} of {len(streams.plain)} prompts "
                          f"({settings.output_len + settings.k} tokens each)")  # fmt: skip
     elif source == "engine":

@@ -72,7 +72,9 @@ class DrafterConfig(dg.Config):
     seed: int = _TRAINER["seed"]
 
 
-PASSED_TO_TRAINER = tuple(name for name in DrafterConfig.model_fields if name in _TRAINER and name not in ("ttt_steps", "aux_layer_ids", "warm_start"))
+PASSED_TO_TRAINER = tuple(
+    name for name in DrafterConfig.model_fields if name in _TRAINER and name not in ("ttt_steps", "aux_layer_ids", "warm_start")
+)
 """The settings handed to the trainer as they are (ttt_steps and aux_layer_ids get the
 preset's and the shards' values where unset; warm_start is resolved to a folder)."""
 

@@ -179,7 +179,9 @@ def materialize_graph(preset: str = DEFAULT_PRESET, log: Callable[[str], None] =
                     continue
                 if source is None:
                     hidden = {**run_config(preset, HIDDEN_STAGE, changes), **target_config}
-                    server_config, source = extraction.enter_context(shared_extraction_server(resources, hidden, log, check_disk=HIDDEN_STAGE in stages))
+                    server_config, source = extraction.enter_context(
+                        shared_extraction_server(resources, hidden, log, check_disk=HIDDEN_STAGE in stages)
+                    )
                 if stage == HIDDEN_STAGE:
                     specs = [RunSpec(job.name, tuple(stage), partition=key, run_config={**config, **server_config},
                                      tags={**tags, EXTRACTION_TAG: source}) for key in shard_partitions.get_partition_keys()]  # fmt: skip
@@ -217,7 +219,9 @@ def shared_extraction_server(resources: dict, config: dict, log: Callable[[str],
         storage.fetch(storage.corpus(preset.name), log=log)
         need = stage_bytes(settings, preset, str(storage.corpus(preset.name)))
         check_free_space(storage.hidden_states(preset.name), need)
-        log(f"hidden states: {need / 1e9:.3f} GB for {len(shard_partitions.get_partition_keys())} shards fit the disk of {storage.hidden_states(preset.name)}")
+        log(
+            f"hidden states: {need / 1e9:.3f} GB for {len(shard_partitions.get_partition_keys())} shards fit the disk of {storage.hidden_states(preset.name)}"
+        )
     if server_resource.extraction_url or source != "engine":
         yield {}, source
         return

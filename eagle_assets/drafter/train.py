@@ -547,7 +547,9 @@ class Trainer:
                  f"({self.numbering['how']}{': held-out AL ' + accept if accept else ''})")  # fmt: skip
         ids = tuple(self.numbering["aux_layer_ids"])
         if cfg.aux_layer_ids is not None and tuple(cfg.aux_layer_ids) != ids:
-            raise ValueError(f"aux_layer_ids {list(cfg.aux_layer_ids)} are not the parent drafter's {list(ids)} (read as {self.numbering['reading']})")
+            raise ValueError(
+                f"aux_layer_ids {list(cfg.aux_layer_ids)} are not the parent drafter's {list(ids)} (read as {self.numbering['reading']})"
+            )
         return replace(cfg, parent_numbering=self.numbering["reading"], aux_layer_ids=ids)
 
     def _measure_readings(self, cfg: TrainConfig, readings: dict, mapping, embedding: torch.Tensor, lm_head: torch.Tensor) -> dict:
@@ -587,7 +589,9 @@ class Trainer:
                     batch = self._to_device(ds.collate(positions, torch.float32))
                     out = objective(batch, head, outside, with_correct_rows=True)
                     rounds = replay_drafting(out.correct_rows, batch["loss_mask"], batch.get("lengths"))
-                    row = torch.cat([out.loss_sum.reshape(1), out.num_tokens.reshape(1), out.step_loss_sum, out.step_tokens, out.step_correct, rounds])
+                    row = torch.cat(
+                        [out.loss_sum.reshape(1), out.num_tokens.reshape(1), out.step_loss_sum, out.step_tokens, out.step_correct, rounds]
+                    )
                     totals += row.float().cpu() * (1.0 if counts else 0.0)
             al[reading] = validation_metrics(totals, cfg.ttt_steps)["val_al"]
         best = max(held, key=lambda r: (al[r], r == "vllm"))

@@ -112,7 +112,7 @@ def load_target(
     it has). `trust_remote_code` is for targets whose config or tokenizer is code in the
     folder (Kimi-K2.5's): the preset says so.
     """
-    from transformers import AutoTokenizer
+    from eagle_assets.corpus.target import load_tokenizer
 
     kwargs: dict = dict(dtype=dtype, trust_remote_code=trust_remote_code)
     if device != "cpu":
@@ -134,7 +134,7 @@ def load_target(
             "would put weights on disk. Raise max_memory_per_device, give the run more GPUs, or take the states from the "
             "serving engine (hidden_state_shards config source: engine)"
         ) from exc
-    tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
+    tokenizer = load_tokenizer(path, trust_remote_code=trust_remote_code)
     return model.eval(), tokenizer
 
 
