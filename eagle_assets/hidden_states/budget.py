@@ -9,8 +9,9 @@
 Shards written side by side (hidden-state partitions are separate runs) each reserve their bytes
 before they write one (`reserve_space`): a shard's file is sparse until its rows land, so free
 space alone would let every partition pass its check and the disk fill midway. The reservations
-are files in the output folder (`.reservations/`), so every partition, on this host or another
-mounting the same folder, sees the others'; a check counts what they have still to write.
+are files beside the output folder (`.hidden_states.reservations/` for `hidden_states/`), so
+every partition, on this host or another mounting the same folder, sees the others'; a check
+counts what they have still to write.
 
 Sizes are decimal (1 GB = 1e9 bytes), as `df -H` and the reference run report them. Per token a shard
 stores (n_aux + 1) bf16 states of width H, an int32 id and a uint8 mask
@@ -76,8 +77,11 @@ def check_free_space(dest: str | Path, needed_bytes: int, reserve_bytes: int = 0
     return free
 
 
-RESERVATIONS = ".reservations"
-"""The folder, inside a shard folder's parent, holding one file per shard being written."""
+def reservations_dir(dest: Path) -> Path:
+    """The folder holding one file per shard being written into `dest`: beside it, hidden, so
+    that the output folder holds shards only."""
+    dest = Path(dest).absolute()
+    return dest.parent / f".{dest.name}.reservations"
 
 
 @dataclass(frozen=True)
@@ -85,7 +89,7 @@ class Reservation:
     """Bytes a writer holds on a filesystem until it releases them (on commit or failure)."""
 
     path: Path
-    """Its file in the output folder's `.reservations/`."""
+    """Its file in the output folder's reservations folder (`reservations_dir`)."""
     nbytes: int
 
     def release(self) -> None:
@@ -109,7 +113,7 @@ def reserve_space(dest: str | Path, needed_bytes: int, owner: str, staging: str 
     from filelock import FileLock
 
     dest = Path(dest)
-    ledger = dest / RESERVATIONS
+    ledger = reservations_dir(dest)
     ledger.mkdir(parents=True, exist_ok=True)
     with FileLock(ledger / ".lock"):
         check_free_space(dest, needed_bytes)
@@ -129,7 +133,7 @@ def reserve_space(dest: str | Path, needed_bytes: int, owner: str, staging: str 
 def pending_reservations(dest: Path) -> list[tuple[str, int]]:
     """(owner, bytes still to write) of each live reservation in `dest`; the files of writers
     on this host that died are removed (a writer elsewhere is taken to live until it releases)."""
-    ledger = Path(dest) / RESERVATIONS
+    ledger = reservations_dir(Path(dest))
     if not ledger.is_dir():
         return []
     pending = []

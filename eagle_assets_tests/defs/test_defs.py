@@ -27,6 +27,7 @@ EXPECTED_CHECKS = {
     "synthetic_corpus": {"error_rate", "reasoning_captured", "unique_ids", "token_round_trip"},
     "vocab_mapping": {"consistent"},
     "hidden_state_shards": {"matches_corpus"},
+    "benchmark_reference": set(),
     "drafter_checkpoint": {"serves_in_vllm", "samples_under_speculation", "sglang_names", "not_worse_than_parent"},
     "benchmark_report": {"speedup", "parity", "parent_al", "greedy_output"},
 }
@@ -35,8 +36,9 @@ EXPECTED_DEPS = {
     "synthetic_corpus": {"prompts"},
     "vocab_mapping": {"synthetic_corpus"},
     "hidden_state_shards": {"synthetic_corpus"},
+    "benchmark_reference": set(),
     "drafter_checkpoint": {"vocab_mapping", "hidden_state_shards"},
-    "benchmark_report": {"drafter_checkpoint"},
+    "benchmark_report": {"drafter_checkpoint", "benchmark_reference"},
 }
 
 
@@ -127,7 +129,7 @@ def test_checks_carry_descriptions_and_blocking_where_a_bad_output_must_stop_the
 
 def test_stage_jobs_never_mix_partitioned_and_unpartitioned_assets(defs):
     repo = defs.get_repository_def()
-    for name in ("corpus_job", "hidden_states_job", "drafter_job"):
+    for name in ("corpus_job", "hidden_states_job", "reference_job", "drafter_job"):
         keys = repo.get_job(name).asset_layer.executable_asset_keys
         partitioned = {repo.asset_graph.get(k).is_partitioned for k in keys}
         assert len(partitioned) == 1, (name, keys)
@@ -164,11 +166,13 @@ def test_a_part_whose_upstream_was_never_materialised_is_refused_before_any_run(
     from eagle_assets.cli import app
     from eagle_assets.defs.runner import missing_upstream, selected_stages
 
-    assert selected_stages(["benchmark", "corpus"]) == [["prompts", "synthetic_corpus", "vocab_mapping"], [], ["benchmark_report"]]
+    assert selected_stages(["benchmark", "corpus"]) == [["prompts", "synthetic_corpus", "vocab_mapping"], [], [], ["benchmark_report"]]
+    assert selected_stages(["hidden_states"]) == [[], ["hidden_state_shards"], ["benchmark_reference"], []]
     with dg.DagsterInstance.ephemeral() as empty:
         assert missing_upstream(empty, selected_stages(None)) == []  # the whole graph reads nothing outside it
         assert missing_upstream(empty, selected_stages(["drafter"])) == ["vocab_mapping", "hidden_state_shards"]
         assert missing_upstream(empty, selected_stages(["hidden_states", "drafter"])) == ["synthetic_corpus", "vocab_mapping"]
+        assert missing_upstream(empty, selected_stages(["benchmark"])) == ["benchmark_reference", "drafter_checkpoint"]
     result = CliRunner().invoke(app, ["run", "--part", "hidden_states"], env={"DAGSTER_HOME": str(tmp_path)})
     assert result.exit_code == 1
     assert "--part hidden_states reads synthetic_corpus, which this instance" in result.output and "run --part corpus first" in result.output

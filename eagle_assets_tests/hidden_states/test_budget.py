@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from eagle_assets.formats import hidden_state_bytes_per_token
-from eagle_assets.hidden_states.budget import check_free_space, plan, predict_bytes
+from eagle_assets.hidden_states.budget import check_free_space, plan, predict_bytes, reservations_dir
 from eagle_assets.hidden_states.reader import open_shards
 from eagle_assets.hidden_states.writer import ShardLayout
 
@@ -107,4 +107,4 @@ def test_two_partitions_against_a_disk_that_holds_one(corpus_dir, fingerprint, t
         go.touch()
         first.kill()
     assert [s.manifest.shard for s in open_shards(out)] == [0]
-    assert not list((out / ".reservations").glob("*.json"))  # released once committed
+    assert not list(reservations_dir(out).glob("*.json"))  # released once committed

@@ -74,8 +74,8 @@ def test_the_trainer_measures_both_readings_and_takes_the_one_the_parent_was_tra
         max_steps=1,
         lr=1e-9,
         warmup_steps=1,
-        val_fraction=0.5,
-        micro_batch_tokens=None,
+        val_fraction=0.75,
+        micro_batch_tokens=8192,
         export_engines=("vllm",),
     )
     summary = train(cfg)
