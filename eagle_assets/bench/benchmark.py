@@ -566,7 +566,10 @@ def engine_offline_results(drafter_dir: Path, target_path: Path, plain: Sequence
 def _measurement_notes(runs: Sequence, kept: Measurements) -> list[str]:
     """What the report says of measurements kept from an interrupted run, and of retried requests."""
     notes = []
-    if kept.kept:
+    if kept.kept and kept.choice(LEFT_CHOICE):
+        notes.append(f"measured in parts, one server at a time: {kept.kept} measurement(s) were kept from the part begun "
+                     f"{kept.state.get('started')}, the rest measured on the server given after it")  # fmt: skip
+    elif kept.kept:
         notes.append(f"resumed: {kept.kept} measurement(s) (levels, rounds or the offline reference) were kept from an "
                      f"interrupted run of the same benchmark begun {kept.state.get('started')}; the rest were measured "
                      "on servers started again")  # fmt: skip
