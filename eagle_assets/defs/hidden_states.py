@@ -35,6 +35,7 @@ from eagle_assets.hidden_states.vocab import (
     load_parent_mapping,
     save_vocab_mapping,
 )
+from eagle_assets.hub_target import drafter_folder
 from eagle_assets.resources.inference_server import InferenceServerResource
 from eagle_assets.resources.storage import StorageResource
 
@@ -43,7 +44,8 @@ class VocabConfig(dg.Config):
     draft_vocab_size: Optional[int] = None
     """Top-N target tokens by frequency over assistant tokens; default: the target preset's."""
     parent_drafter: Optional[str] = None
-    """Warm start: the parent drafter's folder; its d2t/t2d are taken as they are, never rebuilt."""
+    """Warm start: the parent drafter (a folder, or a hub id pulled with `eagle-assets target
+    pull`); its d2t/t2d are taken as they are, never rebuilt."""
 
 
 VocabSettings = with_defaults(VocabConfig, "vocab_mapping")
@@ -69,7 +71,7 @@ def vocab_mapping(context: dg.AssetExecutionContext, config: VocabSettings, infe
     corpus = str(storage.corpus(preset.name))
     counts = count_assistant_tokens(corpus, preset.vocab_size)
     if config.parent_drafter:
-        mapping = load_parent_mapping(config.parent_drafter, vocab_size=preset.vocab_size)
+        mapping = load_parent_mapping(drafter_folder(config.parent_drafter), vocab_size=preset.vocab_size)
         context.log.info(f"vocab mapping inherited from the parent drafter {config.parent_drafter}")
     else:
         mapping = build_vocab_mapping(counts, preset.vocab_size, config.draft_vocab_size or preset.draft_vocab_size)

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import shutil
+from pathlib import Path
 
 import pytest
 
 from eagle_assets.formats import hidden_state_bytes_per_token
-from eagle_assets.hidden_states.budget import check_free_space, plan, predict_bytes
+from eagle_assets.hidden_states.budget import check_free_space, plan, predict_bytes, reservations_dir
 from eagle_assets.hidden_states.reader import open_shards
 from eagle_assets.hidden_states.writer import ShardLayout
 
@@ -41,3 +42,69 @@ def test_check_free_space_names_needed_free_and_destination(tmp_path):
     assert check_free_space(tmp_path / "not" / "yet" / "made", 1) == pytest.approx(free, abs=1e9)
     with pytest.raises(OSError, match=rf"hidden states at {tmp_path}/out: they need {free * 2:,} bytes .* only [\d,]+ bytes"):
         check_free_space(tmp_path / "out", free * 2)
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """Mount a tmpfs of a given size under tmp_path (unmounted after); skips where mounting is not allowed."""
+    import subprocess
+
+    mounted = []
+
+    def mount(size_bytes: int) -> Path:
+        point = tmp_path / f"disk{len(mounted)}"
+        point.mkdir()
+        done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size_bytes}", "tmpfs", str(point)], capture_output=True, text=True)
+        if done.returncode != 0:
+            pytest.skip(f"cannot mount a tmpfs here ({done.stderr.strip()})")
+        mounted.append(point)
+        return point
+
+    yield mount
+    for point in mounted:
+        subprocess.run(["umount", str(point)], capture_output=True)
+
+
+def test_two_partitions_against_a_disk_that_holds_one(corpus_dir, fingerprint, tmp_path, small_disk):
+    """Two processes extract a shard each, side by side, into a filesystem with room for either
+    alone and not for both. Each shard's file is sparse until its rows land, so free space alone
+    would pass both and the disk would fill midway; with reservations the second is refused at
+    once, naming the first, writing nothing, and the first finishes."""
+    import subprocess
+    import sys
+
+    from eagle_assets.hidden_states.corpus_io import load_shard_samples
+    from eagle_assets.hidden_states.extract import Extractor
+    from eagle_assets.paths import PROJECT_ROOT
+    from eagle_assets_tests.hidden_states.reserve_child import SETTINGS, model
+
+    extractor = Extractor(model(), SETTINGS)
+    need = [extractor.layout(load_shard_samples(str(corpus_dir), i, 2, extractor.vocab_size, fingerprint).token_counts).file_bytes() for i in (0, 1)]
+    extractor.close()
+    disk = small_disk(need[0] + need[1] - min(need) // 4)  # either fits alone, both do not
+    assert min(need) < shutil.disk_usage(disk).free < need[0] + need[1]
+    out = disk / "hidden_states"
+
+    def partition(shard: int, go: Path) -> subprocess.Popen:
+        cmd = [sys.executable, "-m", "eagle_assets_tests.hidden_states.reserve_child", str(corpus_dir), str(out), fingerprint, str(shard), str(go)]
+        return subprocess.Popen(cmd, cwd=PROJECT_ROOT, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+
+    go = tmp_path / "go"
+    first = partition(0, go)
+    try:
+        assert first.stdout.readline().strip() == "writing"  # its shard is reserved and half written
+        go_second = tmp_path / "go-second"
+        go_second.touch()
+        second = partition(1, go_second)
+        said = second.stdout.read().strip()
+        assert second.wait() == 0
+        assert said.startswith("refused: not enough free disk space") and "reserved by what is being written there now (shard 0)" in said, said
+        assert not list(out.glob(".shard-00001.*")) and not (out / "shard-00001").exists()  # nothing of it written
+        go.touch()
+        assert first.stdout.read().strip() == "done"
+        assert first.wait() == 0
+    finally:
+        go.touch()
+        first.kill()
+    assert [s.manifest.shard for s in open_shards(out)] == [0]
+    assert not list(reservations_dir(out).glob("*.json"))  # released once committed
