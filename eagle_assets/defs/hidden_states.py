@@ -25,9 +25,10 @@ from eagle_assets.defs.hidden_state_settings import (
 )
 from eagle_assets.defs.settings import with_defaults
 from eagle_assets.formats import SHARD_MANIFEST_FILE, SHARD_STATES_FILE
+from eagle_assets.hidden_states.budget import check_free_space
 from eagle_assets.hidden_states.corpus_io import corpus_token_counts
 from eagle_assets.hidden_states.engine_extract import EngineExtractor, EngineStateClient, final_norm_of
-from eagle_assets.hidden_states.extract import extract_all, load_target
+from eagle_assets.hidden_states.extract import bytes_to_extract, extract_all, load_target
 from eagle_assets.hidden_states.reader import ShardReader
 from eagle_assets.hidden_states.vocab import (
     build_vocab_mapping,
@@ -135,6 +136,9 @@ def hidden_state_shards(
     context.log.info(f"hidden states of {NUM_SHARDS} shards from {'the serving engine' if source == 'engine' else 'Hugging Face'}")
     try:
         if source == "engine":
+            # The disk checked before the server loads (minutes for a large target), not after;
+            # `extract_all` then reserves the stage's bytes before its first shard.
+            check_free_space(out, bytes_to_extract(out, corpus, settings, preset.num_layers, preset.hidden_size, fingerprint))
             ids = engine_layer_ids(settings, preset)
             with inference_server.extraction_server(ids, engine_max_model_len(preset, corpus), log=context.log.info) as server:
                 client = EngineStateClient(server.base_url, server.model, ids, api_key=server.api_key, concurrency=config.engine_concurrency)

@@ -666,6 +666,24 @@ def remove_shards_beyond(out_dir: Path, num_shards: int) -> list[Path]:
     return removed
 
 
+def bytes_to_extract(
+    out_dir: str | Path, corpus_dir: str, settings: ExtractSettings, num_layers: int, hidden_size: int, target_fingerprint: str
+) -> int:
+    """Bytes `extract_all` would write into `out_dir` now: the shards that are not complete. For a
+    check before the source starts (an extraction server of a large target loads for minutes)."""
+    aux_ids = validate_aux_layer_ids(settings.aux_layer_ids, num_layers)
+    expected = corpus_token_counts(corpus_dir, settings.num_shards)
+    total = 0
+    for i in range(settings.num_shards):
+        if shard_status(out_dir, i, expected[i], settings, aux_ids, hidden_size, target_fingerprint) != "complete":
+            counts = list(expected[i].values())
+            layout = ShardLayout(
+                num_samples=len(counts), num_tokens=sum(counts), num_aux=len(aux_ids), hidden_size=hidden_size, aux_layer_ids=aux_ids
+            )
+            total += layout.file_bytes()
+    return total
+
+
 def extract_all(
     model: "nn.Module | ShardExtractor",
     corpus_dir: str,

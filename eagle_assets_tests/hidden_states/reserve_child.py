@@ -1,4 +1,5 @@
-"""Extracts one shard in its own process, as one hidden-state partition does beside another.
+"""Extracts one shard in its own process through `extract_all`, as a hidden-state run does
+beside another writer into the same folder.
 
     python -m eagle_assets_tests.hidden_states.reserve_child CORPUS OUT FINGERPRINT SHARD GO_FILE
 
@@ -13,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from eagle_assets.hidden_states.extract import ExtractSettings, extract_shard
+from eagle_assets.hidden_states.extract import ExtractSettings, extract_all
 
 from .extract_child import ToyDecoder
 
@@ -40,7 +41,7 @@ if __name__ == "__main__":
                 time.sleep(0.05)
 
     try:
-        extract_shard(model(), corpus, out, int(shard), SETTINGS, target_fingerprint=fingerprint, on_batch=on_batch)
+        extract_all(model(), corpus, out, SETTINGS, target_fingerprint=fingerprint, shards=[int(shard)], on_batch=on_batch)
     except OSError as exc:
         print(f"refused: {exc}", flush=True)
     else:
