@@ -161,7 +161,7 @@ def test_servers_already_warm_count_as_up_and_idle_others_as_memory_to_free(tmp_
     available["bytes"] += one
     assert resource.why_not_at_once([None, None, eagle, ngram]) is None
     assert "accelerator" in InferenceServerResource(device="cuda").why_not_at_once(specs)
-    assert "url is set" in InferenceServerResource(url="http://elsewhere:8000").why_not_at_once([None])
+    assert "existing servers of the user's" in InferenceServerResource(url="http://elsewhere:8000").why_not_at_once([None])
 
 
 def test_a_cpu_server_runs_eagerly_unless_asked_to_compile_and_the_report_says_which(tmp_path, monkeypatch):
