@@ -249,3 +249,11 @@ def test_a_storage_root_that_is_a_url_works_in_a_local_mirror_not_a_folder_named
     local = StorageResource(root=str(tmp_path / "d"))  # a folder: its own paths, and nothing to sync
     assert local.corpus("t") == tmp_path / "d" / "t" / "corpus"
     assert local.fetch(local.corpus("t")) == [] and local.publish(local.corpus("t")) == []
+
+
+def test_the_reference_step_goes_before_the_drafters_in_one_run(defs):
+    """Both are ready once the shards are built; Dagster's executors take the higher
+    `dagster/priority` first, so the reference finds the shards' extraction server still warm
+    (the drafter's step stops warm servers before it trains)."""
+    priority = {name: int(defs.get_assets_def(name).op.tags.get("dagster/priority", 0)) for name in ("benchmark_reference", "drafter_checkpoint")}
+    assert priority["benchmark_reference"] > priority["drafter_checkpoint"], priority
