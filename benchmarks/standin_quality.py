@@ -39,8 +39,8 @@ from eagle_assets.standins import (
 from eagle_assets.targets import EMBEDDED_TARGET
 
 
-def measure(model, prompts_ids: list[list[int]], answer_tokens: int) -> dict:
-    answers = greedy_answers(model, prompts_ids, answer_tokens, batch_size=len(prompts_ids), pad_id=2)
+def measure(model, prompts_ids: list[list[int]], answer_tokens: int, pad_id: int) -> dict:
+    answers = greedy_answers(model, prompts_ids, answer_tokens, batch_size=len(prompts_ids), pad_id=pad_id)
     gaps = top2_margins(model, prompts_ids, answers)
     return {
         "distinct_share": distinct_share(answers),
@@ -69,15 +69,19 @@ def main(argv: list[str] | None = None) -> int:
         else:
             standin_dir = pull(DEEPSEEK_STANDIN)
         record = json.loads((standin_dir / BUILD_RECORD).read_text())
-        tokenizer = AutoTokenizer.from_pretrained(teacher_dir)
-        prompts_ids = [chat_prompt_ids(tokenizer, p) for p in held_out_prompts(a.num_prompts)]
+        # The teacher answers in its own chat layout; the stand-in (and its random-weight twin) in
+        # Kimi's, with the vocabulary they share.
+        teacher_tokenizer, tokenizer = AutoTokenizer.from_pretrained(teacher_dir), AutoTokenizer.from_pretrained(standin_dir)
+        prompts = held_out_prompts(a.num_prompts)
+        teacher_ids, prompts_ids = [chat_prompt_ids(teacher_tokenizer, p) for p in prompts], [chat_prompt_ids(tokenizer, p) for p in prompts]
         random_model = new_language_model(record["settings"]["seed"]).to(torch.bfloat16).float().eval()
-        models = {
-            "SmolLM2 (teacher)": AutoModelForCausalLM.from_pretrained(teacher_dir, dtype=torch.float32).eval(),
-            "stand-in": AutoModelForCausalLM.from_pretrained(standin_dir, dtype=torch.float32).eval(),
-            "random weights": random_model,
-        }
-        results = {name: measure(model, prompts_ids, a.answer_tokens) for name, model in models.items()}
+        teacher = AutoModelForCausalLM.from_pretrained(teacher_dir, dtype=torch.float32).eval()
+        results = {"SmolLM2 (teacher)": measure(teacher, teacher_ids, a.answer_tokens, teacher_tokenizer.pad_token_id)}
+        for name, model in (
+            ("stand-in", AutoModelForCausalLM.from_pretrained(standin_dir, dtype=torch.float32).eval()),
+            ("random weights", random_model),
+        ):
+            results[name] = measure(model, prompts_ids, a.answer_tokens, tokenizer.pad_token_id)
 
     print(f"build record: {json.dumps({k: record[k] for k in ('seconds', 'answer_tokens', 'first_loss', 'last_loss', 'bf16_autocast')})}")
     print(f"{a.num_prompts} held-out prompts, greedy, {a.answer_tokens} tokens at most, fp32\n")
@@ -88,7 +92,8 @@ def main(argv: list[str] | None = None) -> int:
               f"| {r['margin_p10']:.3f} | {r['margin_under_1e-3']:12.3f} |")  # fmt: skip
     print()
     for name, r in results.items():
-        print(f"{name}, first answer: {tokenizer.decode(r['first_answer'])[:200]!r}")
+        decoder = teacher_tokenizer if name.startswith("SmolLM2") else tokenizer
+        print(f"{name}, first answer: {decoder.decode(r['first_answer'])[:200]!r}")
     return 0
 
 

@@ -197,6 +197,11 @@ def serve(
         "that sampled requests under speculation write the greedy answers (exit 1 when they do not).",
     ),
     stop: bool = typer.Option(False, help="Stop a server of ours recorded on --port and exit."),
+    detach: bool = typer.Option(
+        False,
+        "--detach",
+        help="Start the server in the background, return once it answers (its URL printed); `serve --stop --port` stops it.",
+    ),
     startup_timeout: Optional[float] = typer.Option(
         None, min=1, help="Seconds to wait for the server to answer (default: 10 minutes plus the weights' read time at a slow 150 MB/s)."
     ),
@@ -225,6 +230,9 @@ def serve(
 
     if stop:
         typer.echo(stop_recorded(runs_dir() / "servers", port))
+        return
+    if detach:
+        _serve_detached(port, startup_timeout)
         return
     if extract is not None:
         _serve_extraction(target, extract, spool, port, startup_timeout, drafter)
@@ -255,6 +263,42 @@ def serve(
             _fail(f"the server stopped serving: {failure}")
     except (ServerFailed, PreflightError, PortBusy, OSError, ValueError, KeyError) as exc:
         _fail(_message(exc))
+
+
+def _serve_detached(port: int, startup_timeout: Optional[float]) -> None:
+    """`serve --detach`: the same command without --detach, in a session of its own (a closed
+    terminal or a finished script leaves it running), its output in a log under the runs folder;
+    returns once the server answers /health, or fails with the log's end if it stops first."""
+    import os
+    import subprocess
+    import time
+
+    import httpx
+
+    from eagle_assets.paths import runs_dir
+
+    argv = [a for a in sys.argv[1:] if a != "--detach"]
+    log_dir = runs_dir() / "servers"
+    log_dir.mkdir(parents=True, exist_ok=True)
+    log_path = log_dir / f"detached-port-{port}.log"
+    with open(log_path, "ab") as log:
+        proc = subprocess.Popen([sys.executable, "-m", "eagle_assets.cli", *argv], stdout=log, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, start_new_session=True, env=dict(os.environ))  # fmt: skip
+    limit = time.monotonic() + (startup_timeout or 4 * 3600)  # the child applies the real limit and exits when it passes
+    url = f"http://127.0.0.1:{port}"
+    while time.monotonic() < limit:
+        code = proc.poll()
+        if code is not None:
+            tail = log_path.read_text(errors="replace").splitlines()[-15:]
+            _fail(f"the server stopped before it answered (exit {code}); the end of {log_path}:\n" + "\n".join(tail))
+        try:
+            if httpx.get(f"{url}/health", timeout=5).status_code == 200:
+                typer.echo(f"serving at {url} (pid {proc.pid}, log {log_path}); `eagle-assets serve --stop --port {port}` stops it")
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(2)
+    _fail(f"the server did not answer at {url} in time (pid {proc.pid}, still starting?); its log: {log_path}")
 
 
 def _serve_extraction(target: str, extract: str, spool: Optional[Path], port: int, startup_timeout: Optional[float], drafter: Optional[Path]) -> None:
@@ -749,6 +793,8 @@ def run(
     if stale_only and not runs:
         typer.echo("nothing to do: every asset is up to date")
         return
+    for left in _unfinished_benchmarks(reports_root):
+        typer.secho(f"benchmark measured in part: {left}", fg=typer.colors.YELLOW)
     reports = sorted(reports_root.glob("*/report/report.md"), key=lambda p: p.stat().st_mtime)
     if reports:
         summary = reports[-1].with_name(SUMMARY_TXT)
@@ -757,6 +803,21 @@ def run(
         typer.echo(f"report: {reports[-1]}")
     if ran in RUN_PRESET_NOTES:
         typer.echo(RUN_PRESET_NOTES[ran])
+
+
+def _unfinished_benchmarks(reports_root: Path) -> list[str]:
+    """What benchmarks measured in part (one server at a time) still need, from their kept measurements."""
+    from eagle_assets.bench.benchmark import LEFT_CHOICE
+
+    notes = []
+    for state in sorted(reports_root.glob("*/report/measurements/state.json")):
+        try:
+            kept = json.loads(state.read_text())
+        except (OSError, ValueError):
+            continue
+        if not kept.get("complete") and (kept.get("choices") or {}).get(LEFT_CHOICE):
+            notes.append(kept["choices"][LEFT_CHOICE])
+    return notes
 
 
 def _check_target(target: str) -> None:
@@ -789,9 +850,12 @@ def plan(
     train_tok_s_per_gpu: Optional[float] = typer.Option(
         None, help="Measured training tokens/s per GPU (default: measured for a Kimi-K2.5-sized drafter)."
     ),
+    load_minutes: Optional[float] = typer.Option(
+        None, help="Minutes one server of the target takes to start (default: the seeds' host's 22 for Kimi-K2.5)."
+    ),
     as_json: bool = typer.Option(False, "--json", help="Print the estimate as JSON."),
 ) -> None:
-    """Disk and hours of a run before it starts: corpus, hidden states, generation, extraction, training."""
+    """Disk and hours of a run before it starts: corpus, hidden states, generation, extraction, training, target loads."""
     import dataclasses
     import math
 
@@ -810,11 +874,11 @@ def plan(
     rates = Throughputs(**{k: v for k, (_, v) in given.items() if v is not None})
     try:
         e = estimate(preset, samples, tokens_per_sample, rates, epochs=epochs, val_fraction=val_fraction, gpus=gpus, num_aux=num_aux,
-                     replicas=replicas, extraction=extraction)  # fmt: skip
+                     replicas=replicas, extraction=extraction, load_minutes=load_minutes)  # fmt: skip
     except (KeyError, ValueError) as exc:
         _fail(str(exc.args[0] if exc.args else exc))
     if as_json:
-        body = dataclasses.asdict(e) | {"total_hours": e.total_hours}
+        body = dataclasses.asdict(e) | {"total_hours": e.total_hours, "load_hours": e.load_hours}
         typer.echo(json.dumps(body, indent=2))
     else:
         typer.echo(e.render())

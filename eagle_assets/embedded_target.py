@@ -59,6 +59,14 @@ def target_path(name: str = EMBEDDED_TARGET) -> Path:
     return targets_dir() / name
 
 
+def standin_folder(name: str) -> Path:
+    """A stand-in's folder: under one folder per build recipe (`standins.LAYOUT_VERSION`), so that
+    checkouts of two recipes sharing one cache each keep theirs instead of rebuilding the other's."""
+    from eagle_assets.standins import LAYOUT_VERSION
+
+    return targets_dir() / f"standins-v{LAYOUT_VERSION}" / name
+
+
 def verify(folder: Path) -> bool:
     """True when `folder` holds a complete conversion whose files match their recorded hashes."""
     record = folder / CHECKSUM_FILE
@@ -231,13 +239,14 @@ def pull_standins(force: bool = False, log=print) -> dict[str, Path]:
 def _pull_standins(force: bool, log) -> dict[str, Path]:
     from eagle_assets.standins import STANDINS, build
 
-    folders = {name: target_path(name) for name in STANDINS}
+    folders = {name: standin_folder(name) for name in STANDINS}
+    root = folders[STANDINS[0]].parent
     if not force and _standins_verified(folders):
-        log(f"{', '.join(STANDINS)}: present and verified under {targets_dir()}")
+        log(f"{', '.join(STANDINS)}: present and verified under {root}")
         return folders
     teacher = pull(EMBEDDED_TARGET, log=log)
-    targets_dir().mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=targets_dir(), prefix=".standins-") as tmp:
+    root.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=root, prefix=".standins-") as tmp:
         built = build(teacher, Path(tmp), log=log)
         for name, staging in built.items():
             _check_standin_shape(name, staging)
@@ -246,7 +255,7 @@ def _pull_standins(force: bool, log) -> dict[str, Path]:
         # `_standins_verified` refuses, so the next pull builds both again.
         for name, staging in built.items():
             _replace(staging, folders[name])
-    log(f"{', '.join(STANDINS)}: ready under {targets_dir()}")
+    log(f"{', '.join(STANDINS)}: ready under {root}")
     return folders
 
 

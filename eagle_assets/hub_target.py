@@ -190,3 +190,18 @@ def _check(repo_id: str, folder: Path, files: list[str], preset: TargetPreset | 
         if got != want:
             raise RuntimeError(f"{repo_id} has (layers, hidden, vocab) {got}, but the preset {preset.name} says {want}: "
                                f"pull it by its hub id ({repo_id}) to use it as it is")  # fmt: skip
+
+
+def drafter_folder(spec: str | Path) -> Path:
+    """A drafter given as a folder, or as a hub id pulled before (`eagle-assets target pull
+    ORG/NAME` puts it where `hub_folder` says): its folder. A hub id not pulled yet is refused
+    with the command that pulls it; the pipeline never downloads during a run."""
+    path = Path(spec).expanduser()
+    if (path / "config.json").is_file():
+        return path.resolve()
+    if is_hub_id(str(spec)):
+        folder = hub_folder(str(spec))
+        if is_pulled(folder):
+            return folder
+        raise ValueError(f"drafter {spec} is a hub id not pulled to this machine: `eagle-assets target pull {spec}` downloads it ({folder})")
+    raise ValueError(f"drafter {spec}: no config.json there; give a drafter folder, or a hub id ORG/NAME pulled with `eagle-assets target pull`")

@@ -4,11 +4,15 @@
 
     >>> from eagle_assets.planner import estimate
     >>> e = estimate("kimi-k2.5", samples=10_000, tokens_per_sample=1_450)
-    >>> round(e.sizes.hidden_state_bytes / 1e9), round(e.extraction_hours, 2), round(e.training_hours, 2)
-    (832, 0.15, 0.21)
+    >>> round(e.sizes.hidden_state_bytes / 1e9), round(e.extraction_hours, 2), round(e.training_hours, 2), e.target_loads
+    (1455, 0.15, 0.21, 3)
+    >>> round(estimate("kimi-k2.5", samples=10_000, tokens_per_sample=1_450, num_aux=3).sizes.hidden_state_bytes / 1e9)
+    832
 
 Sizes come from `hidden_states/budget.py`, the same arithmetic that the hidden-state asset uses
-for its free-space check, so the plan and the check cannot disagree. Hours come from
+for its free-space check, so the plan and the check cannot disagree. Hours include the target's
+loads: each server of a Kimi-sized target takes ~22 minutes to start, and a run starts three,
+one at a time (`TARGET_LOADS`). Hours come from
 throughputs (`default_rates`: at Kimi-K2.5's shape, this project's measurements on an H200, and
 each plan says where every rate comes from); pass your own where your hardware or target
 differs. docs/kimi-k2.5.md reads a plan for an 8-GPU host and a cluster. Pure Python: no
@@ -49,6 +53,17 @@ KIMI_DRAFTER_TRAIN_TOK_S_PER_GPU = 11_004.0
 (benchmarks/results/train_throughput_kimi-drafter_h200_2026-12-04.md)."""
 MEASURED_SHAPES = ("kimi-k2.5",)
 EXTRACTION_SOURCES = ("engine", "hf")
+
+LOAD_MINUTES = {"kimi-k2.5": 22.0}
+"""Minutes one server of the target takes to start on the seeds' host: 547 GB of INT4 Kimi-K2.5
+read by 8 GPUs at ~0.4 GB/s (engines/vllm_launch.py, SLOW_WEIGHT_READ_BYTES_PER_S)."""
+TARGET_LOADS = (
+    ("the extraction server", "the corpus's hidden states and the benchmark prompts' greedy answers with theirs"),
+    ("the target alone", "the benchmark's baseline"),
+    ("the target with the drafter", "the benchmark's speculative sweep; it stays up to serve"),
+)
+"""The target servers a run starts on one host, one at a time (docs/kimi-k2.5.md): the corpus
+comes from the server already serving, and nothing else loads the target."""
 
 
 @dataclass(frozen=True)
@@ -114,10 +129,18 @@ class Estimate:
     """Serving replicas generating and extracting side by side (one per host of tensor-parallel GPUs)."""
     extraction: str = "engine"
     """Which source extracts the states: "engine" or "hf"."""
+    target_loads: int = len(TARGET_LOADS)
+    """Target servers started, one at a time, on each serving host (`TARGET_LOADS`)."""
+    load_minutes: float | None = None
+    """Minutes one load takes (`LOAD_MINUTES`, or given); None: unknown, not counted in the total."""
+
+    @property
+    def load_hours(self) -> float:
+        return self.target_loads * (self.load_minutes or 0.0) / 60
 
     @property
     def total_hours(self) -> float:
-        return self.generation_hours + self.extraction_hours + self.training_hours
+        return self.generation_hours + self.extraction_hours + self.training_hours + self.load_hours
 
     def lines(self) -> list[str]:
         t = self.throughputs
@@ -129,6 +152,12 @@ class Estimate:
             f"extraction: {_hours(self.extraction_hours)} at {t.extraction_tokens_per_s:,.0f} tok/s x {self.replicas} replica(s) ({self.extraction})",
             f"training:   {_hours(self.training_hours)} for {self.epochs} epochs over "
             f"{1 - self.val_fraction:.0%} of the samples on {self.gpus} GPU(s) at {t.train_tokens_per_gpu_s:,.0f} tok/s per GPU",
+            (
+                f"loads:      {_hours(self.load_hours)} for {self.target_loads} target loads of {self.load_minutes:.0f} min, one server at a time "
+                if self.load_minutes
+                else f"loads:      {self.target_loads} target loads, one server at a time (pass --load-minutes for their hours) "
+            )
+            + f"({'; '.join(f'{who}: {why}' for who, why in TARGET_LOADS)})",
             f"total:      {_hours(self.total_hours)}",
         ]
         return out + [f"note: {n}" for n in self.notes]
@@ -152,12 +181,15 @@ def estimate(
     num_aux: int | None = None,
     replicas: int = 1,
     extraction: str | None = None,
+    load_minutes: float | None = None,
 ) -> Estimate:
     """Sizes and hours for `samples` of `tokens_per_sample` tokens on `preset`.
 
     `gpus` (training) defaults to the preset's tensor-parallel size times `replicas` (the hosts
     that serve it train on it); `replicas` serving replicas generate and extract side by side;
-    `extraction` defaults to the engine where the target needs several GPUs, else Hugging Face.
+    `extraction` defaults to the engine where the target needs several GPUs, else Hugging Face;
+    `load_minutes`, the minutes one target server takes to start, to the seeds' host's for a
+    target measured there (`LOAD_MINUTES`).
     """
     p = get_preset(preset) if isinstance(preset, str) else preset
     _require(samples >= 1, f"samples must be at least 1, not {samples}")
@@ -165,6 +197,7 @@ def estimate(
     _require(epochs >= 1, f"epochs must be at least 1, not {epochs}")
     _require(0 <= val_fraction < 1, f"the validation fraction must be in [0, 1), not {val_fraction}")
     _require(replicas >= 1, f"replicas must be at least 1, not {replicas}")
+    _require(load_minutes is None or (math.isfinite(load_minutes) and load_minutes >= 0), f"load minutes must be 0 or more, not {load_minutes}")
     extraction = extraction or ("engine" if p.tensor_parallel_size > 1 else "hf")
     _require(extraction in EXTRACTION_SOURCES, f"extraction must be one of {', '.join(EXTRACTION_SOURCES)}, not {extraction!r}")
     gpus = p.tensor_parallel_size * replicas if gpus is None else gpus
@@ -173,6 +206,13 @@ def estimate(
         _require(rate is None or (math.isfinite(rate) and rate > 0),
                  f"throughput {name} must be a positive finite number, not {rate}: pass a measured rate")  # fmt: skip
     defaults, sources = default_rates(p, extraction)
+    if num_aux is None and p.parent_drafter:
+        # A warm start from an unmarked parent keeps both readings' layers until training has
+        # measured which one the parent was trained at (drafter/train.py).
+        ids = p.default_aux_layer_ids
+        num_aux = len(set(ids) | {i + 1 for i in ids if i < p.num_layers})
+        sources = (*sources, f"hidden states at {num_aux} aux layers: a warm start from {p.parent_drafter}, whose layer ids carry no "
+                   "numbering, keeps the layers of both readings (as written and one up) until training measures which it was trained at")  # fmt: skip
     given = {k: v for k, v in vars(throughputs).items() if v is not None}
     rates = Throughputs(**{**vars(defaults), **given})
     notes = tuple(line for line in sources if not any(line.startswith(_RATE_LINE[k]) for k in given))
@@ -190,6 +230,7 @@ def estimate(
         notes=notes,
         replicas=replicas,
         extraction=extraction,
+        load_minutes=LOAD_MINUTES.get(p.name) if load_minutes is None else load_minutes,
     )
 
 

@@ -16,6 +16,11 @@ from pathlib import Path
 from eagle_assets.corpus.prompts import TASK_OPENINGS, TOPIC_OPENINGS, load_topics
 from eagle_assets.targets import EMBEDDED_TARGET, PRESETS, WEIGHTS_BUILT
 
+KIMI_PARENT_DRAFTER = PRESETS["kimi-k2.5"].parent_drafter
+"""The public EAGLE-3 drafter for Kimi-K2.5 (eagle_aux_hidden_state_layer_ids [2, 30, 58], no
+numbering marker): the kimi-k2.5 preset's parent; `eagle-assets target pull AQ-MedAI/Kimi-K25-eagle3`
+puts it where the run finds it."""
+
 SMOLLM2_PARENT_DRAFTER = str(Path(__file__).resolve().parent / "data" / "drafters" / "smollm2-135m-instruct-sharegpt-magpie")
 """The SmolLM2 drafter shipped with the project (its README.md is the model card): trained on
 ShareGPT and Magpie prompts by the smollm2-quality recipe, the parent `smollm2-default` fine-tunes."""
@@ -67,12 +72,23 @@ RUN_PRESETS: dict[str, dict[str, dict]] = {
     # reference replayed over the engine's states, as for Kimi-K2.5 itself, where the target
     # never loads in the pipeline's process. Sized like smollm2-tiny. The prompts are people's
     # (ShareGPT): a 40M-parameter stand-in cannot write Magpie's user turns.
+    # Served as the kimi-k2.5 preset serves: one configuration after another, no n-gram and no
+    # second baseline (each a target load there), the offline reference from the capture the
+    # hidden-state stage's extraction server makes (docs/kimi-k2.5.md's rehearsal runs on it).
     "standin-tiny": {
         "prompts": {"source": "sharegpt", "num_prompts": 16, "max_prompt_tokens": 48},
         "synthetic_corpus": {"max_tokens": 64, "concurrency": 8},
         "hidden_state_shards": {"source": "engine"},
         "drafter_checkpoint": {"epochs": 15, "lr": 3e-3, "micro_batch_tokens": 512, "val_fraction": 0.25, "warmup_steps": 5},
-        "benchmark_report": {"num_prompts": 2, "output_len": 16, "concurrencies": [1], "ngram": False, "offline_reference": "engine"},
+        "benchmark_report": {
+            "num_prompts": 2,
+            "output_len": 16,
+            "concurrencies": [1],
+            "ngram": False,
+            "baseline_again": False,
+            "interleave_rounds": 0,
+            "offline_reference": "engine",
+        },
     },
     # The same path with a drafter worth measuring: 256 ShareGPT prompts, the report on 8 MT-Bench
     # turns at concurrency 1 and 4, n-gram beside it. About twenty minutes on 2 cores.
@@ -82,6 +98,30 @@ RUN_PRESETS: dict[str, dict[str, dict]] = {
         "hidden_state_shards": {"source": "engine"},
         "drafter_checkpoint": {"epochs": 5, "lr": 3e-3, "micro_batch_tokens": 4096, "val_fraction": 0.1, "warmup_steps": 10},
         "benchmark_report": {"num_prompts": 8, "output_len": 64, "concurrencies": [1, 4], "offline_reference": "engine"},
+    },
+    # Kimi-K2.5 on one 8-GPU host (docs/kimi-k2.5.md), the preset `eagle-assets run` picks for it:
+    # people's prompts, reasoning answers from the target's server, the states from its
+    # extraction server, a warm start from the public Kimi-K2.5 drafter (its layer numbering
+    # measured on the corpus: it has no marker), and a benchmark that needs one target server at
+    # a time: the offline reference from the capture the hidden-state stage makes, the target
+    # alone and with the drafter served one after the other, nothing else (each server is a load
+    # of ~22 minutes there: no n-gram, no second baseline).
+    "kimi-k2.5": {
+        "prompts": {"source": "sharegpt", "num_prompts": 10000, "answer_tokens": 2048},
+        "synthetic_corpus": {"max_tokens": 2048, "concurrency": 64},
+        "vocab_mapping": {"parent_drafter": KIMI_PARENT_DRAFTER},
+        "hidden_state_shards": {"source": "engine", "parent_drafter": KIMI_PARENT_DRAFTER},
+        "drafter_checkpoint": {"warm_start": KIMI_PARENT_DRAFTER, "epochs": 5, "lr": 1e-4, "val_fraction": 0.1},
+        "benchmark_report": {
+            "num_prompts": 80,
+            "output_len": 256,
+            "concurrencies": [1, 4, 16],
+            "k": 3,
+            "ngram": False,
+            "baseline_again": False,
+            "interleave_rounds": 0,
+            "offline_reference": "engine",
+        },
     },
     # Your own model on a GPU host (the preset `eagle-assets run --target` picks for a target
     # other than SmolLM2 and its stand-ins): people's prompts (ShareGPT's human turns; a file of
@@ -147,6 +187,17 @@ RUN_PRESET_NOTES: dict[str, str] = {
 }
 
 
+REFERENCE_FROM = {
+    "benchmark_report": ("num_prompts", "prompts_url", "prompts_format", "output_len", "k", "also_k", "offline_reference"),
+    "hidden_state_shards": ("aux_layer_ids", "parent_drafter", "parent_numbering", "source"),
+    "drafter_checkpoint": ("ttt_steps",),
+}
+"""The settings of other assets `benchmark_reference` takes as its defaults
+(`defs/settings.reference_settings`): it captures, from the hidden-state stage's extraction
+server, what the benchmark will ask for (its prompts and tokens) at the layers the hidden states
+are taken at, so the two always agree."""
+
+
 def run_config(preset: str, asset_keys: list[str] | None = None, changes: dict[str, dict] | None = None) -> dict:
     """Dagster run config ({"ops": {asset: {"config": {...}}}}) for the assets of one run: the
     preset's settings, with `changes` ({asset: settings}, a run file's) on top, setting by setting."""
@@ -161,9 +212,23 @@ def run_config(preset: str, asset_keys: list[str] | None = None, changes: dict[s
 
 def default_preset(target: str) -> str:
     """The run preset for `target` when none is given: the embedded SmolLM2's own, the stand-ins',
-    or gpu-default for any other model."""
+    Kimi-K2.5's (its preset, or a folder its preset matches), or gpu-default for any other model."""
     if target == EMBEDDED_TARGET:
         return "smollm2-default"
     if target in PRESETS and PRESETS[target].weights == WEIGHTS_BUILT:
         return "standin-default"
+    if target == "kimi-k2.5" or _matches(target, "kimi-k2.5"):
+        return "kimi-k2.5"
     return "gpu-default"
+
+
+def _matches(target: str, preset: str) -> bool:
+    """Whether a model folder is the target of `preset` (its config.json matched as resolve_target does)."""
+    if not (Path(target).expanduser() / "config.json").is_file():
+        return False
+    from eagle_assets.embedded_target import resolve_target
+
+    try:
+        return resolve_target(target, log=lambda m: None)[0].name == preset
+    except ValueError:
+        return False

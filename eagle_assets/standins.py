@@ -8,13 +8,17 @@ serving, hidden-state extraction, drafter training) runs on the code paths the r
   * `tiny-deepseek-v3`: `DeepseekV3ForCausalLM`, the hub's per-expert weight names and its
     config.json (yarn rope, `noaux_tc` sigmoid routing with `e_score_correction_bias`).
   * `tiny-kimi-k2.5`: `KimiK25ForConditionalGeneration`, the same language model under
-    `language_model.`, a tiny vision tower and projector, and a tokenizer that is remote code.
+    `language_model.`, a tiny vision tower and projector, and a tokenizer built the way the
+    hub's is (`standin_tokenizer.py`): remote code reading tiktoken BPE ranks, 256 special
+    tokens after them (`<think>`, `</think>` among them), Kimi's chat template.
 
-Both share ONE language model (the same tensors), so the two layouts give identical logits. Its
-weights are not random: random weights repeat themselves and leave near-ties everywhere, which
-makes greedy comparisons between engines meaningless. It is distilled, seeded, from the embedded
-SmolLM2 (whose tokenizer and chat template it uses): SmolLM2's greedy answers to prompts built
-from the corpus openings and topics (never MT-Bench), then cross-entropy on the answer tokens.
+Both share ONE language model (the same tensors), so the two layouts give identical logits, and
+one vocabulary (SmolLM2's, as tiktoken ranks; the DeepSeek layout gets it as a fast
+tokenizer.json). Its weights are not random: random weights repeat themselves and leave
+near-ties everywhere, which makes greedy comparisons between engines meaningless. It is
+distilled, seeded, from the embedded SmolLM2: SmolLM2's greedy answers to prompts built from the
+corpus openings and topics (never MT-Bench), written in Kimi's chat layout as a thinking answer
+(`<think>` its first sentence `</think>` the rest, `reasoning_split`), then cross-entropy on them.
 
     eagle-assets target pull tiny-kimi-k2.5     # or tiny-deepseek-v3
 
@@ -27,6 +31,7 @@ import hashlib
 import json
 import math
 import random
+import re
 import shutil
 import tempfile
 import time
@@ -43,9 +48,18 @@ STANDINS = (DEEPSEEK_STANDIN, KIMI_STANDIN)
 BUILD_RECORD = "standin_build.json"
 """Written into both folders: the build settings, LAYOUT_VERSION and the language model's weight
 hash, so a pull can tell that the two folders came from one build of the current recipe."""
-LAYOUT_VERSION = 2
-"""Raised whenever what a build writes changes (2: Kimi-K2.5's media_placeholder_token_id), so
-that stand-ins built before are built again."""
+LAYOUT_VERSION = 3
+"""Raised whenever what a build writes changes (2: Kimi-K2.5's media_placeholder_token_id; 3: the
+hub's tokenizer layout, thinking answers), so that stand-ins built before are built again. Each
+version's stand-ins live in a folder of their own (`embedded_target.standin_folder`), so that
+checkouts of two versions sharing one cache do not rebuild each other's."""
+TOKENIZER_REVISION = "old"
+"""The revision of `tokenization_kimi.py` the Kimi stand-in ships (`standin_tokenizer.REVISIONS`):
+the old import of `bytes_to_unicode`, which transformers 5 removed, so that every run on it
+takes the path a pinned older revision of the hub's takes."""
+NUM_RANKS = 49156
+"""tiktoken ranks made from SmolLM2's vocabulary (its 49,135 regular tokens and the 21 single
+bytes it lacks); the build checks it."""
 
 # DeepSeek-V3's yarn rope as its hub config.json writes it. The model is trained under it: yarn
 # changes the rotary frequencies and the attention scale, so training without it would give a
@@ -62,7 +76,7 @@ MAX_POSITION_EMBEDDINGS = 163840
 # aux ids (2, L//2, L-3) = (2, 4, 5) distinct; 8 experts in 4 groups, top-2 groups, 2 experts
 # per token exercise the grouped `noaux_tc` routing; layer 0 is dense (first_k_dense_replace).
 TEXT_SHAPE = dict(
-    vocab_size=49152,  # SmolLM2's tokenizer
+    vocab_size=NUM_RANKS + 256,  # the ranks and the 256 special tokens after them
     hidden_size=256,
     intermediate_size=512,
     num_hidden_layers=8,
@@ -82,9 +96,9 @@ TEXT_SHAPE = dict(
     moe_intermediate_size=128,
     routed_scaling_factor=2.5,
     norm_topk_prob=True,
-    bos_token_id=1,  # <|im_start|>
-    eos_token_id=2,  # <|im_end|>
-    pad_token_id=2,
+    bos_token_id=NUM_RANKS,  # [BOS]
+    eos_token_id=NUM_RANKS + 2,  # <|im_end|>: every turn ends with it, so generation stops there
+    pad_token_id=NUM_RANKS + 255,  # [PAD]
     tie_word_embeddings=False,
 )
 
@@ -122,9 +136,14 @@ VISION_CONFIG = {
     "intermediate_size": 128,
     "merge_kernel_size": [2, 2],
 }
-# Media token ids: SmolLM2 special tokens no chat template writes (<repo_name> .. <filename>),
-# so a text prompt never carries one.
-MEDIA_TOKEN_IDS = {"vision_start_token_id": 3, "image_token_id": 4, "vision_end_token_id": 5, "video_token_id": 6}
+# Media token ids: the media special tokens at the hub's offsets (<|media_begin|>, <|media_pad|>,
+# <|media_end|>, <|media_content|>), which a text prompt never carries.
+MEDIA_TOKEN_IDS = {
+    "vision_start_token_id": NUM_RANKS + 18,
+    "image_token_id": NUM_RANKS + 21,
+    "vision_end_token_id": NUM_RANKS + 20,
+    "video_token_id": NUM_RANKS + 19,
+}
 # vLLM's Kimi-K2.5 image processor refuses to start without this file.
 PREPROCESSOR_CONFIG = {
     "media_proc_cfg": {
@@ -135,28 +154,6 @@ PREPROCESSOR_CONFIG = {
         "config_type": "media_proc_config_v1",
     }
 }  # fmt: skip
-
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
-REMOTE_TOKENIZER_FILE = "standin_tokenizer.json"
-REMOTE_TOKENIZER_MODULE = "tokenization_standin"
-# Kimi-K2.5's tokenizer is TikToken code shipped in its folder, loaded only with
-# trust_remote_code. transformers 5.19 registers a built-in tokenizer for kimi_k25 and falls
-# back to it without remote code, reading tokenizer.json; so the vocabulary goes under a file
-# name only this class reads, and the fallback finds nothing to load.
-REMOTE_TOKENIZER_CODE = (
-    '''"""SmolLM2's tokenizer under a class of its own: remote code, like Kimi-K2.5's TikToken tokenizer."""
-
-from transformers import PreTrainedTokenizerFast
-
-
-class StandinTokenizer(PreTrainedTokenizerFast):
-    vocab_files_names = {"vocab_file": "%s"}
-
-    def __init__(self, vocab_file=None, **kwargs):
-        super().__init__(tokenizer_file=vocab_file, **kwargs)
-'''
-    % REMOTE_TOKENIZER_FILE
-)
 
 
 def text_config():
@@ -231,6 +228,30 @@ def chat_prompt_ids(tokenizer, prompt: str) -> list[int]:
     return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
 
 
+def reasoning_split(answer: str) -> tuple[str, str]:
+    """A teacher answer as (reasoning, answer) for a thinking turn: its first sentence (to the
+    first '.', '!' or '?' before a space, or the first line break) as the reasoning and the rest
+    as the answer; an answer of one sentence is split after half of its words."""
+    found = re.search(r"[.!?](?=\s)|\n", answer)
+    if found and answer[found.end() :].strip():
+        return answer[: found.end()].strip(), answer[found.end() :].strip()
+    words = answer.split(" ")
+    half = max(1, len(words) // 2)
+    return " ".join(words[:half]).strip(), " ".join(words[half:]).strip()
+
+
+def thinking_sample(tokenizer, prompt: str, answer: str, finished: bool) -> tuple[list[int], int]:
+    """(ids, answer start) of one distillation sample in the stand-in's chat layout: the
+    generation prompt (ending in `<think>`), the reasoning, `</think>`, the answer and, where the
+    teacher finished its answer, `<|im_end|>`: what the stand-in then writes itself."""
+    from eagle_assets.standin_tokenizer import THINK_END
+
+    prompt_ids = chat_prompt_ids(tokenizer, prompt)
+    reasoning, rest = reasoning_split(answer)
+    text = reasoning + THINK_END + rest + ("<|im_end|>" if finished else "")
+    return prompt_ids + list(tokenizer.encode(text, add_special_tokens=False)), len(prompt_ids)
+
+
 @torch.inference_mode()
 def greedy_answers(model, prompts_ids: Sequence[list[int]], max_new_tokens: int, batch_size: int, pad_id: int) -> list[list[int]]:
     """Greedy answers (ids, ending with eos when one was written) by batched HF generation,
@@ -258,11 +279,12 @@ def greedy_answers(model, prompts_ids: Sequence[list[int]], max_new_tokens: int,
 
 @dataclass(frozen=True)
 class BuildSettings:
-    """What a build does; the defaults finish in about two and a half minutes on 2 cores.
+    """What a build does; the defaults finish in about four minutes on 2 cores.
 
-    Measured with the scratch build on 16 held-out prompts, 64 tokens each: these settings end
-    at training loss 0.49 with a distinct-token share of 0.42 and 0.1% of top-2 gaps under 1e-3;
-    96 answers of 96 tokens in 60 steps ended at loss 5.3 answering "\\n" to every prompt."""
+    120 steps sufficed for SmolLM2's own chat layout (loss 0.49 at seed 0), but for the thinking
+    answers in Kimi's layout they ended at 1.3 to 2.0 over three seeds, answering in loops; 240
+    end near 0.3 at seeds 0 and 1. 96 answers of 96 tokens in 60 steps ended at loss 5.3
+    answering "\\n" to every prompt."""
 
     seed: int = 0
     num_prompts: int = 48
@@ -270,7 +292,7 @@ class BuildSettings:
     answer_tokens: int = 64
     """Longest teacher answer; longer ones are cut (and so teach no end of answer)."""
     teacher_batch: int = 48
-    steps: int = 120
+    steps: int = 240
     batch_size: int = 16
     """Samples per optimizer step."""
     lr: float = 3e-3
@@ -406,14 +428,12 @@ def top2_margins(model, prompts_ids: Sequence[list[int]], answers: Sequence[list
 # Writing the two layouts.
 
 
-def _copy_tokenizer(teacher_dir: Path, out: Path) -> None:
-    for name in TOKENIZER_FILES:
-        shutil.copyfile(teacher_dir / name, out / name)
-
-
-def write_deepseek(model, teacher_dir: Path, out: Path) -> None:
+def write_deepseek(model, tokenizer_dir: Path, out: Path) -> None:
     """The hub's DeepSeek-V3 folder: bf16 weights in per-expert names (transformers'
-    save_pretrained writes them so), hub config.json, SmolLM2's tokenizer and template."""
+    save_pretrained writes them so), hub config.json, the stand-ins' vocabulary as a fast
+    tokenizer.json with the chat template (`tokenizer_dir`: the Kimi tokenizer's files)."""
+    from eagle_assets.standin_tokenizer import write_fast_tokenizer
+
     biases = {n: b.float().clone() for n, b in model.named_buffers() if n.endswith("e_score_correction_bias")}
     model = model.to(torch.bfloat16)
     for name, bias in biases.items():  # fp32 in the hub's checkpoint, as transformers keeps it
@@ -423,7 +443,7 @@ def write_deepseek(model, teacher_dir: Path, out: Path) -> None:
     model.save_pretrained(out, safe_serialization=True)
     saved = json.loads((out / "config.json").read_text())
     (out / "config.json").write_text(json.dumps(hub_text_config(saved), indent=2))
-    _copy_tokenizer(teacher_dir, out)
+    write_fast_tokenizer(tokenizer_dir, out)
 
 
 def vision_tensors(seed: int) -> dict[str, torch.Tensor]:
@@ -437,7 +457,15 @@ def vision_tensors(seed: int) -> dict[str, torch.Tensor]:
 
     # The projector's output width is the text model's; the text model itself is dropped, so a
     # one-layer one with a small vocabulary stands in for it here.
-    text = {**TEXT_SHAPE, "num_hidden_layers": 1, "vocab_size": 64, "model_type": "deepseek_v3"}
+    text = {
+        **TEXT_SHAPE,
+        "num_hidden_layers": 1,
+        "vocab_size": 64,
+        "model_type": "deepseek_v3",
+        "bos_token_id": 0,
+        "eos_token_id": 0,
+        "pad_token_id": 0,
+    }
     torch.manual_seed(seed)
     cfg = Kimi_K25Config(
         text_config=text, vision_config=VISION_CONFIG, projection_hidden_size=VISION_CONFIG["hidden_size"], tie_word_embeddings=False
@@ -458,10 +486,10 @@ def vision_tensors(seed: int) -> dict[str, torch.Tensor]:
     return tensors
 
 
-def write_kimi(deepseek_dir: Path, teacher_dir: Path, out: Path, seed: int) -> None:
+def write_kimi(deepseek_dir: Path, tokenizer_dir: Path, out: Path, seed: int) -> None:
     """The hub's Kimi-K2.5 folder around the DeepSeek folder's language model: its tensors under
     `language_model.`, a tiny vision tower, the Kimi config, preprocessor config, and the
-    tokenizer as remote code."""
+    tokenizer as the hub ships it (`tokenizer_dir`: `standin_tokenizer.write_kimi_tokenizer`'s files)."""
     from safetensors.torch import load_file, save_file
 
     tensors = {f"language_model.{k}": v for k, v in load_file(deepseek_dir / "model.safetensors").items()}
@@ -471,15 +499,8 @@ def write_kimi(deepseek_dir: Path, teacher_dir: Path, out: Path, seed: int) -> N
     (out / "config.json").write_text(json.dumps(kimi_config(text), indent=2))
     (out / "preprocessor_config.json").write_text(json.dumps(PREPROCESSOR_CONFIG, indent=2))
     shutil.copyfile(deepseek_dir / "generation_config.json", out / "generation_config.json")
-    shutil.copyfile(teacher_dir / "tokenizer.json", out / REMOTE_TOKENIZER_FILE)
-    shutil.copyfile(teacher_dir / "chat_template.jinja", out / "chat_template.jinja")
-    tok = json.loads((teacher_dir / "tokenizer_config.json").read_text())
-    for key in ("is_local", "local_files_only", "backend"):
-        tok.pop(key, None)
-    tok["tokenizer_class"] = "StandinTokenizer"
-    tok["auto_map"] = {"AutoTokenizer": [None, f"{REMOTE_TOKENIZER_MODULE}.StandinTokenizer"]}
-    (out / "tokenizer_config.json").write_text(json.dumps(tok, indent=2))
-    (out / f"{REMOTE_TOKENIZER_MODULE}.py").write_text(REMOTE_TOKENIZER_CODE)
+    for f in sorted(tokenizer_dir.iterdir()):
+        shutil.copyfile(f, out / f.name)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -493,25 +514,47 @@ def build(teacher_dir: str | Path, out_root: str | Path, settings: BuildSettings
     from safetensors.torch import load_file
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from eagle_assets.corpus.target import load_tokenizer
     from eagle_assets.engines.cpu_isa import host_cpu
+    from eagle_assets.standin_tokenizer import teacher_ranks, write_kimi_tokenizer
 
     teacher_dir, out_root = Path(teacher_dir), Path(out_root)
     started = time.perf_counter()
     # bf16 where the processor has bf16 instructions (several times fp32's rate there, emulated and
     # slower elsewhere): decided by the processor's kind, recorded, never by a timing.
     fast_bf16 = host_cpu().kind in ("amx", "avx512_bf16")
-    tokenizer = AutoTokenizer.from_pretrained(teacher_dir)
-    pad_id = TEXT_SHAPE["pad_token_id"]
-    prompts_ids = [chat_prompt_ids(tokenizer, p) for p in distillation_prompts(settings.num_prompts, settings.seed)]
+    ranks = teacher_ranks(teacher_dir / "tokenizer.json")
+    if len(ranks) != NUM_RANKS:
+        raise RuntimeError(f"{teacher_dir}'s vocabulary makes {len(ranks)} tiktoken ranks, the stand-ins' shape says {NUM_RANKS}")
+    tokenizer_dir = out_root / "tokenizer"
+    if tokenizer_dir.exists():
+        shutil.rmtree(tokenizer_dir)
+    tokenizer_dir.mkdir(parents=True)
+    write_kimi_tokenizer(ranks, tokenizer_dir, TOKENIZER_REVISION)
+    student_tokenizer = load_tokenizer(tokenizer_dir, trust_remote_code=True)  # the loader every stage uses
+    teacher_tokenizer = AutoTokenizer.from_pretrained(teacher_dir)
+    teacher_pad, teacher_eos = teacher_tokenizer.pad_token_id, teacher_tokenizer.eos_token_id
+    prompts = distillation_prompts(settings.num_prompts, settings.seed)
+    prompts_ids = [chat_prompt_ids(teacher_tokenizer, p) for p in prompts]
     teacher = AutoModelForCausalLM.from_pretrained(teacher_dir, dtype=torch.bfloat16 if fast_bf16 else torch.float32).eval()
     log(f"standins: {len(prompts_ids)} greedy answers from {teacher_dir.name} ({settings.answer_tokens} tokens at most)")
-    answers = greedy_answers(teacher, prompts_ids, settings.answer_tokens, settings.teacher_batch, pad_id)
+    answers = greedy_answers(teacher, prompts_ids, settings.answer_tokens, settings.teacher_batch, teacher_pad)
     del teacher
-    samples = [(p + a, len(p)) for p, a in zip(prompts_ids, answers) if a]
+    samples = [
+        thinking_sample(student_tokenizer, prompt, teacher_tokenizer.decode(a, skip_special_tokens=True), a[-1] == teacher_eos)
+        for prompt, a in zip(prompts, answers)
+        if a
+    ]
     log(f"standins: {sum(map(len, answers))} answer tokens in {time.perf_counter() - started:.0f} s; training")
 
-    teacher_embeddings = load_file(teacher_dir / "model.safetensors")["model.embed_tokens.weight"] if settings.teacher_init else None
+    teacher_embeddings = None
+    if settings.teacher_init:  # the teacher's rows where its tokens are ranks here; the special tokens' zero
+        teacher_rows = load_file(teacher_dir / "model.safetensors")["model.embed_tokens.weight"]
+        first_regular = NUM_RANKS - (teacher_rows.shape[0] - 17)  # SmolLM2: 17 special tokens first
+        teacher_embeddings = torch.zeros(TEXT_SHAPE["vocab_size"], teacher_rows.shape[1], dtype=teacher_rows.dtype)
+        teacher_embeddings[first_regular:NUM_RANKS] = teacher_rows[17:]
     model = new_language_model(settings.seed, teacher_embeddings)
+    pad_id = TEXT_SHAPE["pad_token_id"]
     losses = distil(model, samples, settings, autocast=fast_bf16, pad_id=pad_id, log=log)
 
     deepseek_dir, kimi_dir = out_root / DEEPSEEK_STANDIN, out_root / KIMI_STANDIN
@@ -519,12 +562,14 @@ def build(teacher_dir: str | Path, out_root: str | Path, settings: BuildSettings
         if folder.exists():
             shutil.rmtree(folder)
         folder.mkdir(parents=True)
-    write_deepseek(model, teacher_dir, deepseek_dir)
-    write_kimi(deepseek_dir, teacher_dir, kimi_dir, settings.seed)
+    write_deepseek(model, tokenizer_dir, deepseek_dir)
+    write_kimi(deepseek_dir, tokenizer_dir, kimi_dir, settings.seed)
+    shutil.rmtree(tokenizer_dir)
     weights = hashlib.sha256((deepseek_dir / "model.safetensors").read_bytes()).hexdigest()
     record = {
         "language_model_sha256": weights,
         "layout": LAYOUT_VERSION,
+        "tokenizer_revision": TOKENIZER_REVISION,
         "settings": asdict(settings),
         "teacher": teacher_dir.name,
         "answer_tokens": sum(map(len, answers)),

@@ -79,6 +79,12 @@ class TargetPreset:
     notes: str = ""
     aux_layer_ids: tuple[int, ...] = field(default=())
     """Aux layer ids to capture; empty means the engines' default (2, L//2, L-3)."""
+    parent_drafter: str | None = None
+    """The public EAGLE-3 drafter a run warm-starts from (a hub id: `eagle-assets target pull` it);
+    None: a drafter is trained from nothing."""
+    drafter_shape: tuple[tuple[str, object], ...] = ()
+    """A new drafter's shape where the field trains one differently from the target's attention
+    and MLP (`DrafterConfig` fields): for Kimi-K2.5, SpecForge's kimi-k2 drafter config."""
     hidden_states_source: str = "auto"
     """Where `hidden_state_shards` takes the target's states by default: "engine" (the serving
     engine's extraction), "hf" (a Hugging Face forward pass) or "auto" (`hidden_states/source.py`)."""
@@ -133,12 +139,12 @@ _DEEPSEEK_V3_SHAPE = dict(
 )
 
 # The seed-architecture stand-ins (eagle_assets/standins.py TEXT_SHAPE): one language model in
-# the DeepSeek-V3 and the Kimi-K2.5 layouts. No reasoning parser: they answer in SmolLM2's
-# template, without a reasoning trace.
+# the DeepSeek-V3 and the Kimi-K2.5 layouts, with one vocabulary: SmolLM2's as 49,156 tiktoken
+# ranks and the 256 special tokens after them. It answers in Kimi's chat layout, thinking first.
 _STANDIN_SHAPE = dict(
     num_layers=8,
     hidden_size=256,
-    vocab_size=49152,
+    vocab_size=49412,
     num_attention_heads=4,
     num_key_value_heads=4,
     intermediate_size=512,
@@ -182,9 +188,24 @@ PRESETS: dict[str, TargetPreset] = {
             tool_call_parser="kimi_k2",
             notes=(
                 "Config only: 1T-parameter DeepSeek-V3 MoE with MLA, INT4 weights, TP 8. "
-                "Warm-start from AQ-MedAI's Kimi-K2 EAGLE-3 drafter. vLLM 0.32.0 serves it with "
-                "EAGLE-3 (KimiK25ForConditionalGeneration implements SupportsEagle3); "
+                "Warm-start from AQ-MedAI's Kimi-K2.5 EAGLE-3 drafter (run preset kimi-k2.5). vLLM 0.32.0 "
+                "serves it with EAGLE-3 (KimiK25ForConditionalGeneration implements SupportsEagle3); "
                 "tiny-kimi-k2.5 is its stand-in on CPU."
+            ),
+            # SpecForge-trained on 2M samples (eagle_aux_hidden_state_layer_ids [2, 30, 58], no numbering marker).
+            parent_drafter="AQ-MedAI/Kimi-K25-eagle3",
+            # SpecForge's kimi-k2 / kimi-k25 EAGLE-3 configs (and the public drafters trained with
+            # them): 64 heads of 128 (Kimi's 7168 / 64 would be 112), plain RoPE at 1e6 rather
+            # than the target's YaRN at 50,000.
+            drafter_shape=(
+                ("head_dim", 128),
+                ("num_attention_heads", 64),
+                ("num_key_value_heads", 64),
+                ("intermediate_size", 18432),
+                ("rope_theta", 1_000_000.0),
+                ("rope_scaling", None),
+                ("max_position_embeddings", 131072),
+                ("rms_norm_eps", 1e-6),
             ),
             **_DEEPSEEK_V3_SHAPE,
         ),
@@ -214,9 +235,12 @@ PRESETS: dict[str, TargetPreset] = {
             model_types=("kimi_k25", "kimi_k2"),
             architecture="KimiK25ForConditionalGeneration",
             trust_remote_code=True,
+            reasoning_parser="kimi_k2",
+            tool_call_parser="kimi_k2",
             notes=(
                 "Kimi-K2.5's layout (tiny-deepseek-v3's language model under language_model., a "
-                "tiny vision tower, a remote-code tokenizer); built by `target pull`, served on CPU."
+                "tiny vision tower, the hub's TikToken tokenizer as remote code, thinking answers); "
+                "built by `target pull`, served on CPU."
             ),
             **_STANDIN_SHAPE,
         ),

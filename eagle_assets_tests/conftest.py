@@ -133,13 +133,29 @@ def materialized_graph(tmp_path_factory, smollm2_path, engine_python):
 
 
 @pytest.fixture(scope="session")
-def standin_graph(tmp_path_factory, standin_paths, engine_python):
-    """The whole asset graph on the Kimi-K2.5 stand-in, "standin-tiny" preset: states from the
-    engine, the offline reference replayed over them (`_materialise`). The target is given as
-    `--target` gives it, so the runs' own environment names the embedded SmolLM2."""
+def kimi_rehearsal(tmp_path_factory, standin_paths, engine_python):
+    """docs/kimi-k2.5.md's four phases run as the page writes them (benchmarks/kimi_rehearsal.py)
+    on tiny-kimi-k2.5 with the "standin-tiny" preset: the production server for the corpus, the
+    hidden-state part's own extraction server, training, then the target alone and with the
+    drafter, one after the other. Fails (TwoTargetServers) if two target servers ever run at once."""
+    from eagle_assets.paths import PROJECT_ROOT
     from eagle_assets.standins import KIMI_STANDIN
+    from eagle_assets_tests.scripts import load_script
 
-    yield from _materialise(tmp_path_factory, "standin-graph", "standin-tiny", target=KIMI_STANDIN)
+    rehearsal = load_script(PROJECT_ROOT / "benchmarks" / "kimi_rehearsal.py")
+    root = tmp_path_factory.mktemp("kimi-rehearsal")
+    return rehearsal.rehearse(standin_paths[KIMI_STANDIN], KIMI_STANDIN, "standin-tiny", root, timeout_s=1800, log=lambda m: None)
+
+
+@pytest.fixture(scope="session")
+def standin_graph(kimi_rehearsal):
+    """The whole asset graph on the Kimi-K2.5 stand-in as the rehearsal of docs/kimi-k2.5.md built it
+    (`kimi_rehearsal`): states from the engine, the offline reference replayed over the capture the
+    hidden-state stage made. Yields (instance, data_dir, dagster_home)."""
+    import dagster as dg
+
+    with dg.DagsterInstance.from_config(str(kimi_rehearsal.dagster_home)) as instance:
+        yield instance, kimi_rehearsal.data, kimi_rehearsal.dagster_home
 
 
 @pytest.fixture(scope="module")

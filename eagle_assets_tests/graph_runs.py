@@ -8,7 +8,9 @@ from pathlib import Path
 
 import dagster as dg
 
-ASSETS = frozenset({"prompts", "synthetic_corpus", "vocab_mapping", "hidden_state_shards", "drafter_checkpoint", "benchmark_report"})
+ASSETS = frozenset(
+    {"prompts", "synthetic_corpus", "vocab_mapping", "hidden_state_shards", "benchmark_reference", "drafter_checkpoint", "benchmark_report"}
+)
 
 
 def copy_graph(graph, dest: Path) -> tuple[Path, Path]:

@@ -25,7 +25,7 @@ from eagle_assets.run_presets import RUN_PRESETS
 from eagle_assets.targets import EMBEDDED_TARGET
 
 pytestmark = [pytest.mark.engine, pytest.mark.slow]
-ASSETS = ["prompts", "synthetic_corpus", "vocab_mapping", "hidden_state_shards", "drafter_checkpoint", "benchmark_report"]
+ASSETS = ["prompts", "synthetic_corpus", "vocab_mapping", "hidden_state_shards", "benchmark_reference", "drafter_checkpoint", "benchmark_report"]
 
 
 def _base(data: Path) -> Path:

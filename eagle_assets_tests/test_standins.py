@@ -57,10 +57,10 @@ def kimi(standin_paths):
 
 
 @pytest.fixture(scope="module")
-def prompt_ids(smollm2_path) -> list[list[int]]:
+def prompt_ids(standin_paths) -> list[list[int]]:
     from transformers import AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(smollm2_path)
+    tokenizer = AutoTokenizer.from_pretrained(standin_paths[DEEPSEEK_STANDIN])
     return [chat_prompt_ids(tokenizer, p) for p in held_out_prompts(8)]
 
 
@@ -133,18 +133,22 @@ def test_folders_resolve_to_the_stand_in_presets(standin_paths):
     assert get_preset(KIMI_STANDIN).trust_remote_code and not get_preset(DEEPSEEK_STANDIN).trust_remote_code
 
 
-def test_kimi_tokenizer_is_remote_code(standin_paths, smollm2_path):
+def test_kimi_tokenizer_is_the_hubs_remote_code_and_the_deepseek_layout_shares_its_vocabulary(standin_paths):
     from transformers import AutoTokenizer
 
+    from eagle_assets.corpus.target import load_tokenizer
+    from eagle_assets.standins import NUM_RANKS, TOKENIZER_REVISION
+
     folder = standin_paths[KIMI_STANDIN]
-    with pytest.raises(ValueError, match="Couldn't instantiate the backend tokenizer"):
-        AutoTokenizer.from_pretrained(folder)
-    tokenizer = AutoTokenizer.from_pretrained(folder, trust_remote_code=True)
-    assert type(tokenizer).__name__ == "StandinTokenizer"
-    smollm2 = AutoTokenizer.from_pretrained(smollm2_path)
+    assert (folder / "tiktoken.model").is_file() and not (folder / "tokenizer.json").exists()
+    assert json.loads((folder / BUILD_RECORD).read_text())["tokenizer_revision"] == TOKENIZER_REVISION == "old"
+    tokenizer = load_tokenizer(folder, trust_remote_code=True)
+    assert type(tokenizer).__name__ == "TikTokenTokenizer" and len(tokenizer) == TEXT_SHAPE["vocab_size"] == NUM_RANKS + 256
+    deepseek = AutoTokenizer.from_pretrained(standin_paths[DEEPSEEK_STANDIN])
     prompt = held_out_prompts(1)[0]
-    assert chat_prompt_ids(tokenizer, prompt) == chat_prompt_ids(smollm2, prompt)
-    assert (tokenizer.bos_token_id, tokenizer.eos_token_id) == (TEXT_SHAPE["bos_token_id"], EOS)
+    assert chat_prompt_ids(tokenizer, prompt) == chat_prompt_ids(deepseek, prompt)
+    assert chat_prompt_ids(tokenizer, prompt)[-1] == tokenizer.convert_tokens_to_ids("<think>") == NUM_RANKS + 22
+    assert tokenizer.convert_tokens_to_ids("<|im_end|>") == EOS  # a turn's end is where generation stops
 
 
 def test_greedy_answers_are_varied_and_peaked(deepseek, prompt_ids, one_thread):
@@ -203,16 +207,15 @@ def test_vllm_serves_the_kimi_stand_in_as_transformers_does(standin_paths, kimi,
     implementations show, so any difference is a fault, not rounding. Where the host serves MLA
     in bf16 (an AMX host's AMX_MLA backend), the two may part only where transformers' top-2
     margin is within bf16's rounding (`greedy_check.NEAR_TIE_MARGIN`), and agree before it."""
-    from transformers import AutoTokenizer
-
     from eagle_assets.bench.greedy_check import NEAR_TIE_MARGIN
+    from eagle_assets.corpus.target import load_tokenizer
     from eagle_assets.engines.logs import engine_kernels
     from eagle_assets.engines.serving import launch_vllm
     from eagle_assets.engines.vllm_launch import served_dtype
     from eagle_assets_tests.cpu_caps import NATIVE, mla_backend
 
     folder = standin_paths[KIMI_STANDIN]
-    tokenizer = AutoTokenizer.from_pretrained(folder, trust_remote_code=True)
+    tokenizer = load_tokenizer(folder, trust_remote_code=True)
     prompt = held_out_prompts(1)[0]
     prompt_ids = chat_prompt_ids(tokenizer, prompt)
     expected = greedy_answers(kimi, [prompt_ids], 32, batch_size=1, pad_id=EOS)[0]
@@ -255,7 +258,7 @@ def test_extraction_loads_the_kimi_layout_spread_by_device_map_within_max_memory
 
     model, tokenizer = load_target(standin_paths[KIMI_STANDIN], device="auto", dtype=torch.float32, max_memory_per_device="4GiB",
                                    trust_remote_code=True)  # fmt: skip
-    assert type(model).__name__ == "Kimi_K25ForConditionalGeneration" and type(tokenizer).__name__ == "StandinTokenizer"
+    assert type(model).__name__ == "Kimi_K25ForConditionalGeneration" and type(tokenizer).__name__ == "TikTokenTokenizer"
     assert {p.device.type for p in model.parameters()} == {"cpu"}  # no GPU here: accelerate's map is the host
     assert model.config.get_text_config()._experts_implementation == "grouped_mm"
     parts = target_parts(model)

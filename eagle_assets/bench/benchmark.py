@@ -13,6 +13,13 @@ baseline again, which measures the host's drift over the run (`bench/checks.py`)
 and each level is served in rounds that alternate between them (`bench/interleaved.py`), so
 that drift cancels out instead of being measured. With `confirm_schedule`, the K schedule the
 fixed K recommend is served after the sweep, to confirm it (`bench/k_choice.py`).
+
+Where one host holds one target server at a time, a benchmark may be measured in parts: `serve`
+raises `ServerUnavailable` for a configuration no server is given for now, the others are
+measured and kept, and `BenchmarkIncomplete` says what is left; a rerun with the other server
+measures the rest and writes the report. The offline reference replayed over the engine's
+states then comes from the capture the hidden-state stage's extraction server made
+(`bench/reference_states.py`), so no extraction server is needed here.
 """
 
 from __future__ import annotations
@@ -37,6 +44,7 @@ from eagle_assets.bench.k_choice import confirmation_configs, fixed_k_label, rec
 from eagle_assets.bench.parity import AcceptanceNumbers, ParityTolerance, TrainingFacts
 from eagle_assets.bench.progress import Measurements, files_digest
 from eagle_assets.bench.reference_decoder import Result, speculative_generate
+from eagle_assets.bench.reference_states import BenchmarkReference
 from eagle_assets.bench.replay_reference import replay_reference
 from eagle_assets.bench.report import BenchmarkReport, build_report, write_report
 from eagle_assets.bench.served import (
@@ -49,7 +57,7 @@ from eagle_assets.bench.served import (
     refuse_too_few_prompts,
     run_served,
 )
-from eagle_assets.drafter.export import load_drafter
+from eagle_assets.drafter.export import drafter_folder_config, load_drafter
 from eagle_assets.drafter.target_head import read_target_embedding
 from eagle_assets.engines.cpu_isa import host_cpu
 from eagle_assets.engines.host_memory import available_memory_bytes
@@ -146,6 +154,19 @@ class BenchmarkSettings:
 OFFLINE_REFERENCES = ("auto", "hf", "engine")
 
 
+class ServerUnavailable(RuntimeError):
+    """Raised by a benchmark's `serve` for a configuration no server is given for now (a server of
+    the user's that is not up at this time): the benchmark measures the others and keeps them."""
+
+
+class BenchmarkIncomplete(RuntimeError):
+    """Some configurations had no server this time; what was measured is kept for the rerun."""
+
+    def __init__(self, message: str, missing: Sequence[str]):
+        super().__init__(message)
+        self.missing = list(missing)
+
+
 # Rounds per level when the benchmark chooses. On all 80 MT-Bench turns, which come category
 # by category in tens, a round of every 10th prompt holds one turn of each category, and at
 # concurrency 8 it is one batch; shorter rounds cancel faster drift (two servers of one config
@@ -210,11 +231,10 @@ def offline_results(target_path: Path, drafter_dir: Path, prompts: Sequence[Sequ
         log(f"offline reference: {len(results)} of {len(chosen)} prompts kept from an earlier run")
     if len(results) == len(chosen):
         return results
-    from transformers import AutoTokenizer
-
+    from eagle_assets.corpus.target import load_tokenizer
     from eagle_assets.hidden_states.extract import causal_lm_class
 
-    tokenizer = AutoTokenizer.from_pretrained(target_path, trust_remote_code=trust_remote_code)
+    tokenizer = load_tokenizer(target_path, trust_remote_code=trust_remote_code)
     use_exact_fp32(device)
     target = causal_lm_class(target_path, trust_remote_code).from_pretrained(
         target_path, dtype=torch.float32, trust_remote_code=trust_remote_code).to(device).eval()  # fmt: skip
@@ -298,6 +318,8 @@ def run_benchmark(
     fresh: bool = False,
     on_other: str = "replace",
     log: Callable[[str], None] = print,
+    reference: BenchmarkReference | None = None,
+    report_notes: Sequence[str] = (),
 ) -> tuple[BenchmarkReport, object]:
     """Offline reference on `drafter_dir` (the drafter as trained), served sweeps with the
     export at `served_drafter_dir` (default: the same folder), report written to `out_dir`;
@@ -310,13 +332,19 @@ def run_benchmark(
     give a second server without speculation, not the first one again.
     `extraction_server(layer_ids)` gives a server capturing the target's states at those ids
     (the resource's, or a launched one): the offline reference replays over it
-    (`settings.offline_reference`), and the target is never loaded here.
+    (`settings.offline_reference`), and the target is never loaded here. `reference`, a capture
+    of the target's greedy answers and states made earlier (`bench/reference_states.py`), takes
+    its place where it fits this benchmark's prompts, tokens and the drafter's layers.
+    `report_notes` go into the report but not into what the measurements are of (a server's
+    address, say, which may change between the parts of a benchmark measured in turn).
 
     Every finished measurement is kept in `out_dir/measurements/` (`bench/progress.py`), and a
     rerun with the same settings resumes from them; `fresh` discards them first, and `on_other`
     says what becomes of unfinished ones of other settings: "replace" them, or "refuse" to start.
     A server that dies, or requests that fail after their retries, end the benchmark with a
-    `ServerFailed` naming the configuration, the server and its log."""
+    `ServerFailed` naming the configuration, the server and its log. Configurations whose
+    `serve` raises `ServerUnavailable` are left for a rerun: the rest is measured and kept, and
+    `BenchmarkIncomplete` is raised at the end, saying which are left."""
     training_summary = training_summary or {}
     if trained_aux_layer_ids is None:
         trained_aux_layer_ids = training_summary.get("aux_layer_ids")
@@ -328,9 +356,16 @@ def run_benchmark(
     sweep = SweepSettings(
         output_len=settings.output_len, concurrencies=tuple(settings.concurrencies), progress=False, request_timeout_s=settings.request_timeout_s
     )
-    reference = offline_reference_source(settings.offline_reference, target_path, extraction_server is not None)
-    streams = GreedyStreams(settings, prompts, log) if (reference == "engine" or settings.greedy_check) else None
-    notes = [n for n in notes if n] + list(prompt_set.notes)
+    drafter_aux = None
+    if reference is not None:
+        drafter_aux = drafter_folder_config(drafter_dir).aux_layer_ids
+        why = reference.mismatch(prompts, settings.output_len + settings.k, drafter_aux)
+        if why:
+            log(f"the captured benchmark reference does not fit this benchmark ({why}): not used")
+            reference = None
+    source = offline_reference_source(settings.offline_reference, target_path, extraction_server is not None or reference is not None)
+    streams = GreedyStreams(settings, prompts, log, kept) if (source == "engine" or settings.greedy_check) else None
+    notes = [n for n in notes if n] + list(prompt_set.notes) + list(report_notes)
     kernels = EngineKernels()
 
     def on_served(label: str, spec: dict | None, server) -> None:
@@ -338,7 +373,7 @@ def run_benchmark(
         if streams is not None:
             streams.on_served(label, spec, server)
 
-    if reference == "hf":
+    if source == "hf":
         results = offline_results(target_path, drafter_dir, prompts, settings, log, kept=kept, trust_remote_code=trust_remote_code)
     decided = kept.choice("served")
     if decided is None:  # chosen once: a resumed benchmark is served as it began, whatever memory is free now
@@ -350,14 +385,32 @@ def run_benchmark(
     if how_served:
         notes.append(how_served)
         log(how_served)
+    missing: list[str] = []
     runs = _serve_all(served_configs(settings, served_drafter_dir), serve, prompts, sweep, settings.interleave_rounds, log, kept, "sweep",
-                      on_served=on_served)  # fmt: skip
+                      on_served=on_served, missing=missing)  # fmt: skip
     if streams is not None:
-        streams.fill_missing(serve, speculative_config(served_drafter_dir, settings.k))
-    if reference == "engine":
+        try:
+            streams.fill_missing(serve, speculative_config(served_drafter_dir, settings.k))
+        except ServerUnavailable as exc:
+            log(f"greedy streams left for the rerun: {exc}")
+    if source == "engine" and reference is not None:
+        results = captured_offline_results(drafter_dir, target_path, reference, settings, log, kept)
+        notes.append("offline reference replayed over the states the serving engine captured along the target's greedy answers, "
+                     "in the hidden-state stage (the target was not loaded here)")  # fmt: skip
+        if streams is not None and streams.plain is not None:
+            same = sum(
+                list(r) == list(p[1][: len(r)]) for r, p in zip((s[: settings.output_len + settings.k] for s in reference.streams), streams.plain)
+            )
+            notes.append(f"the extraction server's greedy answers equal the plain server's on {same} of {len(streams.plain)} prompts "
+                         f"({settings.output_len + settings.k} tokens each)")  # fmt: skip
+    elif source == "engine":
+        if streams.plain is None:
+            raise _incomplete(missing or [BASELINE], kept)
         results = engine_offline_results(drafter_dir, target_path, streams.plain, extraction_server, settings, log)
         notes.append("offline reference replayed over the states the serving engine captured along the target's greedy answers "
                      "from its server (the target was not loaded here)")  # fmt: skip
+    if missing:
+        raise _incomplete(missing, kept)
     offline = AcceptanceNumbers.from_results(results, settings.k)
     chosen = list(prompt_set.categories[: len(results)]) if prompt_set.categories else None  # none: no per-category slices
     slices = offline_slices(results, chosen, settings.k)
@@ -438,12 +491,21 @@ class EngineKernels:
 class GreedyStreams:
     """Collects greedy streams from the servers while they are up: the target's plain stream
     (from the baseline: `output_len + k` tokens, so the replay judges the last round's drafts)
-    and, at the drafter's K, the greedy check against it (`bench/greedy_check.py`)."""
+    and, at the drafter's K, the greedy check against it (`bench/greedy_check.py`). Both are kept
+    with the measurements, so a benchmark measured in parts (one server at a time) has them in
+    the part that serves the other configuration."""
 
-    def __init__(self, settings: BenchmarkSettings, prompts: Sequence, log: Callable[[str], None]):
-        self.settings, self.prompts, self.log = settings, list(prompts), log
+    def __init__(self, settings: BenchmarkSettings, prompts: Sequence, log: Callable[[str], None], kept: Measurements | None = None):
+        self.settings, self.prompts, self.log, self.kept = settings, list(prompts), log, kept
         self.plain: list[tuple[list[int], list[int]]] | None = None
         self.check: GreedyCheck | None = None
+        if kept is not None:
+            plain = kept.extra("greedy_streams")
+            if isinstance(plain, list) and len(plain) == len(self.prompts):
+                self.plain = [(list(p), list(t)) for p, t in plain]
+            check = kept.extra("greedy_check")
+            if isinstance(check, dict):
+                self.check = GreedyCheck.from_dict(check)
 
     def on_served(self, label: str, spec: dict | None, server) -> None:
         s = self.settings
@@ -452,11 +514,15 @@ class GreedyStreams:
             self.plain = [
                 greedy_tokens(server.base_url, server.model, m, s.output_len + s.k, server.api_key, s.request_timeout_s) for m in self.prompts
             ]
+            if self.kept is not None:
+                self.kept.save_extra("greedy_streams", self.plain)
         elif label == fixed_k_label(s.k, s.k) and s.greedy_check and self.plain is not None and self.check is None:
             self.check = check_against(
                 self.plain, server.base_url, server.model, self.prompts, s.output_len, s.served_dtype, server.api_key, s.request_timeout_s
             )
             self.log(self.check.sentence())
+            if self.kept is not None:
+                self.kept.save_extra("greedy_check", self.check.to_dict())
 
     def fill_missing(self, serve: Callable[..., ContextManager], eagle3_spec: dict) -> None:
         """Serve what a resumed sweep did not (its levels were kept from an earlier run), for the streams alone."""
@@ -466,6 +532,54 @@ class GreedyStreams:
         if self.settings.greedy_check and self.check is None:
             with serve(eagle3_spec) as server:
                 self.on_served(fixed_k_label(self.settings.k, self.settings.k), eagle3_spec, server)
+
+
+def captured_offline_results(drafter_dir: Path, target_path: Path, reference: BenchmarkReference, settings: BenchmarkSettings,
+                             log: Callable[[str], None], kept: Measurements | None = None) -> list[Result]:  # fmt: skip
+    """The reference decoder's results, replayed over a capture of the engine's states
+    (`bench/reference_states.py`) along the target's greedy answers; kept with the measurements."""
+    rows = kept.offline() if kept is not None else []
+    if len(rows) >= settings.num_prompts:
+        return [_result_from_row(row) for row in rows[: settings.num_prompts]]
+    drafter, config = load_drafter(drafter_dir, dtype=torch.float32)
+    drafter.load_target_embedding(read_target_embedding(target_path, torch.float32))
+    drafter.eval()
+    tokens = settings.output_len + settings.k
+    n = settings.num_prompts
+    results = replay_reference(drafter, reference.prompt_ids[:n], [s[:tokens] for s in reference.streams[:n]],
+                               _captured_states(reference, config.aux_layer_ids, tokens), settings.output_len, settings.k, log)  # fmt: skip
+    if kept is not None:
+        kept.save_offline([_row_of_result(r) for r in results])
+    return results
+
+
+def _captured_states(reference: BenchmarkReference, aux_ids: Sequence[int], tokens: int) -> Callable[[list[int]], torch.Tensor]:
+    """`replay_reference`'s `states_of` over a capture: the states of the prompt the ids begin with."""
+    by_ids = {tuple(p + s[:tokens]): i for i, (p, s) in enumerate(zip(reference.prompt_ids, reference.streams))}
+
+    def states_of(ids: list[int]) -> torch.Tensor:
+        return reference.states_of(by_ids[tuple(ids)], aux_ids, tokens)
+
+    return states_of
+
+
+def _incomplete(missing: Sequence[str], kept: Measurements) -> BenchmarkIncomplete:
+    """The error ending a benchmark measured in part, its message also kept with the measurements
+    (`LEFT_CHOICE`: `eagle-assets run` prints it)."""
+    note = _left_note(missing, kept)
+    kept.set_choice(LEFT_CHOICE, note)
+    return BenchmarkIncomplete(note, missing)
+
+
+LEFT_CHOICE = "left"
+"""The measurements' note of what a benchmark measured in part still needs."""
+
+
+def _left_note(missing: Sequence[str], kept: Measurements) -> str:
+    """What a benchmark measured in parts still needs, and where the rest is kept."""
+    return (f"not measured yet: {', '.join(missing)} (no server of it was given this time). What was measured is kept in "
+            f"{kept.folder}; serve the other configuration (for the target with the drafter: EAGLE_ASSETS_SPECULATIVE_URL; "
+            "alone: EAGLE_ASSETS_SERVER_URL) and run the benchmark again: it measures only what is left and writes the report")  # fmt: skip
 
 
 def engine_offline_results(drafter_dir: Path, target_path: Path, plain: Sequence[tuple[list[int], list[int]]] | None,
@@ -494,7 +608,10 @@ def engine_offline_results(drafter_dir: Path, target_path: Path, plain: Sequence
 def _measurement_notes(runs: Sequence, kept: Measurements) -> list[str]:
     """What the report says of measurements kept from an interrupted run, and of retried requests."""
     notes = []
-    if kept.kept:
+    if kept.kept and kept.choice(LEFT_CHOICE):
+        notes.append(f"measured in parts, one server at a time: {kept.kept} measurement(s) were kept from the part begun "
+                     f"{kept.state.get('started')}, the rest measured on the server given after it")  # fmt: skip
+    elif kept.kept:
         notes.append(f"resumed: {kept.kept} measurement(s) (levels, rounds or the offline reference) were kept from an "
                      f"interrupted run of the same benchmark begun {kept.state.get('started')}; the rest were measured "
                      "on servers started again")  # fmt: skip
@@ -507,32 +624,31 @@ def _measurement_notes(runs: Sequence, kept: Measurements) -> list[str]:
 
 def _serve_all(configs: Sequence[tuple[str, dict | None]], serve: Callable[..., ContextManager], prompts: Sequence,
                sweep: SweepSettings, rounds: int, log: Callable[[str], None], kept: Measurements, phase: str,
-               on_served: Callable[[str, dict | None, object], None] | None = None) -> list:  # fmt: skip
+               on_served: Callable[[str, dict | None, object], None] | None = None, missing: list[str] | None = None) -> list:  # fmt: skip
     """Serve every configuration's sweep: interleaved in `rounds`, or (0) one after another;
     each level (or round) kept under `phase` as it finishes, those kept before read back.
     `on_served(label, spec, server)` runs after a configuration's sweep while its server is up
-    (not for a configuration whose every measurement was kept)."""
+    (not for a configuration whose every measurement was kept). One after another, a
+    configuration whose `serve` raises `ServerUnavailable` is skipped and its label added to
+    `missing` (given; else the exception stands)."""
     if rounds:
         return _serve_interleaved(configs, serve, prompts, sweep, rounds, log, kept, phase, on_served)
     runs = []
     for label, spec in configs:
         earlier = {c: kept.level(phase, label, c) for c in sweep.concurrencies if kept.has(phase, label, c)}
         earlier = {c: found for c, found in earlier.items() if found is not None}
-        missing = tuple(c for c in sweep.concurrencies if c not in earlier)
+        missing_levels = tuple(c for c in sweep.concurrencies if c not in earlier)
         levels = {c: level for c, (level, _) in earlier.items()}
         descriptions = [d for _, d in earlier.values()]
-        if missing:
-            with serve(spec) as server:
-                log(f"served sweep: {label} at concurrency {list(missing)}"
-                    + (f" (c={', '.join(map(str, earlier))} kept from an earlier run)" if earlier else ""))  # fmt: skip
-                description = {"engine": sweep.engine, "model": server.model, "base_url": server.base_url, "output_len": sweep.output_len,
-                               "num_prompts": len(prompts), "started_at": time.time(), "config": {"speculative": spec}}  # fmt: skip
-                with _failures_named(label, [server], kept):
-                    run = run_served(label, server.base_url, server.model, prompts, replace(sweep, concurrencies=missing),
-                                     api_key=server.api_key, config=description["config"],
-                                     on_level=lambda level, d=description, label=label: kept.save_level(phase, label, level, d))  # fmt: skip
-                    if on_served is not None:
-                        on_served(label, spec, server)
+        if missing_levels:
+            try:
+                run, description = _serve_one(label, spec, serve, prompts, sweep, missing_levels, earlier, log, kept, phase, on_served)
+            except ServerUnavailable as exc:  # raised as the block enters: nothing of it was served
+                if missing is None:
+                    raise
+                log(f"served sweep: {label} left for a rerun: {exc}")
+                missing.append(label)
+                continue
             levels.update({level.concurrency: level for level in run.levels})
             descriptions.append(description)
         else:
@@ -541,6 +657,25 @@ def _serve_all(configs: Sequence[tuple[str, dict | None]], serve: Callable[..., 
         run_fields = {**descriptions[-1], "started_at": min(d["started_at"] for d in descriptions)}
         runs.append(ServedRun(label=label, levels=tuple(levels[c] for c in sweep.concurrencies), **run_fields))
     return runs
+
+
+def _serve_one(label: str, spec: dict | None, serve: Callable[..., ContextManager], prompts: Sequence, sweep: SweepSettings,
+               levels: tuple[int, ...], earlier: Mapping, log: Callable[[str], None], kept: Measurements, phase: str,
+               on_served: Callable[[str, dict | None, object], None] | None) -> tuple[ServedRun, dict]:  # fmt: skip
+    """One configuration's sweep at the concurrency `levels` not kept from an earlier run, each
+    kept as it finishes: (its run, its description)."""
+    with serve(spec) as server:
+        log(f"served sweep: {label} at concurrency {list(levels)}"
+            + (f" (c={', '.join(map(str, earlier))} kept from an earlier run)" if earlier else ""))  # fmt: skip
+        description = {"engine": sweep.engine, "model": server.model, "base_url": server.base_url, "output_len": sweep.output_len,
+                       "num_prompts": len(prompts), "started_at": time.time(), "config": {"speculative": spec}}  # fmt: skip
+        with _failures_named(label, [server], kept):
+            run = run_served(label, server.base_url, server.model, prompts, replace(sweep, concurrencies=levels),
+                             api_key=server.api_key, config=description["config"],
+                             on_level=lambda level: kept.save_level(phase, label, level, description))  # fmt: skip
+            if on_served is not None:
+                on_served(label, spec, server)
+    return run, description
 
 
 @contextmanager

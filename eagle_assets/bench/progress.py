@@ -5,6 +5,7 @@ temporary name and renamed, so a crash never leaves half a file:
 
     state.json                          what they measure (the fingerprint), choices made, complete or not
     offline.json                        the offline reference decoder's results, prompt by prompt
+    extra--greedy_streams.json          the target's plain greedy streams, the greedy check (`save_extra`)
     sweep--baseline-1a2b3c--c1.json     one concurrency level of a configuration served on its own
     sweep--eagle3-4d5e6f--c4--r2.json   one round of a level, where the configurations were interleaved
     confirm--...                        the same for the K schedule served to confirm it
@@ -73,7 +74,7 @@ def _ours(folder: Path) -> list[Path]:
     """The files of a measurements folder this module writes (a file of anyone else's stays)."""
     if not folder.is_dir():
         return []
-    names = (STATE, OFFLINE, "sweep--*.json", "confirm--*.json", ".*.json.tmp-*")
+    names = (STATE, OFFLINE, "sweep--*.json", "confirm--*.json", "extra--*.json", ".*.json.tmp-*")
     return sorted({p for pattern in names for p in folder.glob(pattern) if p.is_file()})
 
 
@@ -160,6 +161,17 @@ class Measurements:
 
     def save_offline(self, rows: Sequence[Mapping]) -> None:
         write_json_atomic(self.folder / OFFLINE, list(rows))
+
+    # -- other results, by name
+
+    def extra(self, name: str) -> object | None:
+        """A result kept under `name` (`save_extra`), or None."""
+        found = _read_json(self.folder / f"extra--{name}.json")
+        self.kept += found is not None
+        return found
+
+    def save_extra(self, name: str, value: object) -> None:
+        write_json_atomic(self.folder / f"extra--{name}.json", value)
 
     # -- served levels and rounds
 

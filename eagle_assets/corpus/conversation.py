@@ -15,6 +15,13 @@ assistant turn's span is found by rendering the conversation up to that turn (wi
 generation prompt), checking it is a prefix of the whole, and mapping characters to tokens;
 tokenizers without offsets fall back to checking token prefixes.
 
+Templates like Kimi's render no reasoning in a conversation (every history turn is
+`<think></think>` and its answer) and open the thinking block in the generation prompt. Applied
+to a conversation they would drop what the target wrote, so there the stored ids are the
+conversation up to its last assistant turn rendered with the generation prompt, then that turn
+as the target wrote it (reasoning, `</think>`, answer, end of turn), and only that turn is
+trained on (`ChatTemplate.thinking_end`).
+
     from eagle_assets.corpus.conversation import ChatTemplate
     template = ChatTemplate(tokenizer)
     example = template.tokenize(messages)        # example.input_ids, example.loss_mask
@@ -115,6 +122,20 @@ class ChatTemplate:
                 "has no eos token: cannot tell where an assistant turn ends"
             )
         self.end_of_turn_id: int = _as_ids(tokenizer(self.end_of_turn, add_special_tokens=False))[0]
+        self.answer_tail: str = tail
+        """What the template writes after an assistant answer (the end-of-turn token and whatever follows)."""
+        # Templates that render no reasoning in a conversation and open the thinking block in the
+        # generation prompt (Kimi's: history turns are `<think></think>` and the answer, the
+        # generation prompt ends in `<think>`): the target then writes reasoning, the end of
+        # thinking and its answer after the generation prompt, and a rendered conversation keeps
+        # none of it. `thinking_end` is the text the template writes between its generation
+        # prompt and a history answer (`</think>`), or None for other templates.
+        self.thinking_end: str | None = None
+        if not self.handles_reasoning:
+            asked = self.render(probe[:1], add_generation_prompt=True)
+            answered = self.render([probe[0], {"role": "assistant", "content": _SENTINEL_ANSWER}])
+            between = answered[len(asked) : answered.index(_SENTINEL_ANSWER)] if answered.startswith(asked) else ""
+            self.thinking_end = between if between.strip() else None
 
     def render(self, messages: Sequence[Mapping], add_generation_prompt: bool = False) -> str:
         return self.tokenizer.apply_chat_template(list(messages), tokenize=False, add_generation_prompt=add_generation_prompt)
@@ -129,14 +150,16 @@ class ChatTemplate:
         return text[: text.index(_SENTINEL_USER)]
 
     def training_messages(self, messages: Sequence[Mapping]) -> list[dict]:
-        """The conversation the template renders: reasoning passed through or wrapped."""
+        """The conversation the template renders: reasoning passed through or wrapped; where the
+        generation prompt opens thinking (`thinking_end`), left out: the template writes history
+        turns' thinking itself (empty), and wrapped into the content it would be written twice."""
         out = []
         for i, m in enumerate(messages):
             role, content = m.get("role"), m.get("content")
             if not isinstance(content, str):
                 raise ConversationError(f"message {i} ({role}) has no text content: {m!r}")
             reasoning = m.get("reasoning_content")
-            if role != "assistant" or reasoning is None:
+            if role != "assistant" or reasoning is None or self.thinking_end is not None:
                 out.append({"role": role, "content": content})
             elif self.handles_reasoning:
                 out.append({"role": role, "content": content, "reasoning_content": reasoning, "reasoning": reasoning})
@@ -146,6 +169,8 @@ class ChatTemplate:
 
     def tokenize(self, messages: Sequence[Mapping]) -> TokenizedConversation:
         """Token ids and loss mask of `messages` (raw: assistant turns carry `reasoning_content`)."""
+        if self.thinking_end is not None:
+            return self._tokenize_after_prompt(messages)
         train = self.training_messages(messages)
         text = self.render(train)
         spans = self._assistant_char_spans(train, text)
@@ -166,6 +191,38 @@ class ChatTemplate:
         else:
             ids = _as_ids(self.tokenizer.apply_chat_template(train, tokenize=True, return_dict=False))
             mask = self._mask_by_token_prefixes(train, ids)
+        return TokenizedConversation(input_ids=ids, loss_mask=mask, text=text)
+
+    def _tokenize_after_prompt(self, messages: Sequence[Mapping]) -> TokenizedConversation:
+        """Where the generation prompt opens thinking: the conversation up to its last assistant
+        turn as the template renders it with the generation prompt, then what the target wrote
+        after it: its reasoning, `thinking_end`, its answer and the template's end of turn. The
+        loss mask covers that last turn only: earlier assistant turns are history, rendered
+        without their reasoning, which is not what the target wrote for them."""
+        if not messages or messages[-1].get("role") != "assistant":
+            raise ConversationError("the conversation does not end with an assistant turn: nothing to train on")
+        train = self.training_messages(messages)
+        last = messages[-1]
+        prefix = self.render(train[:-1], add_generation_prompt=True)
+        if self.end_of_turn in train[-1]["content"]:
+            raise ConversationError(
+                f"the last assistant turn contains the end-of-turn marker {self.end_of_turn!r} as text; "
+                "the sample cannot be templated unambiguously, drop it"
+            )
+        reasoning = last.get("reasoning_content")
+        thinking = f"{reasoning}{self.thinking_end}" if reasoning is not None else ""
+        text = prefix + thinking + train[-1]["content"] + self.answer_tail
+        ids = _as_ids(self.tokenizer(text, add_special_tokens=False))
+        prefix_ids = _as_ids(self.tokenizer(prefix, add_special_tokens=False))
+        if ids[: len(prefix_ids)] != prefix_ids:
+            raise ConversationError(
+                f"the generation prompt's tokens are not a token prefix of the whole turn ({describe_difference(prefix_ids, ids, self.tokenizer)})"
+            )
+        try:
+            end = ids.index(self.end_of_turn_id, len(prefix_ids))
+        except ValueError:
+            raise ConversationError(f"the last assistant turn has no end-of-turn token {self.end_of_turn!r}") from None
+        mask = [0] * len(prefix_ids) + [1] * (end + 1 - len(prefix_ids)) + [0] * (len(ids) - end - 1)
         return TokenizedConversation(input_ids=ids, loss_mask=mask, text=text)
 
     def _assistant_char_spans(self, train: list[dict], text: str) -> list[tuple[int, int]]:

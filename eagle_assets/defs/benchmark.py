@@ -1,27 +1,37 @@
-"""`benchmark_report`: served speedup and acceptance, tied to the offline reference."""
+"""`benchmark_reference` and `benchmark_report`: served speedup and acceptance, tied to the offline reference."""
 
 # No `from __future__ import annotations`: Dagster resolves Config types from real annotations.
 
 import dataclasses
+import hashlib
 import json
 from pathlib import Path
 from typing import Optional
 
 import dagster as dg
 
-from eagle_assets.bench.benchmark import BenchmarkSettings, benchmark_k, run_benchmark
+from eagle_assets.bench import reference_states
+from eagle_assets.bench.benchmark import BenchmarkIncomplete, BenchmarkSettings, ServerUnavailable, benchmark_k, run_benchmark
 from eagle_assets.bench.checks import BASELINE, CONTROL, NGRAM, against, host_drift, round_speedups
 from eagle_assets.bench.parity import ParityTolerance
 from eagle_assets.bench.served import PromptSet, context_fit, user_prompt_set
 from eagle_assets.defs.code_versions import code_version
 from eagle_assets.defs.common import GROUP, check_result, hash_files, image_markdown, metadata, target_of
 from eagle_assets.defs.drafter import drafter_checkpoint
+from eagle_assets.defs.hidden_state_settings import (
+    HiddenStatesConfig,
+    engine_layer_ids,
+    engine_max_model_len,
+    extraction_settings,
+    hidden_states_source,
+)
+from eagle_assets.defs.hidden_states import hidden_state_shards
 from eagle_assets.defs.hub import push_checked_drafter
-from eagle_assets.defs.settings import with_defaults
+from eagle_assets.defs.settings import reference_settings, with_defaults
 from eagle_assets.drafter.trackers import RECORD_FILE as TRACKER_RECORD
 from eagle_assets.drafter.trackers import benchmark_scalars, log_to_recorded_run
 from eagle_assets.engines.k_schedule import KSchedule
-from eagle_assets.resources.inference_server import NEEDS_DRAFTER_SERVER, InferenceServerResource
+from eagle_assets.resources.inference_server import InferenceServerResource
 from eagle_assets.resources.storage import StorageResource
 from eagle_assets.url_scope import check_prompt_url
 
@@ -101,9 +111,102 @@ ReportSettings = with_defaults(BenchmarkConfig, "benchmark_report")
 """BenchmarkConfig with the code location's settings as defaults (defs/settings.py)."""
 
 
+class BenchmarkReferenceConfig(dg.Config):
+    """What the benchmark will ask of the reference (its prompts and tokens) and where the
+    hidden-state stage takes its states (the layers, the source). Its defaults are the code
+    location's settings of benchmark_report, hidden_state_shards and drafter_checkpoint
+    (`run_presets.REFERENCE_FROM`), so the two agree; its own section of a run file goes on top."""
+
+    num_prompts: int = 8
+    prompts_url: Optional[str] = None
+    prompts_format: str = "auto"
+    output_len: int = 64
+    k: Optional[int] = None
+    also_k: list[int] = []
+    ttt_steps: Optional[int] = None
+    """The drafter's training unroll K, the benchmark's K where `k` is unset; default: the preset's."""
+    offline_reference: str = "auto"
+    aux_layer_ids: Optional[list[int]] = None
+    parent_drafter: Optional[str] = None
+    parent_numbering: str = "measure"
+    source: str = "auto"
+    """The hidden-state stage's source: the reference is captured where it is the engine."""
+
+
+ReferenceSettings = with_defaults(BenchmarkReferenceConfig, "benchmark_reference", values=reference_settings())
+"""BenchmarkReferenceConfig with the code location's settings as defaults (module doc of defs/settings.py)."""
+
+
+def benchmark_prompt_set(num_prompts: int, prompts_url: Optional[str], prompts_format: str, path, preset, new_tokens: int) -> PromptSet:
+    """The benchmark's prompts: MT-Bench's first turns, or the first of a file of the user's that fit."""
+    if not prompts_url:
+        from eagle_assets.bench.served import mt_bench_set
+
+        return mt_bench_set(num_prompts)
+    fits = context_fit(path, preset.max_model_len, new_tokens, preset.trust_remote_code)
+    return user_prompt_set(prompts_url, num_prompts, prompts_format, fits)
+
+
+REFERENCE_PRIORITY = "1"
+"""The reference's step runs before the drafter's when both are ready in one run (Dagster's
+`dagster/priority`): it then finds the hidden-state stage's extraction server still warm, and
+the drafter stops it before training."""
+
+
 @dg.asset(
     group_name=GROUP,
-    deps=[drafter_checkpoint],
+    deps=[hidden_state_shards],
+    code_version=code_version("benchmark_reference", ReferenceSettings),
+    op_tags={"dagster/priority": REFERENCE_PRIORITY},
+)
+def benchmark_reference(
+    context: dg.AssetExecutionContext, config: ReferenceSettings, inference_server: InferenceServerResource, storage: StorageResource
+):
+    """The target's side of the offline reference, captured by an extraction server: each
+    benchmark prompt's greedy answer and the engine's states along it
+    (`bench/reference_states.py`). Right after hidden_state_shards in the same run, it asks for
+    the same extraction server, which the inference-server resource kept warm: no second load of
+    the target. The benchmark then replays its drafter over the capture and needs no extraction
+    server of its own, and serves the target alone and with the drafter one after the other: one
+    target server at a time. Not captured (the benchmark takes its reference as before) where
+    the hidden states or the offline reference are Hugging Face's."""
+    preset, path = target_of(inference_server)
+    out = storage.base(preset.name) / "benchmark_reference"
+    hidden = HiddenStatesConfig(aux_layer_ids=config.aux_layer_ids, parent_drafter=config.parent_drafter,
+                                parent_numbering=config.parent_numbering, source=config.source)  # fmt: skip
+    why_not = None
+    if config.offline_reference == "hf":
+        why_not = "the offline reference is Hugging Face's (offline_reference: hf)"
+    elif not inference_server.extraction_url and hidden_states_source(hidden, preset, path) != "engine":
+        why_not = "the hidden states come from Hugging Face (hidden_state_shards source), not from an extraction server"
+    if why_not:
+        context.log.info(f"benchmark reference not captured: {why_not}")
+        # A content hash of its own (the reason): a reference that is not captured is still data the benchmark reads.
+        return dg.MaterializeResult(metadata=metadata({"captured": False, "why": why_not}),
+                                    data_version=dg.DataVersion(hashlib.sha256(why_not.encode()).hexdigest()[:16]))  # fmt: skip
+    k = max([config.k or config.ttt_steps or preset.ttt_steps, *config.also_k])
+    tokens = config.output_len + k
+    prompts_url = check_prompt_url(config.prompts_url, storage.root or None, "benchmark_report.prompts_url") if config.prompts_url else None
+    prompt_set = benchmark_prompt_set(config.num_prompts, prompts_url, config.prompts_format, path, preset, tokens)
+    ids = engine_layer_ids(extraction_settings(hidden, preset), preset)
+    # The hidden-state stage's server, as it launches it (the corpus's longest sample, at least
+    # the preset's context), so that its warm one is the one asked for; a benchmark prompt and
+    # its answer fit the preset's context (`context_fit`).
+    storage.fetch(storage.corpus(preset.name), log=context.log.info)
+    with inference_server.extraction_server(ids, engine_max_model_len(preset, str(storage.corpus(preset.name))), log=context.log.info) as server:
+        reference_states.capture(server.base_url, server.model, server.api_key, prompt_set.messages[: config.num_prompts], tokens, ids, out,
+                                 log=context.log.info)  # fmt: skip
+    storage.publish(out, log=context.log.info)
+    return dg.MaterializeResult(
+        metadata=metadata({"captured": True, "prompts": config.num_prompts, "tokens": tokens, "layer_ids": ids, "path": str(out)}),
+        data_version=dg.DataVersion(hash_files([out / reference_states.MANIFEST_FILE, out / reference_states.STATES_FILE])),
+    )
+
+
+@dg.asset(
+    group_name=GROUP,
+    deps=[drafter_checkpoint, benchmark_reference],
+    output_required=False,
     code_version=code_version("benchmark_report", ReportSettings),
     check_specs=[
         dg.AssetCheckSpec("speedup", asset="benchmark_report", description="Tokens/s with the drafter above tokens/s without, at concurrency 1."),
@@ -121,7 +224,11 @@ def benchmark_report(context: dg.AssetExecutionContext, config: ReportSettings, 
     """The drafter in the real engine: the same prompts (MT-Bench's, or prompts_url's) without
     speculation, with our EAGLE-3 drafter and with vLLM's n-gram speculation, over a concurrency sweep; acceptance
     from the engine's own counters against the offline reference decoder, with a verdict on
-    whether a gap is the drafter's fault or the engine wiring's. Markdown, JSON and plots."""
+    whether a gap is the drafter's fault or the engine wiring's. Markdown, JSON and plots.
+
+    With servers of the user's given one at a time (the target alone, later with the drafter),
+    each run measures what its server serves and keeps it; the asset is materialised by the run
+    that completes the measurements (a run that cannot finish yet says what is left)."""
     preset, path = target_of(inference_server)
     drafter_dir = storage.drafter(preset.name) / "drafter-vllm"
     tracker_file = storage.drafter(preset.name) / TRACKER_RECORD
@@ -136,27 +243,44 @@ def benchmark_report(context: dg.AssetExecutionContext, config: ReportSettings, 
         prompt_set = user_prompt_set(prompts_url, config.num_prompts, config.prompts_format, fits)
     settings = config.settings(k, inference_server.served_dtype(), prompt_set)
     notes = [inference_server.serving_note()]
-    if inference_server.url:
-        if not inference_server.speculative_url:
-            raise ValueError(NEEDS_DRAFTER_SERVER)
-        # Two servers of the user's: the target alone and with the drafter, one configuration each.
+    report_notes = []
+    if inference_server.connected:
+        # Servers of the user's: the target alone and with the drafter, one configuration each,
+        # given together or one at a time (a host holding one target server: measured in turn).
         settings = dataclasses.replace(settings, also_k=(), k_schedule=None, ngram=False, control=False, interleave_rounds=0,
                                        baseline_again=False, confirm_schedule=False)  # fmt: skip
-        notes.append(f"served by your servers: the target at {inference_server.url}, with the drafter at "
-                     f"{inference_server.speculative_url} (at the K it was started with); no n-gram, other K or A/A control")  # fmt: skip
+        report_notes.append("served by your servers: the target alone and with the drafter (at the K it was started with), "
+                            "one configuration each; no n-gram, other K or A/A control")  # fmt: skip
 
     def serve(speculative, replica=0):
+        if inference_server.connected and not (inference_server.speculative_url if speculative else inference_server.url):
+            raise ServerUnavailable("no server of the target with the drafter is given (EAGLE_ASSETS_SPECULATIVE_URL)" if speculative
+                                    else "no server of the target alone is given (EAGLE_ASSETS_SERVER_URL)")  # fmt: skip
         return inference_server.serve(speculative=speculative, replica=replica, log=context.log.info)
 
     def extraction_server(layer_ids):
         return inference_server.extraction_server(layer_ids, preset.max_model_len + settings.k + 1, log=context.log.info)
 
-    report, paths = run_benchmark(
-        settings, preset.name, path, drafter_dir, serve, storage.report(preset.name),
-        target_num_layers=preset.num_layers, parent_al=config.parent_al, log=context.log.info,
-        notes=notes, training_summary=summary, why_not_at_once=inference_server.why_not_at_once,
-        extraction_server=extraction_server, trust_remote_code=preset.trust_remote_code,
-    )  # fmt: skip
+    reference_dir = storage.base(preset.name) / "benchmark_reference"
+    storage.fetch(reference_dir, log=context.log.info)
+    reference = reference_states.load(reference_dir)
+    can_extract = not inference_server.connected or bool(inference_server.extraction_url)
+    try:
+        report, paths = run_benchmark(
+            settings, preset.name, path, drafter_dir, serve, storage.report(preset.name),
+            target_num_layers=preset.num_layers, parent_al=config.parent_al, log=context.log.info,
+            notes=notes, training_summary=summary, why_not_at_once=inference_server.why_not_at_once,
+            extraction_server=extraction_server if can_extract else None, trust_remote_code=preset.trust_remote_code,
+            reference=reference, report_notes=report_notes,
+        )  # fmt: skip
+    except BenchmarkIncomplete as exc:
+        # Measured in parts (one target server at a time): what was measured is kept, and the
+        # asset is materialised by the run that measures the rest.
+        context.log.warning(str(exc))
+        storage.publish(storage.report(preset.name), log=context.log.info)
+        for check_name in ("speedup", "parity", "parent_al", "greedy_output"):
+            yield check_result(False, {"not_measured_yet": str(exc)}, check_name=check_name, blocking_severity=dg.AssetCheckSeverity.WARN)
+        return
     storage.publish(storage.report(preset.name), log=context.log.info)
     reported = _report_to_tracker(storage.drafter(preset.name), summary.get("steps") or 0, report.to_dict(), context.log)
     hub = _push(context, storage.drafter(preset.name), config) if config.push_to_hub else None

@@ -41,15 +41,20 @@ RELOCK_COMMAND = "make relock  (or: .venv/bin/eagle-assets dev relock)"
 
 VERSIONS: dict[str, int] = {
     "prompts": 1,
-    "synthetic_corpus": 1,
+    "synthetic_corpus": 2,
     "vocab_mapping": 1,
-    "hidden_state_shards": 2,
-    "drafter_checkpoint": 2,
-    "benchmark_report": 2,
+    "hidden_state_shards": 3,
+    "benchmark_reference": 1,
+    "drafter_checkpoint": 3,
+    "benchmark_report": 3,
 }
 """Each asset's version: raise it when what the asset computes changes (module doc)."""
 
-_ENGINE_SITE = ("engines/engine_site/eagle_assets_vllm_fixes.py", "engines/engine_site/eagle_assets_hidden_states.py")
+_ENGINE_SITE = (
+    "engines/engine_site/eagle_assets_vllm_fixes.py",
+    "engines/engine_site/eagle_assets_hidden_states.py",
+    "engines/engine_site/eagle_assets_tokenizer_compat.py",
+)
 """Loaded by the vLLM servers an asset starts (its answers, its states), never imported here."""
 
 
@@ -71,6 +76,7 @@ ENTRIES: dict[str, Entry] = {
     "synthetic_corpus": Entry("defs/corpus.py", "synthetic_corpus", _ENGINE_SITE),
     "vocab_mapping": Entry("defs/hidden_states.py", "vocab_mapping"),
     "hidden_state_shards": Entry("defs/hidden_states.py", "hidden_state_shards", _ENGINE_SITE),
+    "benchmark_reference": Entry("defs/benchmark.py", "benchmark_reference", _ENGINE_SITE),
     "drafter_checkpoint": Entry("defs/drafter.py", "drafter_checkpoint", ("drafter/train.py",)),
     "benchmark_report": Entry("defs/benchmark.py", "benchmark_report", _ENGINE_SITE),
 }

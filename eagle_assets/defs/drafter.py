@@ -29,6 +29,7 @@ from eagle_assets.durable import write_durably
 from eagle_assets.engines.serving import SMOKE_PROMPTS, chat_once, cold_sampling_check
 from eagle_assets.formats import CORPUS_MANIFEST, SHARD_MANIFEST_FILE
 from eagle_assets.hidden_states.reader import stored_aux_layer_ids
+from eagle_assets.hub_target import drafter_folder
 from eagle_assets.resources.inference_server import NEEDS_DRAFTER_SERVER, InferenceServerResource
 from eagle_assets.resources.storage import StorageResource
 from eagle_assets.resources.trainer import TrainerResource
@@ -67,7 +68,11 @@ class DrafterAssetConfig(dg.Config):
     layer choices by training only. A drafter that reads the last layer (id L) is exported for
     vLLM only: SGLang cannot capture that layer."""
     warm_start: Optional[str] = _TRAINER["warm_start"]
-    """A parent drafter folder (`midlayer.*` or `layers.0.*` names) to fine-tune from."""
+    """A parent drafter to fine-tune from (`midlayer.*` or `layers.0.*` names): its folder, or a
+    hub id pulled with `eagle-assets target pull ORG/NAME`."""
+    parent_numbering: str = _TRAINER["parent_numbering"]
+    """How the parent counts its layer ids where its config does not say: "measure" (its
+    held-out acceptance at both readings, the better trained and recorded), "vllm" or "sglang"."""
     ptd_token_id: Optional[int] = _TRAINER["ptd_token_id"]
     """Set: train the drafter for vLLM's parallel drafting (P-EAGLE): draft steps after the first
     are mask slots that read this token's embedding and a learned state, all drafted in one
@@ -100,10 +105,11 @@ class DrafterAssetConfig(dg.Config):
 
 
 PASSED_TO_TRAINER = tuple(
-    name for name in DrafterAssetConfig.model_fields if name in _TRAINER and name not in ("ttt_steps", "aux_layer_ids", "hidden_states")
+    name for name in DrafterAssetConfig.model_fields if name in _TRAINER and name not in ("ttt_steps", "aux_layer_ids", "hidden_states", "warm_start")
 )
 """The settings handed to the trainer as they are (ttt_steps and aux_layer_ids get the
-preset's and the shards' values where unset; hidden_states is resolved first)."""
+preset's and the shards' values where unset; hidden_states is resolved first; warm_start is
+resolved to a folder)."""
 HIDDEN_STATES_TAG = "eagle_assets/hidden_states"
 """Tag on drafter runs `eagle-assets run` submits: "shards", "target" or "server"."""
 
@@ -164,9 +170,6 @@ def drafter_checkpoint(
     SGLang and smoke-loaded in the real vLLM server. The states come from the shards, or online
     (`hidden_states`): from the target in the trainer or an extraction server, never on disk."""
     preset, path = target_of(inference_server)
-    # The graph is one run: a server the stages before kept warm would hold the memory (a GPU's)
-    # that training needs for minutes to hours, to save a start-up of seconds.
-    inference_server.stop_warm()
     out = storage.drafter(preset.name)
     # With a URL root: the corpus, the vocabulary and the earlier checkpoints (training resumes from the newest).
     storage.fetch(storage.corpus(preset.name), storage.vocab_mapping(preset.name), out, log=context.log.info)
@@ -174,13 +177,18 @@ def drafter_checkpoint(
     context.log.info(f"hidden states: {source}" + ("" if source == "shards" else " (online: hidden_state_shards is not read)"))
     if source == "shards":
         storage.fetch(storage.hidden_states(preset.name), log=context.log.info)
+    parent = str(drafter_folder(config.warm_start)) if config.warm_start else None
     # A warm start keeps its parent's layers; SGLang serves one-layer step-by-step drafters only.
-    num_layers = folder_num_layers(config.warm_start) if config.warm_start else config.drafter_num_layers
-    parallel = folder_drafts_in_parallel(config.warm_start) if config.warm_start else config.ptd_token_id is not None
+    num_layers = folder_num_layers(parent) if parent else config.drafter_num_layers
+    parallel = folder_drafts_in_parallel(parent) if parent else config.ptd_token_id is not None
     if config.aux_layer_ids or source != "shards":
-        aux_layer_ids = online_aux_layer_ids(config.aux_layer_ids, config.warm_start, preset.num_layers)
+        aux_layer_ids = online_aux_layer_ids(config.aux_layer_ids, parent, preset.num_layers)
     else:
         aux_layer_ids = stored_aux_layer_ids(storage.hidden_states(preset.name))
+    # The graph is one run: a server the steps before kept warm would hold the memory (a GPU's)
+    # that training needs for minutes to hours, to save a start-up of seconds. The one exception
+    # is the extraction server training streams from, which the benchmark reference left warm.
+    inference_server.stop_warm(keep_extraction=_extraction_ids(aux_layer_ids, preset) if source == "server" else None)
     vllm_only = vllm_only_reason(num_layers, aux_layer_ids, preset.num_layers, parallel)
     train_config = TrainConfig(
         shard_dirs=(str(storage.hidden_states(preset.name)),) if source == "shards" else (),
@@ -192,6 +200,8 @@ def drafter_checkpoint(
         num_shards=NUM_SHARDS,
         ttt_steps=config.ttt_steps or preset.ttt_steps,
         aux_layer_ids=tuple(aux_layer_ids) if config.aux_layer_ids or source != "shards" else None,
+        warm_start=parent,
+        drafter_shape=dict(preset.drafter_shape) if not parent and preset.drafter_shape else None,
         **{name: getattr(config, name) for name in PASSED_TO_TRAINER},
         tensorboard_dir=str(out / "tensorboard"),
         export_engines=("vllm",) if vllm_only else ("vllm", "sglang"),
@@ -229,6 +239,11 @@ def drafter_checkpoint(
     )
 
 
+def _extraction_ids(aux_layer_ids, preset) -> list[int]:
+    """The layers an extraction server captures for online training: the aux ids and L."""
+    return sorted(set(aux_layer_ids) | {preset.num_layers})
+
+
 @contextmanager
 def _extraction_server(source: str, inference_server: InferenceServerResource, preset, aux_layer_ids, storage: StorageResource, log):
     """For "server": the extraction server training streams from, for as long as it trains
@@ -237,7 +252,7 @@ def _extraction_server(source: str, inference_server: InferenceServerResource, p
         with nullcontext(None) as none:
             yield none
         return
-    ids = sorted(set(aux_layer_ids) | {preset.num_layers})
+    ids = _extraction_ids(aux_layer_ids, preset)
     with inference_server.extraction_server(ids, engine_max_model_len(preset, str(storage.corpus(preset.name))), log=log) as server:
         yield server
 
@@ -282,7 +297,7 @@ def drafter_serves(context: dg.AssetCheckExecutionContext, inference_server: Inf
     Both servers stay warm for the benchmark of the same run (two on a CPU host; on a GPU the
     plain one, started second, for the benchmark's baseline)."""
     _, out, summary = _trained(inference_server, storage)
-    if inference_server.url and not inference_server.speculative_url:
+    if inference_server.connected and not (inference_server.url and inference_server.speculative_url):
         # Connected to a server of the user's, which cannot load this drafter: said, not failed,
         # so the graph finishes; the message says how to serve it and check again.
         context.log.warning(NEEDS_DRAFTER_SERVER)

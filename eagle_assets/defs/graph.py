@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dagster as dg
 
-from eagle_assets.defs.benchmark import benchmark_report
+from eagle_assets.defs.benchmark import benchmark_reference, benchmark_report
 from eagle_assets.defs.corpus import prompts, synthetic_corpus
 from eagle_assets.defs.drafter import DRAFTER_CHECKS, drafter_checkpoint
 from eagle_assets.defs.hidden_states import hidden_state_shards, vocab_mapping
@@ -12,7 +12,7 @@ from eagle_assets.defs.jobs import executor_from_env
 from eagle_assets.defs.resources import default_resources
 from eagle_assets.defs.sensors import automation_enabled, default_sensors, with_automation
 
-ASSETS = [prompts, synthetic_corpus, vocab_mapping, hidden_state_shards, drafter_checkpoint, benchmark_report]
+ASSETS = [prompts, synthetic_corpus, vocab_mapping, hidden_state_shards, benchmark_reference, drafter_checkpoint, benchmark_report]
 
 
 def build_definitions(automation: bool | None = None) -> dg.Definitions:

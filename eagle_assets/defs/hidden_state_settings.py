@@ -12,11 +12,13 @@ import torch
 
 from eagle_assets.defs.settings import location_settings
 from eagle_assets.drafter.run_config import TrainConfig
+from eagle_assets.drafter.warm_start import parent_layer_ids
 from eagle_assets.hidden_states.budget import predict_bytes
 from eagle_assets.hidden_states.corpus_io import corpus_token_counts
 from eagle_assets.hidden_states.extract import ExtractSettings
 from eagle_assets.hidden_states.reader import open_shards
 from eagle_assets.hidden_states.source import choose_source, choose_training_source, hf_loadable
+from eagle_assets.hub_target import drafter_folder
 from eagle_assets.resources.storage import StorageResource
 from eagle_assets.settings_env import env_int
 
@@ -29,7 +31,15 @@ docs/design.md, "How it runs"."""
 
 class HiddenStatesConfig(dg.Config):
     aux_layer_ids: Optional[list[int]] = None
-    """Aux ids (HF hidden_states numbering); default: the preset's (2, L//2, L-3)."""
+    """Aux ids (HF hidden_states numbering); default: the parent drafter's, else the preset's (2, L//2, L-3)."""
+    parent_drafter: Optional[str] = None
+    """Warm start: the parent drafter (a folder, or a hub id pulled with `eagle-assets target
+    pull`); the states are taken at its layers. A parent whose config does not say how its ids
+    count is taken at both readings' layers (`parent_numbering`)."""
+    parent_numbering: Literal["measure", "vllm", "sglang"] = "measure"
+    """How an unmarked parent's ids count: "measure" (the states of both readings are kept; the
+    trainer measures the parent's acceptance at each and trains at the better), "vllm" (as
+    written) or "sglang" (one more)."""
     source: Literal["auto", "engine", "hf"] = "auto"
     """"engine" (the serving engine extracts them: vLLM's extract_hidden_states, one server for
     every shard), "hf" (a Hugging Face forward pass here) or "auto": the preset's choice, else the
@@ -54,15 +64,24 @@ def extraction_device(choice: str) -> str:
 
 def extraction_settings(config: HiddenStatesConfig, preset) -> ExtractSettings:
     return ExtractSettings(
-        aux_layer_ids=tuple(config.aux_layer_ids or preset.default_aux_layer_ids),
+        aux_layer_ids=tuple(config.aux_layer_ids or parent_ids(config, preset) or preset.default_aux_layer_ids),
         num_shards=NUM_SHARDS,
         batch_tokens=config.batch_tokens,
     )
 
 
+def parent_ids(config: HiddenStatesConfig, preset) -> tuple[int, ...]:
+    """The layers a warm start from `config.parent_drafter` needs (`drafter/warm_start.py`); () without one."""
+    if not config.parent_drafter:
+        return ()
+    return parent_layer_ids(drafter_folder(config.parent_drafter), preset.num_layers, config.parent_numbering)
+
+
 def hidden_states_source(config: HiddenStatesConfig, preset, path) -> str:
-    """ "engine" or "hf" for this target (`hidden_states/source.py`)."""
-    return choose_source(config.source, preset, hf_loadable(path, preset.trust_remote_code))
+    """ "engine" or "hf" for this target (`hidden_states/source.py`); transformers is asked
+    whether it loads the target (running its remote configuration code) only where the
+    choice turns on it."""
+    return choose_source(config.source, preset, lambda: hf_loadable(path, preset.trust_remote_code))
 
 
 def engine_layer_ids(settings: ExtractSettings, preset) -> list[int]:

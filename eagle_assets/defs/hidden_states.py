@@ -25,9 +25,10 @@ from eagle_assets.defs.hidden_state_settings import (
 )
 from eagle_assets.defs.settings import with_defaults
 from eagle_assets.formats import SHARD_MANIFEST_FILE, SHARD_STATES_FILE
+from eagle_assets.hidden_states.budget import check_free_space
 from eagle_assets.hidden_states.corpus_io import corpus_token_counts
 from eagle_assets.hidden_states.engine_extract import EngineExtractor, EngineStateClient, final_norm_of
-from eagle_assets.hidden_states.extract import extract_all, load_target
+from eagle_assets.hidden_states.extract import bytes_to_extract, extract_all, load_target
 from eagle_assets.hidden_states.reader import ShardReader
 from eagle_assets.hidden_states.vocab import (
     build_vocab_mapping,
@@ -35,6 +36,7 @@ from eagle_assets.hidden_states.vocab import (
     load_parent_mapping,
     save_vocab_mapping,
 )
+from eagle_assets.hub_target import drafter_folder
 from eagle_assets.resources.inference_server import InferenceServerResource
 from eagle_assets.resources.storage import StorageResource
 
@@ -43,7 +45,8 @@ class VocabConfig(dg.Config):
     draft_vocab_size: Optional[int] = None
     """Top-N target tokens by frequency over assistant tokens; default: the target preset's."""
     parent_drafter: Optional[str] = None
-    """Warm start: the parent drafter's folder; its d2t/t2d are taken as they are, never rebuilt."""
+    """Warm start: the parent drafter (a folder, or a hub id pulled with `eagle-assets target
+    pull`); its d2t/t2d are taken as they are, never rebuilt."""
 
 
 VocabSettings = with_defaults(VocabConfig, "vocab_mapping")
@@ -69,7 +72,7 @@ def vocab_mapping(context: dg.AssetExecutionContext, config: VocabSettings, infe
     corpus = str(storage.corpus(preset.name))
     counts = count_assistant_tokens(corpus, preset.vocab_size)
     if config.parent_drafter:
-        mapping = load_parent_mapping(config.parent_drafter, vocab_size=preset.vocab_size)
+        mapping = load_parent_mapping(drafter_folder(config.parent_drafter), vocab_size=preset.vocab_size)
         context.log.info(f"vocab mapping inherited from the parent drafter {config.parent_drafter}")
     else:
         mapping = build_vocab_mapping(counts, preset.vocab_size, config.draft_vocab_size or preset.draft_vocab_size)
@@ -133,6 +136,9 @@ def hidden_state_shards(
     context.log.info(f"hidden states of {NUM_SHARDS} shards from {'the serving engine' if source == 'engine' else 'Hugging Face'}")
     try:
         if source == "engine":
+            # The disk checked before the server loads (minutes for a large target), not after;
+            # `extract_all` then reserves the stage's bytes before its first shard.
+            check_free_space(out, bytes_to_extract(out, corpus, settings, preset.num_layers, preset.hidden_size, fingerprint))
             ids = engine_layer_ids(settings, preset)
             with inference_server.extraction_server(ids, engine_max_model_len(preset, corpus), log=context.log.info) as server:
                 client = EngineStateClient(server.base_url, server.model, ids, api_key=server.api_key, concurrency=config.engine_concurrency)

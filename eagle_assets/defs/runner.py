@@ -28,26 +28,28 @@ from eagle_assets.defs.settings import session_environment
 from eagle_assets.paths import PROJECT_ROOT, data_dir
 
 DEFAULT_PRESET = "smollm2-default"
-GRAPH = ["prompts", "synthetic_corpus", "vocab_mapping", "hidden_state_shards", "drafter_checkpoint", "benchmark_report"]
+GRAPH = ["prompts", "synthetic_corpus", "vocab_mapping", "hidden_state_shards", "benchmark_reference", "drafter_checkpoint", "benchmark_report"]
 """Every asset, in graph order."""
 DEPENDS = {
     "prompts": [],
     "synthetic_corpus": ["prompts"],
     "vocab_mapping": ["synthetic_corpus"],
     "hidden_state_shards": ["synthetic_corpus"],
+    "benchmark_reference": ["hidden_state_shards"],
     "drafter_checkpoint": ["synthetic_corpus", "vocab_mapping", "hidden_state_shards"],
-    "benchmark_report": ["drafter_checkpoint"],
+    "benchmark_report": ["drafter_checkpoint", "benchmark_reference"],
 }
 """What each asset reads (the test of the definitions holds this to their lineage)."""
 PARTS = {
     "corpus": ("prompts", "synthetic_corpus", "vocab_mapping"),
-    "hidden_states": ("hidden_state_shards",),
+    "hidden_states": ("hidden_state_shards", "benchmark_reference"),
     "drafter": ("drafter_checkpoint",),
     "benchmark": ("benchmark_report",),
 }
 """The parts of the graph `eagle-assets run --part` can run alone, by name, in graph order: where
 one host serves the target, extracts its states and trains in turn, each part runs while its
-own server holds the GPUs (docs/kimi-k2.5.md)."""
+own server holds the GPUs (docs/kimi-k2.5.md). The hidden-state part captures the benchmark
+reference from the same extraction server (`benchmark_reference`)."""
 
 
 def ensure_dagster_home() -> Path:

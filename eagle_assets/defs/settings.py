@@ -24,7 +24,7 @@ from pathlib import Path
 import pydantic
 import yaml
 
-from eagle_assets.run_presets import RUN_PRESETS, default_preset
+from eagle_assets.run_presets import REFERENCE_FROM, RUN_PRESETS, default_preset
 from eagle_assets.settings_env import env_choice, env_str
 from eagle_assets.targets import EMBEDDED_TARGET
 
@@ -78,11 +78,20 @@ def location_settings() -> LocationSettings:
     return read_location_settings()
 
 
-def with_defaults(config: type, asset: str, settings: LocationSettings | None = None) -> type:
-    """`config` (an asset's dg.Config) with the location's settings for `asset` as its defaults,
-    each field keeping its description; `config` itself where they change nothing."""
+def reference_settings(settings: LocationSettings | None = None) -> dict:
+    """`benchmark_reference`'s settings: those it shares with the benchmark, the hidden-state
+    stage and the drafter (`run_presets.REFERENCE_FROM`), as the location sets them for those
+    assets, with its own section on top."""
     settings = settings or location_settings()
-    values = settings.asset_settings(asset)
+    shared = {key: value for asset, keys in REFERENCE_FROM.items() for key, value in settings.asset_settings(asset).items() if key in keys}
+    return {**shared, **settings.asset_settings("benchmark_reference")}
+
+
+def with_defaults(config: type, asset: str, settings: LocationSettings | None = None, values: dict | None = None) -> type:
+    """`config` (an asset's dg.Config) with the location's settings for `asset` (or `values`) as
+    its defaults, each field keeping its description; `config` itself where they change nothing."""
+    settings = settings or location_settings()
+    values = settings.asset_settings(asset) if values is None else values
     unknown = sorted(set(values) - set(config.model_fields))
     if unknown:
         where = settings.run_file or f"run preset {settings.preset}"

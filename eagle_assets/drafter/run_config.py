@@ -113,6 +113,10 @@ class TrainConfig(BaseModel):
     """Train on these of the shards' aux layers (project numbering, a subset of what the shards
     hold); None = all of them. Shards extracted once at more layers then serve several layer
     choices without a second forward pass over the corpus."""
+    drafter_shape: dict | None = None
+    """For a new drafter: `DrafterConfig` fields set over those taken from the target (the
+    field's drafter shape for the target's family, `TargetPreset.drafter_shape`); None: the
+    target's attention and MLP shapes."""
     warm_start: str | None = None
     """A parent drafter's HF folder to start from; its d2t/t2d must equal `vocab_mapping`'s. The
     run ends by comparing the fine-tune with the parent on the same held-out samples
@@ -121,6 +125,11 @@ class TrainConfig(BaseModel):
     """A warm start with fewer training samples than this is not fine-tuned: so few cannot move a
     parent measurably, and the few samples such a corpus holds out cannot tell a fine-tune from
     its parent. The parent is then exported as it is, measured on every sample of the corpus."""
+    parent_numbering: str = "measure"
+    """How the warm start's parent counts its layer ids where its config does not say (no
+    `layer_id_numbering` marker): "measure" (its held-out acceptance at both readings, "vllm"
+    as written and "sglang" one more, where the shards hold both; the better is trained and
+    recorded), "vllm" or "sglang"."""
 
     # --- data ---
     max_seq_len: Positive = 2048
@@ -242,6 +251,8 @@ class TrainConfig(BaseModel):
                 problems.append("drafter_num_layers is set beside a `drafter` dict: put num_hidden_layers in the dict")
             if self.warm_start:
                 problems.append("drafter_num_layers is set with warm_start: a warm start keeps the parent's architecture")
+        if self.parent_numbering not in ("measure", "vllm", "sglang"):
+            problems.append(f"parent_numbering={self.parent_numbering!r}: give measure, vllm or sglang")
         if self.ptd_token_id is not None and self.warm_start:
             problems.append(
                 "ptd_token_id is set with warm_start: a warm start keeps the parent's architecture (a parent trained "

@@ -75,12 +75,14 @@ from eagle_assets.drafter.parent_gate import ParentComparison, compare_with_pare
 from eagle_assets.drafter.run_config import TrainConfig
 from eagle_assets.drafter.sources import HiddenStateSourceError, open_training_data
 from eagle_assets.drafter.trackers import open_tracker
-from eagle_assets.drafter.ttt import replay_drafting_per_sequence
+from eagle_assets.drafter.ttt import replay_drafting, replay_drafting_per_sequence
 from eagle_assets.durable import write_durably
 
 METRICS_FILE = "metrics.jsonl"
 SUMMARY_FILE = "summary.json"
 PARENT_VALIDATION_FILE = "parent_validation.json"
+PARENT_NUMBERING_FILE = "parent_numbering.json"
+"""How the warm start's parent's layer ids were read, and why (kept for a resumed run)."""
 
 
 def _parent_val_al(path: Path) -> float | None:
@@ -238,6 +240,8 @@ def resolve_drafter_config(cfg: TrainConfig, target_config: dict, aux_layer_ids,
         config = DrafterConfig.from_target_config(target_config, aux_layer_ids=aux_layer_ids, draft_vocab_size=draft_vocab_size,
                                                   intermediate_size=cfg.drafter_intermediate_size,
                                                   num_hidden_layers=cfg.drafter_num_layers)  # fmt: skip
+    if cfg.drafter_shape and not isinstance(cfg.drafter, dict):
+        config = replace(config, **cfg.drafter_shape)
     return replace(config, ptd_token_id=cfg.ptd_token_id) if cfg.ptd_token_id is not None else config
 
 
@@ -271,7 +275,8 @@ def build_drafter(cfg: TrainConfig, ds: ShardDataset, d2t: torch.Tensor, t2d: to
 
         if cfg.drafter is not None:
             raise ValueError("set either `drafter` or `warm_start`: a warm start takes the parent's architecture")
-        drafter = warm_start(cfg.warm_start, target_config, target_embedding=embedding.float())
+        numbering = cfg.parent_numbering if cfg.parent_numbering in ("vllm", "sglang") else None
+        drafter = warm_start(cfg.warm_start, target_config, layer_id_numbering=numbering, target_embedding=embedding.float())
         if not (torch.equal(drafter.d2t.cpu(), d2t.long()) and torch.equal(drafter.t2d.cpu(), t2d.bool())):
             raise ValueError(
                 f"vocab_mapping {cfg.vocab_mapping} differs from the parent drafter's d2t/t2d ({cfg.warm_start}): "
@@ -464,6 +469,11 @@ class Trainer:
         from eagle_assets.drafter.target_head import draft_head, outside_head, read_target_head
         from eagle_assets.hidden_states.vocab import load_vocab_mapping
 
+        mapping = load_vocab_mapping(cfg.vocab_mapping)
+        embedding, lm_head = read_target_head(cfg.target)
+        self.numbering = None
+        if cfg.warm_start:
+            cfg = self.cfg = self._read_parent_numbering(cfg, mapping, embedding, lm_head)
         self.ds = open_training_data(cfg, env.device, self.log)  # shards, or online (drafter/sources.py)
         self.train_ids, self.val_ids = self.ds.split(cfg.val_fraction)
         self.finetune_skipped = finetune_skip_reason(cfg, len(self.train_ids), len(self.ds))
@@ -472,8 +482,6 @@ class Trainer:
             self.train_ids, self.val_ids = [], sorted(self.train_ids + self.val_ids)
             self.log(self.finetune_skipped)
         self.log(f"data: {describe(self.ds, self.train_ids, self.val_ids)}")
-        mapping = load_vocab_mapping(cfg.vocab_mapping)
-        embedding, lm_head = read_target_head(cfg.target)
         drafter = build_drafter(cfg, self.ds, mapping.d2t, mapping.t2d, embedding)
         self.drafter_config = drafter.config
         # The parent's weights, exported instead of the fine-tune's where the parent measures higher.
@@ -543,6 +551,97 @@ class Trainer:
         self.tokens_seen = 0
         if self.resumed is not None:
             self._restore(self.resumed)
+
+    def _read_parent_numbering(self, cfg: TrainConfig, mapping, embedding: torch.Tensor, lm_head: torch.Tensor) -> TrainConfig:
+        """The config with the parent's reading of its layer ids settled: its marker's, the one
+        given, or, for an unmarked parent ("measure"), the reading under which it accepts more
+        on the held-out samples, measured here on the shards at both readings' layers. Older
+        SGLang wrote the output of layer k as k, one less than vLLM and we do, so a parent
+        trained that way and read as written drafts from layers one off: a drafter that serves,
+        at lower acceptance, and no other check notices. The choice is written out (and read
+        back on a resumed run) and goes into the summary."""
+        from eagle_assets.drafter.warm_start import parent_readings
+
+        kept = self.out / PARENT_NUMBERING_FILE
+        if kept.is_file() and cfg.resume and ckpt.latest_checkpoint(cfg.checkpoint_dir) is not None:
+            self.numbering = json.loads(kept.read_text())
+        else:
+            target = json.loads((Path(cfg.target) / "config.json").read_text())
+            layers = int((target.get("text_config") or target)["num_hidden_layers"])
+            readings = parent_readings(cfg.warm_start, layers)
+            if len(readings) == 1:
+                ((reading, ids),) = readings.items()
+                self.numbering = {"reading": reading, "aux_layer_ids": list(ids), "how": "its config says so, or no other reading fits the target"}
+            elif cfg.parent_numbering in readings:
+                ids = readings[cfg.parent_numbering]
+                self.numbering = {"reading": cfg.parent_numbering, "aux_layer_ids": list(ids), "how": "as the run's parent_numbering says"}
+            elif cfg.hidden_states != "shards":
+                # Online, the states are computed at the layers asked for: no stored pair of
+                # readings to measure the parent on, so its ids are read as written.
+                reading, ids = next(iter(readings.items()))  # "vllm" first (NUMBERINGS)
+                self.numbering = {
+                    "reading": reading,
+                    "aux_layer_ids": list(ids),
+                    "how": "as written: training online keeps no second reading's states to measure it on (set parent_numbering)",
+                }
+            else:
+                self.numbering = _from_rank0(self._measure_readings(cfg, readings, mapping, embedding, lm_head) if self.env.is_main else None)
+            if self.env.is_main:
+                _write_json(kept, self.numbering)
+        accept = ", ".join(f"{r} {al:.3f}" for r, al in (self.numbering.get("val_al") or {}).items())
+        self.log(f"parent drafter's layer ids read as {self.numbering['reading']}-numbered: {self.numbering['aux_layer_ids']} "
+                 f"({self.numbering['how']}{': held-out AL ' + accept if accept else ''})")  # fmt: skip
+        ids = tuple(self.numbering["aux_layer_ids"])
+        if cfg.aux_layer_ids is not None and tuple(cfg.aux_layer_ids) != ids:
+            raise ValueError(
+                f"aux_layer_ids {list(cfg.aux_layer_ids)} are not the parent drafter's {list(ids)} (read as {self.numbering['reading']})"
+            )
+        return replace(cfg, parent_numbering=self.numbering["reading"], aux_layer_ids=ids)
+
+    def _measure_readings(self, cfg: TrainConfig, readings: dict, mapping, embedding: torch.Tensor, lm_head: torch.Tensor) -> dict:
+        """The parent's held-out AL at each reading the shards hold (chain drafting replayed
+        along the held-out answers, as validation measures it), and the better reading; a tie
+        keeps "vllm", the numbering as written."""
+        from eagle_assets.drafter.target_head import draft_head, outside_head
+        from eagle_assets.drafter.warm_start import warm_start
+
+        stored = ShardDataset(cfg.shard_dirs, cfg.max_seq_len).stored_aux_layer_ids
+        held = {r: ids for r, ids in readings.items() if set(ids) <= set(stored)}
+        if not held:
+            raise ValueError(
+                f"the shards hold aux layers {list(stored)}, none of the parent drafter's readings {dict(readings)}: extract the hidden "
+                "states with hidden_state_shards.parent_drafter set (both readings' layers are then kept), or set parent_numbering"
+            )
+        if len(held) == 1:
+            ((reading, ids),) = held.items()
+            return {"reading": reading, "aux_layer_ids": list(ids), "how": "the only reading whose layers the shards hold"}
+        device = self.env.device
+        target = json.loads((Path(cfg.target) / "config.json").read_text())
+        head = draft_head(lm_head, mapping.d2t).to(device, torch.float32)
+        outside = outside_head(lm_head, mapping.t2d).to(device, torch.float32) if cfg.mask_undraftable else None
+        spec = BatchingSpec(micro_batch_tokens=cfg.micro_batch_tokens, micro_batch_samples=cfg.micro_batch_samples,
+                            batches_per_step=1, length_window=cfg.length_window)  # fmt: skip
+        al = {}
+        for reading, ids in held.items():
+            ds = ShardDataset(cfg.shard_dirs, cfg.max_seq_len, aux_layer_ids=ids)
+            _, val_ids = ds.split(cfg.val_fraction)
+            if not val_ids:
+                raise ValueError("no held-out samples to measure the parent's readings on: raise val_fraction, or set parent_numbering")
+            parent = warm_start(cfg.warm_start, target, layer_id_numbering=reading, target_embedding=embedding.float())
+            objective = TrainObjective(parent.to(device), cfg.ttt_steps, cfg.target_temperature, cfg.unreached_weight).eval()
+            totals = torch.zeros(2 + 4 * cfg.ttt_steps + 1, dtype=torch.float32)
+            with torch.no_grad():
+                for positions, counts in validation_batches(ds.lengths(val_ids), val_ids, spec, 1, cfg.val_max_batches)[0]:
+                    batch = self._to_device(ds.collate(positions, torch.float32))
+                    out = objective(batch, head, outside, with_correct_rows=True)
+                    rounds = replay_drafting(out.correct_rows, batch["loss_mask"], batch.get("lengths"))
+                    row = torch.cat(
+                        [out.loss_sum.reshape(1), out.num_tokens.reshape(1), out.step_loss_sum, out.step_tokens, out.step_correct, rounds]
+                    )
+                    totals += row.float().cpu() * (1.0 if counts else 0.0)
+            al[reading] = validation_metrics(totals, cfg.ttt_steps)["val_al"]
+        best = max(held, key=lambda r: (al[r], r == "vllm"))
+        return {"reading": best, "aux_layer_ids": list(held[best]), "how": "measured on the held-out samples", "val_al": al}
 
     def _check_resumable(self, c: ckpt.Checkpoint) -> None:
         st = c.trainer_state
@@ -863,6 +962,7 @@ class Trainer:
             "parent_comparison": comparison.to_dict() if comparison is not None else None,
             "hidden_states": self.ds.source,
             "hidden_states_origin": self.ds.origin,
+            "parent_numbering": self.numbering,
         }
 
 

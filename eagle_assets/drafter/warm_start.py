@@ -85,3 +85,44 @@ def warm_start(
     if target_embedding is not None:
         model.load_target_embedding(target_embedding.to(dtype))
     return model
+
+
+NUMBERINGS = ("vllm", "sglang")
+PARENT_NUMBERING_CHOICES = ("measure", *NUMBERINGS)
+"""How an unmarked parent's layer ids are read: "measure" (both readings, the better on the
+user's corpus), or one reading as given."""
+
+
+def parent_readings(parent_folder, target_num_layers: int) -> dict[str, tuple[int, ...]]:
+    """The parent's aux layer ids in our numbering under each reading its config allows: the one
+    its marker names (our exports write `layer_id_numbering`), else both, "vllm" (as written,
+    vLLM's and ours) and "sglang" (one more: older SGLang and SpecForge wrote the output of layer
+    k as k). A reading naming a layer the target does not have is left out."""
+    from eagle_assets.drafter.export import drafter_folder_config
+    from eagle_assets.formats import NUMBERING_KEY
+
+    raw = json.loads((Path(parent_folder) / "config.json").read_text())
+    marked = raw.get(NUMBERING_KEY)
+    readings = {}
+    for numbering in (marked,) if marked else NUMBERINGS:
+        try:
+            readings[numbering] = tuple(drafter_folder_config(parent_folder, numbering, target_num_layers).aux_layer_ids)
+        except ValueError:  # ids beyond the target's depth under this reading
+            continue
+    if not readings:
+        raise ValueError(f"parent drafter {parent_folder}: its layer ids fit a {target_num_layers}-layer target under no reading")
+    return readings
+
+
+def parent_layer_ids(parent_folder, target_num_layers: int, numbering: str = "measure") -> tuple[int, ...]:
+    """The layer ids whose states a warm start from this parent needs: the marked reading's;
+    for an unmarked parent, the given reading's, or ("measure") the union of both, so that the
+    trainer can measure both on the corpus and train at the better (`drafter/train.py`)."""
+    if numbering not in PARENT_NUMBERING_CHOICES:
+        raise ValueError(f"parent_numbering={numbering!r}: give one of {', '.join(PARENT_NUMBERING_CHOICES)}")
+    readings = parent_readings(parent_folder, target_num_layers)
+    if len(readings) == 1 or numbering == "measure":
+        return tuple(sorted({i for ids in readings.values() for i in ids}))
+    if numbering not in readings:
+        raise ValueError(f"parent drafter {parent_folder}: read as {numbering}-numbered its ids do not fit a {target_num_layers}-layer target")
+    return readings[numbering]

@@ -160,7 +160,7 @@ class EngineStateClient:
                 f"the server at {self.base_url} returned no hidden_states_path: it does not extract hidden states. Launch it "
                 "with the extraction configs (engines/vllm_launch.extraction_config and hidden_states_transfer)"
             )
-        states, got_ids = _read_spooled(Path(path), ends - time.monotonic(), self.base_url)
+        states, got_ids = take_spooled(Path(path), ends - time.monotonic(), self.base_url)
         if got_ids != ids:
             raise EngineStateError(f"{path}: the engine wrote the states of another sequence than the one sent")
         if states.shape[1] != len(self.layer_ids):
@@ -213,7 +213,7 @@ class EngineStateClient:
                     future.cancel()
 
 
-def _read_spooled(path: Path, wait_s: float = 600.0, server: str = "the engine") -> tuple[torch.Tensor, list[int]]:
+def take_spooled(path: Path, wait_s: float = 600.0, server: str = "the engine") -> tuple[torch.Tensor, list[int]]:
     """Read one file the connector wrote, once its writer has released the lock (waiting at most
     `wait_s`); then remove it."""
     lock = Path(str(path) + ".lock")

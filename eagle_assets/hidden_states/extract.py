@@ -15,8 +15,9 @@ lm_head never runs).
     one = extract_shard(model, "data/corpus", "data/hidden_states", 7, settings, tokenizer=tokenizer)
 
 `extract_all` skips complete shards whose manifest matches the corpus and the settings, and
-rebuilds the others; `extract_shard` (one Dagster partition) always rebuilds its shard. Free
-disk space is checked before anything is written. Samples are batched longest-first with
+rebuilds the others; `extract_shard` always rebuilds its shard. The bytes of every shard to
+build are reserved before the first is written (`budget.reserve_space`) and held until the last
+is committed, so that another writer into the same folder cannot overfill the disk meanwhile. Samples are batched longest-first with
 right padding and an attention mask, up to `batch_tokens` padded tokens per batch, and only
 the real tokens' rows are kept. The host copy and the disk writes overlap the next forward
 pass (see `writer.py`).
@@ -51,7 +52,7 @@ import torch
 from torch import nn
 
 from eagle_assets.formats import ShardManifest, hidden_state_bytes_per_token, shard_name
-from eagle_assets.hidden_states.budget import check_free_space
+from eagle_assets.hidden_states.budget import reserve_space
 from eagle_assets.hidden_states.corpus_io import (
     ShardSamples,
     corpus_token_counts,
@@ -110,7 +111,7 @@ def load_target(
     it has). `trust_remote_code` is for targets whose config or tokenizer is code in the
     folder (Kimi-K2.5's): the preset says so.
     """
-    from transformers import AutoTokenizer
+    from eagle_assets.corpus.target import load_tokenizer
 
     kwargs: dict = dict(dtype=dtype, trust_remote_code=trust_remote_code)
     if device != "cpu":
@@ -132,7 +133,7 @@ def load_target(
             "would put weights on disk. Raise max_memory_per_device, give the run more GPUs, or take the states from the "
             "serving engine (hidden_state_shards config source: engine)"
         ) from exc
-    tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
+    tokenizer = load_tokenizer(path, trust_remote_code=trust_remote_code)
     return model.eval(), tokenizer
 
 
@@ -409,17 +410,24 @@ class ShardExtractor:
         target_fingerprint: str,
         on_batch: Callable[[int, int, int], None] | None = None,
         wait: bool = True,
+        reserved: bool = False,
     ) -> ShardResult | Future:
         """Extract `samples` into shard `shard_index` of `out_dir` (replacing it atomically).
 
         With `wait=False` it returns once the last states are queued, with a Future of the
         result: the tail of the writes, the checks, the fsync and the rename then run in the
         background while the caller starts the next shard, so the source never waits on a commit.
+        `reserved`: the caller holds a reservation of the shard's bytes (`extract_all` reserves
+        the whole stage's); else the shard reserves its own.
         """
         started = time.perf_counter()
         counts = samples.token_counts
         layout = self.layout(counts)
-        check_free_space(out_dir, layout.file_bytes())
+        # Held until the shard is committed or abandoned: another writer into the same folder
+        # sees what this one has still to write (the file is sparse until its rows land).
+        reservation = (
+            None if reserved else reserve_space(out_dir, layout.file_bytes(), f"shard {shard_index}", ShardWriter.staging_dir(out_dir, shard_index))
+        )
         offsets = np.zeros(len(counts) + 1, dtype=np.int64)
         np.cumsum(counts, out=offsets[1:])
         batches = plan_batches(counts, self.settings.batch_tokens)
@@ -430,11 +438,16 @@ class ShardExtractor:
             shard_index, len(counts), layout.num_tokens, len(batches), out_dir / shard_name(shard_index),
             layout.file_bytes() / 1e9,
         )  # fmt: skip
-        writer = ShardWriter(out_dir, shard_index, layout, offsets, flat_ids, flat_mask)
+        try:
+            writer = ShardWriter(out_dir, shard_index, layout, offsets, flat_ids, flat_mask)
+        except BaseException:
+            _release(reservation)
+            raise
         try:
             finite = self._fill(samples, batches, offsets, writer, shard_index, on_batch)
         except BaseException:
             writer.abort()
+            _release(reservation)
             raise
         manifest = self.manifest_for(shard_index, samples, target_fingerprint)
 
@@ -445,6 +458,8 @@ class ShardExtractor:
             except BaseException:
                 writer.abort()
                 raise
+            finally:
+                _release(reservation)
             seconds = time.perf_counter() - started
             rate = layout.num_tokens / seconds if seconds > 0 else 0.0
             log.info("shard %d: committed in %.1f s (%.0f tokens/s)", shard_index, seconds, rate)
@@ -561,6 +576,11 @@ def resolve_target_fingerprint(tokenizer=None, target_fingerprint: str | None = 
     )
 
 
+def _release(reservation) -> None:
+    if reservation is not None:
+        reservation.release()
+
+
 def _extractor(model: "nn.Module | ShardExtractor", settings: ExtractSettings) -> tuple[ShardExtractor, bool]:
     """(the extractor for `model`, whether the caller owns it): a Hugging Face model gets an
     `Extractor` of its own; a given extractor (an engine's, say) is used as it is, and its
@@ -646,6 +666,24 @@ def remove_shards_beyond(out_dir: Path, num_shards: int) -> list[Path]:
     return removed
 
 
+def bytes_to_extract(
+    out_dir: str | Path, corpus_dir: str, settings: ExtractSettings, num_layers: int, hidden_size: int, target_fingerprint: str
+) -> int:
+    """Bytes `extract_all` would write into `out_dir` now: the shards that are not complete. For a
+    check before the source starts (an extraction server of a large target loads for minutes)."""
+    aux_ids = validate_aux_layer_ids(settings.aux_layer_ids, num_layers)
+    expected = corpus_token_counts(corpus_dir, settings.num_shards)
+    total = 0
+    for i in range(settings.num_shards):
+        if shard_status(out_dir, i, expected[i], settings, aux_ids, hidden_size, target_fingerprint) != "complete":
+            counts = list(expected[i].values())
+            layout = ShardLayout(
+                num_samples=len(counts), num_tokens=sum(counts), num_aux=len(aux_ids), hidden_size=hidden_size, aux_layer_ids=aux_ids
+            )
+            total += layout.file_bytes()
+    return total
+
+
 def extract_all(
     model: "nn.Module | ShardExtractor",
     corpus_dir: str,
@@ -681,7 +719,10 @@ def extract_all(
             remove_stale(out_dir, i)
             todo.append((i, status))
     needed = sum(extractor.layout(list(expected[i].values())).file_bytes() for i, _ in todo)
-    check_free_space(out_dir, needed)
+    # The whole stage's bytes, reserved before its first shard and held until its last commits:
+    # what these shards have still to write counts against any other writer's check meanwhile.
+    staging = [f for i, _ in todo for f in (ShardWriter.staging_dir(out_dir, i), out_dir / shard_name(i))]
+    reservation = reserve_space(out_dir, needed, f"{len(todo)} shard(s) of {out_dir.name}", staging) if todo else None
     log.info("%d of %d shards to extract (%.2f GB), %d complete", len(todo), len(indices), needed / 1e9, len(results))
     pending: list[tuple[str, Future]] = []
     try:
@@ -690,11 +731,12 @@ def extract_all(
                 if done.done() and done.exception() is not None:
                     raise done.exception()
             samples = load_shard_samples(corpus_dir, i, settings.num_shards, extractor.vocab_size, fingerprint)
-            pending.append((status, extractor.run(samples, out_dir, i, fingerprint, on_batch, wait=False)))
+            pending.append((status, extractor.run(samples, out_dir, i, fingerprint, on_batch, wait=False, reserved=True)))
         for status, future in pending:
             r = future.result()
             results.append(ShardResult(r.shard_dir, r.manifest, True, r.seconds, r.tokens_per_s, status))
     finally:
+        _release(reservation)
         if owned:
             extractor.close()
         else:  # the caller keeps its extractor, but no commit of ours may outlive this call

@@ -17,23 +17,31 @@ takes its states from, shards or online (`drafter/sources.py`):
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from eagle_assets.targets import TargetPreset
 
 SOURCES = ("auto", "engine", "hf")
 
 
-def choose_source(asked: str, preset: TargetPreset, hf_loadable: bool = True) -> str:
+def choose_source(asked: str, preset: TargetPreset, hf_loadable: "bool | Callable[[], bool]" = True) -> str:
     """ "engine" or "hf": as asked, else the preset's choice, else the engine wherever the target
-    needs more than one GPU (tensor parallel) or transformers has no class for it."""
+    needs more than one GPU (tensor parallel) or transformers has no class for it.
+
+    `hf_loadable` may be a function: it is then called only where the choice turns on it. Asking
+    transformers runs the target's remote configuration code, which a run whose states come
+    from the engine has no need to run in the pipeline's process (for Kimi-K2.5: the hub's
+    configuration_kimi_k25.py)."""
     if asked not in SOURCES:
         raise ValueError(f"hidden-state source {asked!r}: give one of {', '.join(SOURCES)}")
     if asked != "auto":
         return asked
     if preset.hidden_states_source != "auto":
         return preset.hidden_states_source
-    if preset.tensor_parallel_size > 1 or not hf_loadable:
+    if preset.tensor_parallel_size > 1:
         return "engine"
-    return "hf"
+    loadable = hf_loadable() if callable(hf_loadable) else hf_loadable
+    return "hf" if loadable else "engine"
 
 
 def hf_loadable(folder, trust_remote_code: bool = False) -> bool:

@@ -202,6 +202,11 @@ def _as_bytes(t: torch.Tensor) -> np.ndarray:
 class ShardWriter:
     """Writes one shard into a hidden temporary folder; `commit` validates and renames it into place."""
 
+    @staticmethod
+    def staging_dir(out_dir: str | os.PathLike, index: int) -> Path:
+        """The hidden folder this process writes shard `index` into before the rename."""
+        return Path(out_dir) / f"{temp_prefix(index)}tmp-{os.getpid()}"
+
     def __init__(
         self,
         out_dir: str | os.PathLike,
@@ -215,7 +220,7 @@ class ShardWriter:
         self.index = index
         self.layout = layout
         self.final_dir = self.out_dir / shard_name(index)
-        self.tmp_dir = self.out_dir / f"{temp_prefix(index)}tmp-{os.getpid()}"
+        self.tmp_dir = self.staging_dir(self.out_dir, index)
         self._ranges: list[tuple[int, int]] = []
         self._error: BaseException | None = None
         self._closed = False

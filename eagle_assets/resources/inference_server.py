@@ -99,12 +99,21 @@ class InferenceServerResource(dg.ConfigurableResource):
     _deaths: "dict[str, str]" = PrivateAttr(default_factory=dict)
     """Configurations whose launched server died in this run: how, and its log."""
 
+    @property
+    def connected(self) -> bool:
+        """Whether the target is served by servers of the user's (`url`, `speculative_url`): no
+        target server is launched then, and a configuration with no server given is not served."""
+        return bool(self.url or self.speculative_url)
+
     def teardown_after_execution(self, context) -> None:
         self.stop_warm()
 
-    def stop_warm(self) -> None:
-        while self._warm:
-            self._stop_oldest()
+    def stop_warm(self, keep_extraction: Sequence[int] | None = None) -> None:
+        """Stop every warm server; with `keep_extraction`, all but the extraction server of those
+        layer ids (the next step streams from it: stopping it would load the target again)."""
+        keep = server_key(None, 0, extraction_config(keep_extraction)) if keep_extraction is not None else None
+        for key in [key for key in self._warm if key != keep]:
+            self._stop(key)
 
     def _stop_oldest(self) -> None:
         self._warm.popitem(last=False)[1].stack.close()
@@ -163,20 +172,20 @@ class InferenceServerResource(dg.ConfigurableResource):
     def served_dtype(self) -> str:
         """The dtype a launched server computes in (`vllm_launch.served_dtype`: fp32 on most CPU
         hosts, else bf16); a server of yours is taken to serve bf16."""
-        if self.url:
+        if self.connected:
             return "bfloat16"
         return served_dtype(resolve_target(self.target, log=lambda m: None)[1], self.device or host_device())
 
     def serving_note(self) -> str | None:
         """How a launched server runs the models, for a report (None for a server of yours)."""
-        return None if self.url else serving_mode_note(self.device or host_device(), self.compiled)
+        return None if self.connected else serving_mode_note(self.device or host_device(), self.compiled)
 
     def why_not_at_once(self, specs: "list[dict | None]") -> str | None:
         """Why the servers of these speculative configs (None: no speculation) cannot all be up
         together here, or None when they can. A warm server of one of them is counted as up
         already; the idle warm others as memory that stopping them would give back."""
-        if self.url:
-            return "the resource points at one existing server (url is set)"
+        if self.connected:
+            return "the resource points at existing servers of the user's, one per configuration"
         device = self.device or host_device()
         if device != "cpu":
             return why_not_at_once([], None, device)
@@ -202,16 +211,20 @@ class InferenceServerResource(dg.ConfigurableResource):
         replica: int = 0,
         kv_transfer: dict | None = None,
         max_model_len: int | None = None,
+        launch: bool = False,
     ) -> Iterator[InferenceServer]:
         """A server for the duration of the block: the configured URL, or a vLLM we launch.
         `replica` n > 0 is a further server of the same configuration (an A/A control), not the first again.
-        `kv_transfer` and `max_model_len` go to the launch as they are (`extraction_server` uses them)."""
-        if self.url:
+        `kv_transfer` and `max_model_len` go to the launch as they are (`extraction_server` uses them,
+        with `launch`: a vLLM is launched even where servers of the user's are given)."""
+        if self.connected and not launch:
             if drafter or speculative:
                 if not self.speculative_url:
                     raise ValueError(NEEDS_DRAFTER_SERVER)
                 yield connect(self.speculative_url, self.model, api_key_from_env(self.api_key_env))
                 return
+            if not self.url:
+                raise ValueError(NEEDS_TARGET_SERVER)
             yield connect(self.url, self.model, api_key_from_env(self.api_key_env))
             return
         served = served_config(drafter, k, speculative)
@@ -322,16 +335,12 @@ class InferenceServerResource(dg.ConfigurableResource):
         if self.extraction_url:
             yield connect(self.extraction_url, self.model, api_key_from_env(self.api_key_env))
             return
-        if self.url:
-            raise ValueError(
-                "this resource points at an existing server (url is set) but names no extraction server: give "
-                "extraction_url (EAGLE_ASSETS_EXTRACTION_URL), a vLLM serving the target with `eagle-assets serve --extract`, "
-                "or extract with Hugging Face (hidden_state_shards source: hf)"
-            )
+        # A server of the user's for serving (`url`) is no extraction server: one is launched here
+        # all the same (where one host holds one target server, the user stops theirs first).
         spec = extraction_config(layer_ids)
         key = server_key(None, 0, spec)
         if key in self._warm and self._usable(key, log):
-            with self.serve(speculative=spec, log=log) as server:
+            with self.serve(speculative=spec, log=log, launch=True) as server:
                 yield server
             return
         spool_root = runs_dir() / "hidden-states"
@@ -339,7 +348,7 @@ class InferenceServerResource(dg.ConfigurableResource):
         spool = Path(tempfile.mkdtemp(prefix="spool-", dir=spool_root))
         owned_by_server = False
         try:
-            with self.serve(speculative=spec, kv_transfer=hidden_states_transfer(spool), max_model_len=max_model_len, log=log) as server:
+            with self.serve(speculative=spec, kv_transfer=hidden_states_transfer(spool), max_model_len=max_model_len, log=log, launch=True) as server:
                 if key in self._warm:  # kept warm: the folder goes with the server, whenever the resource stops it
                     self._warm[key].stack.callback(shutil.rmtree, spool, True)
                     owned_by_server = True
@@ -361,6 +370,13 @@ NEEDS_DRAFTER_SERVER = (
     "or your engine's --speculative-config on that folder) and give its URL in EAGLE_ASSETS_SPECULATIVE_URL, then run the "
     "drafter's checks and the benchmark again (they do not retrain); or leave EAGLE_ASSETS_SERVER_URL empty so the pipeline "
     "launches vLLM itself."
+)
+
+
+NEEDS_TARGET_SERVER = (
+    "the pipeline is connected to your servers and names none of the target alone (EAGLE_ASSETS_SERVER_URL is unset, "
+    "EAGLE_ASSETS_SPECULATIVE_URL set): give the target's server in EAGLE_ASSETS_SERVER_URL, or unset both so that the "
+    "pipeline launches vLLM itself."
 )
 
 

@@ -126,3 +126,43 @@ def test_measurements_resume_only_the_same_unfinished_benchmark(tmp_path):
     finished.finish()
     Measurements.open(tmp_path, other, on_other="refuse", log=lines.append)
     assert lines[-1].endswith("(of a finished benchmark): measuring afresh") and not (folder / "sweep--x--c1.json").exists()
+
+
+def test_a_benchmark_measured_one_server_at_a_time_keeps_the_first_part_and_serves_only_the_rest(servers, tmp_path):
+    """Where one host holds one target server: the first part has the target alone only (the
+    configuration with the drafter has no server and is left, named), the second the drafter's
+    server only (the baseline is read back, not served: no server for it is asked for)."""
+    from contextlib import contextmanager
+
+    from eagle_assets.bench.benchmark import ServerUnavailable, _serve_all
+    from eagle_assets.engines.serving import InferenceServer
+
+    configs = [("baseline", None), ("eagle3", {"method": "eagle3", "num_speculative_tokens": 3})]
+    prompts = [as_messages(p) for p in PROMPTS]
+
+    def serving(given: dict):
+        @contextmanager
+        def serve(spec, replica=0):
+            kind = "eagle3" if spec else "baseline"
+            if kind not in given:
+                raise ServerUnavailable(f"no server of {kind} is given")
+            yield InferenceServer(given[kind].url, "m")
+
+        return serve
+
+    plain = servers()
+    first = Measurements.open(tmp_path, FINGERPRINT, log=lambda m: None)
+    missing: list[str] = []
+    runs = _serve_all(configs, serving({"baseline": plain}), prompts, SETTINGS, 0, lambda m: None, first, "sweep", missing=missing)
+    assert missing == ["eagle3"] and [r.label for r in runs] == ["baseline"]
+    asked = len(plain.chats)
+
+    drafter = servers()
+    second = Measurements.open(tmp_path, FINGERPRINT, log=lambda m: None)
+    missing = []
+    runs = _serve_all(configs, serving({"eagle3": drafter}), prompts, SETTINGS, 0, lambda m: None, second, "sweep", missing=missing)
+    assert missing == [] and [r.label for r in runs] == ["baseline", "eagle3"]
+    assert len(plain.chats) == asked and len(drafter.chats) == 1 + 2 * len(PROMPTS)  # its warm-up and both levels
+    assert runs[0].levels == tuple(level for level, _ in (first.level("sweep", "baseline", c) for c in (1, 2)))
+    with pytest.raises(ServerUnavailable):  # without `missing`, a configuration with no server stands as the error
+        _serve_all(configs, serving({}), prompts, SETTINGS, 0, lambda m: None, Measurements.open(tmp_path / "x", FINGERPRINT), "sweep")

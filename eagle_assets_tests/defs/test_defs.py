@@ -24,6 +24,7 @@ EXPECTED_CHECKS = {
     "synthetic_corpus": {"error_rate", "reasoning_captured", "unique_ids", "token_round_trip"},
     "vocab_mapping": {"consistent"},
     "hidden_state_shards": {"matches_corpus"},
+    "benchmark_reference": set(),
     "drafter_checkpoint": {"serves_in_vllm", "samples_under_speculation", "sglang_names", "not_worse_than_parent"},
     "benchmark_report": {"speedup", "parity", "parent_al", "greedy_output"},
 }
@@ -32,8 +33,9 @@ EXPECTED_DEPS = {
     "synthetic_corpus": {"prompts"},
     "vocab_mapping": {"synthetic_corpus"},
     "hidden_state_shards": {"synthetic_corpus"},
+    "benchmark_reference": {"hidden_state_shards"},  # after it in a run: its extraction server, still warm
     "drafter_checkpoint": {"vocab_mapping", "hidden_state_shards", "synthetic_corpus"},  # the corpus: read when it trains online
-    "benchmark_report": {"drafter_checkpoint"},
+    "benchmark_report": {"drafter_checkpoint", "benchmark_reference"},
 }
 
 
@@ -119,7 +121,7 @@ def test_checks_carry_descriptions_and_blocking_where_a_bad_output_must_stop_the
 
 def _configs() -> dict:
     """Each asset's own Config class (without a code location's defaults)."""
-    from eagle_assets.defs.benchmark import BenchmarkConfig
+    from eagle_assets.defs.benchmark import BenchmarkConfig, BenchmarkReferenceConfig
     from eagle_assets.defs.corpus import CorpusConfig, PromptsConfig
     from eagle_assets.defs.drafter import DrafterAssetConfig
     from eagle_assets.defs.hidden_states import HiddenStatesConfig, VocabConfig
@@ -129,6 +131,7 @@ def _configs() -> dict:
         "synthetic_corpus": CorpusConfig,
         "vocab_mapping": VocabConfig,
         "hidden_state_shards": HiddenStatesConfig,
+        "benchmark_reference": BenchmarkReferenceConfig,
         "drafter_checkpoint": DrafterAssetConfig,
         "benchmark_report": BenchmarkConfig,
     }
@@ -138,15 +141,17 @@ def _configs() -> dict:
 @pytest.mark.slow
 def test_real_graph_materialisations_carry_versions(materialized_graph):
     from eagle_assets.defs.code_versions import code_version
-    from eagle_assets.defs.settings import LocationSettings, with_defaults
+    from eagle_assets.defs.settings import LocationSettings, reference_settings, with_defaults
 
     instance, _, _ = materialized_graph
+    settings = LocationSettings("smollm2-tiny")
     for name, config in _configs().items():
         record = instance.get_latest_data_version_record(dg.AssetKey(name), False)
         assert record is not None, name
         tags = record.asset_materialization.tags
         # The version of the session's settings: the smollm2-tiny preset's.
-        assert tags["dagster/code_version"] == code_version(name, with_defaults(config, name, LocationSettings("smollm2-tiny"))), name
+        values = reference_settings(settings) if name == "benchmark_reference" else None
+        assert tags["dagster/code_version"] == code_version(name, with_defaults(config, name, settings, values)), name
         assert tags["dagster/data_version_is_user_provided"] == "true", name  # our content hash, not Dagster's run id
         assert re.fullmatch(r"[0-9a-f]{16,64}", tags["dagster/data_version"]), (name, tags)
 
@@ -159,10 +164,12 @@ def test_a_part_whose_upstream_was_never_materialised_is_refused_before_any_run(
     from eagle_assets.defs.runner import missing_upstream, selected_assets
 
     assert selected_assets(["benchmark", "corpus"]) == ["prompts", "synthetic_corpus", "vocab_mapping", "benchmark_report"]
+    assert selected_assets(["hidden_states"]) == ["hidden_state_shards", "benchmark_reference"]
     with dg.DagsterInstance.ephemeral() as empty:
         assert missing_upstream(empty, selected_assets(None)) == []  # the whole graph reads nothing outside it
         assert missing_upstream(empty, selected_assets(["drafter"])) == ["synthetic_corpus", "vocab_mapping", "hidden_state_shards"]
         assert missing_upstream(empty, selected_assets(["hidden_states", "drafter"])) == ["synthetic_corpus", "vocab_mapping"]
+        assert missing_upstream(empty, selected_assets(["benchmark"])) == ["benchmark_reference", "drafter_checkpoint"]
     result = CliRunner().invoke(app, ["run", "--part", "hidden_states"], env={"DAGSTER_HOME": str(tmp_path)})
     assert result.exit_code == 1
     assert "--part hidden_states reads synthetic_corpus, which this instance" in result.output and "run --part corpus first" in result.output
@@ -195,8 +202,8 @@ def test_run_preset_notes_name_presets_that_exist():
 @pytest.mark.parametrize("preset", sorted(RUN_PRESETS))
 def test_every_run_preset_fits_its_assets_configs(defs, preset):
     from eagle_assets.defs.benchmark import BenchmarkConfig
-    from eagle_assets.defs.settings import LocationSettings, with_defaults
-    from eagle_assets.run_presets import RUN_PRESETS
+    from eagle_assets.defs.settings import LocationSettings, reference_settings, with_defaults
+    from eagle_assets.run_presets import REFERENCE_FROM, RUN_PRESETS
 
     configs = _configs()
     for asset, values in RUN_PRESETS[preset].items():
@@ -205,6 +212,11 @@ def test_every_run_preset_fits_its_assets_configs(defs, preset):
     # The benchmark's settings refuse what cannot run, e.g. fewer prompts than a concurrency level
     # keeps in flight: caught here, not at the end of a `make run`.
     with_defaults(BenchmarkConfig, "benchmark_report", LocationSettings(preset))().settings(k=3)
+    # The reference takes the benchmark's, the hidden states' and the drafter's settings it shares.
+    reference = with_defaults(configs["benchmark_reference"], "benchmark_reference", values=reference_settings(LocationSettings(preset)))()
+    for asset, keys in REFERENCE_FROM.items():
+        for key in set(keys) & set(RUN_PRESETS[preset].get(asset, {})):
+            assert getattr(reference, key) == RUN_PRESETS[preset][asset][key], (asset, key)
 
 
 def test_benchmark_config_reads_a_k_schedule_and_refuses_a_bad_one():
@@ -237,3 +249,11 @@ def test_a_storage_root_that_is_a_url_works_in_a_local_mirror_not_a_folder_named
     local = StorageResource(root=str(tmp_path / "d"))  # a folder: its own paths, and nothing to sync
     assert local.corpus("t") == tmp_path / "d" / "t" / "corpus"
     assert local.fetch(local.corpus("t")) == [] and local.publish(local.corpus("t")) == []
+
+
+def test_the_reference_step_goes_before_the_drafters_in_one_run(defs):
+    """Both are ready once the shards are built; Dagster's executors take the higher
+    `dagster/priority` first, so the reference finds the shards' extraction server still warm
+    (the drafter's step stops warm servers before it trains)."""
+    priority = {name: int(defs.get_assets_def(name).op.tags.get("dagster/priority", 0)) for name in ("benchmark_reference", "drafter_checkpoint")}
+    assert priority["benchmark_reference"] > priority["drafter_checkpoint"], priority

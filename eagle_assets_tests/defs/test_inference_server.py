@@ -161,7 +161,7 @@ def test_servers_already_warm_count_as_up_and_idle_others_as_memory_to_free(tmp_
     available["bytes"] += one
     assert resource.why_not_at_once([None, None, eagle, ngram]) is None
     assert "accelerator" in InferenceServerResource(device="cuda").why_not_at_once(specs)
-    assert "url is set" in InferenceServerResource(url="http://elsewhere:8000").why_not_at_once([None])
+    assert "existing servers of the user's" in InferenceServerResource(url="http://elsewhere:8000").why_not_at_once([None])
 
 
 def test_a_cpu_server_runs_eagerly_unless_asked_to_compile_and_the_report_says_which(tmp_path, monkeypatch):
@@ -186,3 +186,25 @@ def test_a_cpu_server_runs_eagerly_unless_asked_to_compile_and_the_report_says_w
     monkeypatch.setenv("EAGLE_ASSETS_SERVE_COMPILED", "maybe")
     with pytest.raises(ValueError, match="EAGLE_ASSETS_SERVE_COMPILED='maybe' is neither on nor off: set it to 1"):
         default_resources()
+
+
+def test_the_drafter_keeps_only_the_warm_extraction_server_it_streams_from():
+    """Before training, every warm server stops (their memory is the trainer's), except the
+    extraction server of the layers an online training streams from: `benchmark_reference`
+    left it warm, and stopping it would load the target again."""
+    from contextlib import ExitStack
+    from types import SimpleNamespace
+
+    from eagle_assets.engines.vllm_launch import extraction_config
+    from eagle_assets.resources.inference_server import WarmServer, server_key
+
+    resource = InferenceServerResource()
+    stopped = []
+    for name, spec in [("plain", None), ("extraction", extraction_config([2, 4, 5, 8]))]:
+        stack = ExitStack()
+        stack.callback(stopped.append, name)
+        resource._warm[server_key(None, 0, spec)] = WarmServer(SimpleNamespace(base_url=f"http://{name}"), stack, spec)
+    resource.stop_warm(keep_extraction=[2, 4, 5, 8])
+    assert stopped == ["plain"] and list(resource._warm) == [server_key(None, 0, extraction_config([2, 4, 5, 8]))]
+    resource.stop_warm(keep_extraction=[2, 4, 8])  # other layers: another server, this one goes
+    assert stopped == ["plain", "extraction"] and not resource._warm

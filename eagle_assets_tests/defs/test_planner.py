@@ -9,9 +9,11 @@ from typer.testing import CliRunner
 
 from eagle_assets.cli import app
 from eagle_assets.hidden_states.budget import plan
-from eagle_assets.planner import KIMI_DRAFTER_TRAIN_TOK_S_PER_GPU, KIMI_FORWARD_TOK_S_PER_GPU, Throughputs, estimate
+from eagle_assets.planner import KIMI_DRAFTER_TRAIN_TOK_S_PER_GPU, KIMI_FORWARD_TOK_S_PER_GPU, TARGET_LOADS, Throughputs, estimate
 
-SEEDS = dict(samples=10_000, tokens_per_sample=1_450)
+SEEDS = dict(samples=10_000, tokens_per_sample=1_450, num_aux=3)
+"""The seeds' run: their states at three layers (the planner's default for Kimi keeps both
+readings of the parent's layers: `test_the_parents_both_readings_and_the_loads_are_planned`)."""
 
 
 def test_seeds_run_lands_on_their_828_gb_and_the_measured_rates():
@@ -26,6 +28,24 @@ def test_seeds_run_lands_on_their_828_gb_and_the_measured_rates():
     assert e.training_hours == pytest.approx(5 * 0.9 * 14_500_000 / (KIMI_DRAFTER_TRAIN_TOK_S_PER_GPU * 8) / 3600, rel=1e-9)
     assert [n.split(":")[0] for n in e.notes] == ["generation", "extraction (engine)", "training"]
     assert "not measured here" in e.notes[0]
+
+
+def test_the_parents_both_readings_and_the_loads_are_planned():
+    """The kimi-k2.5 run warm-starts from a parent whose ids carry no numbering: its states are kept
+    at both readings' layers (6 aux) until training measures which one it was trained at. Its run
+    loads the target three times, one server at a time, at the seeds' host's 22 minutes each; the
+    run the page described before needed four loads, two of them at once."""
+    e = estimate("kimi-k2.5", samples=10_000, tokens_per_sample=1_450)
+    assert e.sizes.num_aux == 6 and e.sizes.bytes_per_token == 100_357
+    assert "AQ-MedAI/Kimi-K25-eagle3" in e.notes[-1] and "both readings" in e.notes[-1]
+    assert e.target_loads == len(TARGET_LOADS) == 3 and e.load_minutes == 22.0
+    assert e.load_hours == pytest.approx(3 * 22 / 60)
+    assert e.total_hours == pytest.approx(e.generation_hours + e.extraction_hours + e.training_hours + e.load_hours)
+    assert any(line.startswith("loads:        1.10 h for 3 target loads of 22 min, one server at a time") for line in e.lines())
+    other = estimate("smollm2-135m-instruct", samples=48, tokens_per_sample=300)
+    assert other.load_minutes is None and other.load_hours == 0 and other.sizes.num_aux == 3
+    assert any("pass --load-minutes" in line for line in other.lines())
+    assert estimate("kimi-k2.5", **SEEDS, load_minutes=10).load_hours == pytest.approx(0.5)
 
 
 def test_hf_extraction_has_one_gpu_busy_and_says_the_weights_do_not_fit():
@@ -80,9 +100,10 @@ def test_bad_input_is_named(kwargs, message):
 
 def test_cli_prints_sizes_and_hours_and_takes_measured_rates():
     runner = CliRunner()
-    out = runner.invoke(app, ["plan", "--preset", "kimi-k2.5", "--samples", "10000", "--tokens-per-sample", "1450"])
+    out = runner.invoke(app, ["plan", "--preset", "kimi-k2.5", "--samples", "10000", "--tokens-per-sample", "1450", "--num-aux", "3"])
     assert out.exit_code == 0, out.output
     assert "831.6 GB" in out.output and "5.30 h" in out.output and "(engine)" in out.output
+    assert "3 target loads of 22 min" in out.output and "total:        6.75 h" in out.output
     assert "note: generation: the reference run's 760 corpus tok/s" in out.output
 
     out = runner.invoke(app, ["plan", "--preset", "kimi-k2.5", "--samples", "40000", "--tokens-per-sample", "1450",
@@ -92,7 +113,7 @@ def test_cli_prints_sizes_and_hours_and_takes_measured_rates():
     assert body["generation_hours"] == pytest.approx(5.3)
 
     out = runner.invoke(app, ["plan", "--preset", "kimi-k2.5", "--samples", "10000", "--tokens-per-sample", "1450",
-                              "--extraction-tok-s", "6330", "--json"])  # fmt: skip
+                              "--extraction-tok-s", "6330", "--num-aux", "3", "--json"])  # fmt: skip
     body = json.loads(out.output)
     assert body["extraction_hours"] == pytest.approx(14_500_000 / 6_330 / 3600)
     assert body["sizes"]["hidden_state_bytes"] == plan("kimi-k2.5", **SEEDS).hidden_state_bytes

@@ -36,11 +36,13 @@ def test_the_engine_sees_our_plugin_and_nothing_else_of_the_pipeline(tmp_path):
     env = engine_environment(tmp_path, base={"PYTHONPATH": "/somewhere/the/pipeline/lives"})
     assert env["PYTHONPATH"] == str(ENGINE_SITE)
     assert sorted(p.name for p in ENGINE_SITE.iterdir() if p.name != "__pycache__") == [
-        "eagle_assets_hidden_states.py", "eagle_assets_vllm_fixes-1.0.dist-info", "eagle_assets_vllm_fixes.py", "sitecustomize.py",
+        "eagle_assets_hidden_states.py", "eagle_assets_tokenizer_compat.py", "eagle_assets_vllm_fixes-1.0.dist-info", "eagle_assets_vllm_fixes.py",
+        "sitecustomize.py",
     ]  # fmt: skip
     (dist,) = importlib.metadata.distributions(path=[str(ENGINE_SITE)])
-    (entry,) = dist.entry_points
-    assert (entry.group, entry.value) == ("vllm.general_plugins", "eagle_assets_vllm_fixes:register")
+    assert sorted((e.group, e.value) for e in dist.entry_points) == [
+        ("vllm.general_plugins", "eagle_assets_tokenizer_compat:register"), ("vllm.general_plugins", "eagle_assets_vllm_fixes:register"),
+    ]  # fmt: skip
 
 
 def test_the_engine_inherits_an_allow_list_of_the_environment_and_no_secret(tmp_path):
