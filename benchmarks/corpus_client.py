@@ -56,9 +56,14 @@ def run_ours(server: ClientSettings, tokenizer, target: str, texts: list[str], m
     try:
         with CorpusStore(folder, shard_size=256) as store:
             stats = generate_corpus(
-                [Prompt.make([t]) for t in texts], store, server, tokenizer, target=target,
-                sampling=SamplingParams(max_tokens=max_tokens, ignore_eos=True), show_progress_bar=False,
-            )  # fmt: skip
+                [Prompt.make([t]) for t in texts],
+                store,
+                server,
+                tokenizer,
+                target=target,
+                sampling=SamplingParams(max_tokens=max_tokens, ignore_eos=True),
+                show_progress_bar=False,
+            )
     finally:
         shutil.rmtree(folder, ignore_errors=True)
     if stats.failed:
@@ -79,14 +84,40 @@ def vllm_bench_command(
     engine_python: Path, base_url: str, model: str, tokenizer: str, dataset: Path, n: int, concurrency: int, max_tokens: int, result_dir: Path
 ) -> list[str]:
     return [
-        str(engine_python), "-c", VLLM_BENCH_SERVE,
-        "--backend", "openai-chat", "--base-url", base_url, "--endpoint", "/v1/chat/completions",
-        "--model", model, "--tokenizer", tokenizer,
-        "--dataset-name", "sharegpt", "--dataset-path", str(dataset),
-        "--sharegpt-output-len", str(max_tokens), "--num-prompts", str(n), "--disable-shuffle",
-        "--max-concurrency", str(concurrency), "--ignore-eos", "--temperature", "0",
-        "--disable-tqdm", "--save-result", "--result-dir", str(result_dir), "--result-filename", "result.json",
-    ]  # fmt: skip
+        str(engine_python),
+        "-c",
+        VLLM_BENCH_SERVE,
+        "--backend",
+        "openai-chat",
+        "--base-url",
+        base_url,
+        "--endpoint",
+        "/v1/chat/completions",
+        "--model",
+        model,
+        "--tokenizer",
+        tokenizer,
+        "--dataset-name",
+        "sharegpt",
+        "--dataset-path",
+        str(dataset),
+        "--sharegpt-output-len",
+        str(max_tokens),
+        "--num-prompts",
+        str(n),
+        "--disable-shuffle",
+        "--max-concurrency",
+        str(concurrency),
+        "--ignore-eos",
+        "--temperature",
+        "0",
+        "--disable-tqdm",
+        "--save-result",
+        "--result-dir",
+        str(result_dir),
+        "--result-filename",
+        "result.json",
+    ]
 
 
 def run_vllm(cmd: list[str], env: dict, result_dir: Path) -> dict:
@@ -150,12 +181,14 @@ def main(argv: list[str] | None = None) -> int:
             # ShareGPT layout: the first turn is the prompt, sent as the user message as it is
             # (the `custom` dataset would need pandas, which the engine environment lacks).
             dataset = Path(tmp) / f"prompts-{run}.json"
-            rows = [{"conversations": [{"from": "human", "value": t}, {"from": "gpt", "value": "-"}]}
-                    for t in make_prompts(args.num_prompts, run + 1000)]  # fmt: skip
+            rows = [
+                {"conversations": [{"from": "human", "value": t}, {"from": "gpt", "value": "-"}]} for t in make_prompts(args.num_prompts, run + 1000)
+            ]
             dataset.write_text(json.dumps(rows))
             result_dir = Path(tmp) / f"vllm-{run}"
-            cmd = vllm_bench_command(engine_python, base_url, model, tokenizer_dir, dataset, args.num_prompts,
-                                     args.concurrency, args.max_tokens, result_dir)  # fmt: skip
+            cmd = vllm_bench_command(
+                engine_python, base_url, model, tokenizer_dir, dataset, args.num_prompts, args.concurrency, args.max_tokens, result_dir
+            )
             commands.append(cmd)
             results["vllm"].append(run_vllm(cmd, env, result_dir))
             print(f"run {run}: ours {results['ours'][-1]['tok_s']:.1f} tok/s, vllm {results['vllm'][-1]['tok_s']:.1f} tok/s", file=sys.stderr)

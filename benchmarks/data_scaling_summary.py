@@ -39,8 +39,10 @@ def main(root: Path, out: Path) -> dict:
     for name, share in {**SCALING, **OTHERS}.items():
         train, offline = figures[name]["train"], figures[name]["offline"]
         p_k = " / ".join(f"{p:.2f}" for p in offline["per_position_acceptance"])
-        print(f"{name:9s} share {share:5.3f}  samples {train.get('train_samples')}  steps {train.get('steps')}  "
-              f"MT-Bench AL {offline['al']:.3f} ({p_k})  validation AL {train.get('val_al', float('nan')):.3f}")  # fmt: skip
+        print(
+            f"{name:9s} share {share:5.3f}  samples {train.get('train_samples')}  steps {train.get('steps')}  "
+            f"MT-Bench AL {offline['al']:.3f} ({p_k})  validation AL {train.get('val_al', float('nan')):.3f}"
+        )
     a, b = fit_log2([(share, figures[name]["offline"]["al"]) for name, share in SCALING.items()])
     spread = abs(figures["f1"]["offline"]["al"] - figures["f1-seed1"]["offline"]["al"])
     needs = {al: doublings_for(al, a, b) for al in TARGETS}

@@ -36,8 +36,11 @@ def measure(drafter: Path, ks: list[int], prompts, sweep: SweepSettings) -> dict
             run = served_on_cpu(label, spec, prompts, sweep, compiled=compiled)
             runs.setdefault(mode, {})[label] = run
             level = run.level(sweep.concurrencies[0])
-            print(f"  {mode}, {label}: {level.tokens_per_s:.1f} tok/s at concurrency {level.concurrency} "
-                  f"({time.perf_counter() - start:.0f} s with the server's start)", flush=True)  # fmt: skip
+            print(
+                f"  {mode}, {label}: {level.tokens_per_s:.1f} tok/s at concurrency {level.concurrency} "
+                f"({time.perf_counter() - start:.0f} s with the server's start)",
+                flush=True,
+            )
     return runs
 
 

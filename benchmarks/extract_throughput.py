@@ -106,23 +106,53 @@ class MoeShape:
 
 
 KIMI_SHAPE = MoeShape()
-KIMI_SMOKE = MoeShape("kimi-k2.5 (smoke)", hidden_size=64, num_heads=2, q_lora_rank=32, kv_lora_rank=512, intermediate_size=128,
-                      moe_intermediate_size=32, experts=8, experts_per_token=2, vocab_size=1000, real_layers=61, moe_layers=2,
-                      tokens=2_000, min_len=20, max_len=200, batch_tokens=1024)  # fmt: skip
+KIMI_SMOKE = MoeShape(
+    "kimi-k2.5 (smoke)",
+    hidden_size=64,
+    num_heads=2,
+    q_lora_rank=32,
+    kv_lora_rank=512,
+    intermediate_size=128,
+    moe_intermediate_size=32,
+    experts=8,
+    experts_per_token=2,
+    vocab_size=1000,
+    real_layers=61,
+    moe_layers=2,
+    tokens=2_000,
+    min_len=20,
+    max_len=200,
+    batch_tokens=1024,
+)
 
 
 def build_moe_model(shape: MoeShape, device: torch.device):
     from transformers import AutoModelForCausalLM, DeepseekV3Config
 
     config = DeepseekV3Config(
-        vocab_size=shape.vocab_size, hidden_size=shape.hidden_size, intermediate_size=shape.intermediate_size,
-        moe_intermediate_size=shape.moe_intermediate_size, num_hidden_layers=1 + shape.moe_layers,
-        num_attention_heads=shape.num_heads, num_key_value_heads=shape.num_heads, n_shared_experts=1,
-        n_routed_experts=shape.experts, routed_scaling_factor=2.827, kv_lora_rank=shape.kv_lora_rank,
-        q_lora_rank=shape.q_lora_rank, qk_rope_head_dim=64, v_head_dim=128, qk_nope_head_dim=128, n_group=1, topk_group=1,
-        num_experts_per_tok=shape.experts_per_token, first_k_dense_replace=1, max_position_embeddings=max(4096, shape.max_len),
-        num_mtp_layers=0, initializer_range=0.02,
-    )  # fmt: skip
+        vocab_size=shape.vocab_size,
+        hidden_size=shape.hidden_size,
+        intermediate_size=shape.intermediate_size,
+        moe_intermediate_size=shape.moe_intermediate_size,
+        num_hidden_layers=1 + shape.moe_layers,
+        num_attention_heads=shape.num_heads,
+        num_key_value_heads=shape.num_heads,
+        n_shared_experts=1,
+        n_routed_experts=shape.experts,
+        routed_scaling_factor=2.827,
+        kv_lora_rank=shape.kv_lora_rank,
+        q_lora_rank=shape.q_lora_rank,
+        qk_rope_head_dim=64,
+        v_head_dim=128,
+        qk_nope_head_dim=128,
+        n_group=1,
+        topk_group=1,
+        num_experts_per_tok=shape.experts_per_token,
+        first_k_dense_replace=1,
+        max_position_embeddings=max(4096, shape.max_len),
+        num_mtp_layers=0,
+        initializer_range=0.02,
+    )
     torch.manual_seed(0)
     with device:  # random weights made on the device, in bf16 directly
         model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
@@ -177,8 +207,11 @@ def layer_times(model, corpus: Path, settings: ExtractSettings, device: torch.de
         return time.perf_counter() - start
 
     one_pass()  # kernel selection for every padded length
-    handles = [h for j, layer in enumerate(parts.layers)
-               for h in (layer.register_forward_pre_hook(pre(j), with_kwargs=True), layer.register_forward_hook(post(j)))]  # fmt: skip
+    handles = [
+        h
+        for j, layer in enumerate(parts.layers)
+        for h in (layer.register_forward_pre_hook(pre(j), with_kwargs=True), layer.register_forward_hook(post(j)))
+    ]
     try:
         whole = one_pass()
     finally:
@@ -206,8 +239,9 @@ def measure_moe(shape: MoeShape, device: torch.device, scratch: Path, num_shards
     t0 = time.perf_counter()
     model = build_moe_model(shape, device)
     corpus, out = scratch / "moe-corpus", scratch / "moe-shards"
-    tokens = write_corpus(corpus, Shape(shape.name, shape.hidden_size, 0, 0, 0, 0, shape.vocab_size, shape.tokens,
-                                        shape.min_len, shape.max_len, shape.batch_tokens))  # fmt: skip
+    tokens = write_corpus(
+        corpus, Shape(shape.name, shape.hidden_size, 0, 0, 0, 0, shape.vocab_size, shape.tokens, shape.min_len, shape.max_len, shape.batch_tokens)
+    )
     print(f"[{shape.name}] {1 + shape.moe_layers} layers + corpus ({tokens:,} tokens) ready in {time.perf_counter() - t0:.1f} s", flush=True)
     L = 1 + shape.moe_layers
     settings = ExtractSettings(aux_layer_ids=(1, L - 1, L), num_shards=num_shards, batch_tokens=shape.batch_tokens, progress=False)
@@ -219,8 +253,10 @@ def measure_moe(shape: MoeShape, device: torch.device, scratch: Path, num_shards
         rest = max(whole - sum(per_layer), 0.0)
         full = rest + dense + (shape.real_layers - 1) * moe
         rows.append(MoeRow(shape.name, impl, L, n / whole, 1e3 * dense / n * 1e3, 1e3 * moe / n * 1e3, 1e3 * rest / n * 1e3, n / full))
-        print(f"[{shape.name}] experts {impl}: {L} layers {n / whole:,.0f} tok/s; extrapolated to {shape.real_layers} layers "
-              f"{n / full:,.0f} tok/s", flush=True)  # fmt: skip
+        print(
+            f"[{shape.name}] experts {impl}: {L} layers {n / whole:,.0f} tok/s; extrapolated to {shape.real_layers} layers {n / full:,.0f} tok/s",
+            flush=True,
+        )
     model.set_experts_implementation("grouped_mm")
     forward = bare_forward(model, corpus, settings, device)
     extract_all(model, str(corpus), out, settings, target_fingerprint="synthetic", shards=[0])  # warm-up

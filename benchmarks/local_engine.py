@@ -86,9 +86,17 @@ class LocalGenerationClient:
     """`InferenceClient`'s `chat`/`complete`/`check_server` over a local model; an async context manager."""
 
     def __init__(
-        self, model, tokenizer, *, max_batch: int = 256, gather_s: float = 0.05, seed: int = 0,
-        engine: str = "auto", max_len: int | None = None, cuda_graphs: bool | None = None,
-    ):  # fmt: skip
+        self,
+        model,
+        tokenizer,
+        *,
+        max_batch: int = 256,
+        gather_s: float = 0.05,
+        seed: int = 0,
+        engine: str = "auto",
+        max_len: int | None = None,
+        cuda_graphs: bool | None = None,
+    ):
         """`max_batch`: requests decoded together (the slots). `max_len`: longest prompt plus
         answer in tokens for the `slots` engine, which preallocates its KV cache for
         max_batch x max_len tokens (default: the model's positions, at most 2,048).
@@ -124,8 +132,9 @@ class LocalGenerationClient:
     async def __aenter__(self) -> "LocalGenerationClient":
         torch.manual_seed(self.generator_seed)
         if self.engine == "slots":
-            decoder = SlotDecoder(self.model, slots=self.settings.concurrency, max_len=self.max_positions, seed=self.generator_seed,
-                                  cuda_graphs=self.cuda_graphs)  # fmt: skip
+            decoder = SlotDecoder(
+                self.model, slots=self.settings.concurrency, max_len=self.max_positions, seed=self.generator_seed, cuda_graphs=self.cuda_graphs
+            )
             self._stop.clear()
             self._thread = threading.Thread(target=self._run_slots, args=(decoder,), name="slot-decoder", daemon=True)
             self._thread.start()
@@ -203,9 +212,11 @@ class LocalGenerationClient:
                         admitted.append((free.pop(), pending.popleft()))
                     for chunk in _token_chunks(admitted, budget=32768):
                         firsts = decoder.prefill(
-                            [s for s, _ in chunk], [r.ids for _, r in chunk],
-                            [r.temperature for _, r in chunk], [r.top_p for _, r in chunk],
-                        )  # fmt: skip
+                            [s for s, _ in chunk],
+                            [r.ids for _, r in chunk],
+                            [r.temperature for _, r in chunk],
+                            [r.top_p for _, r in chunk],
+                        )
                         self.batches += 1
                         for (slot, r), token in zip(chunk, firsts):
                             r.started = time.perf_counter()

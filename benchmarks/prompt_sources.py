@@ -38,9 +38,16 @@ from eagle_assets.corpus.prompt_record import Prompt  # noqa: E402
 from eagle_assets.corpus.prompts import TASK_OPENINGS, load_prompt_file
 
 # TASK_OPENINGS, grouped in the order its comment names the families (first opening of each).
-_FAMILY_STARTS = {"writing": "Write a short story about", "role-play": "Imagine you are", "reasoning": "Solve this riddle:",
-                  "maths": "Calculate", "coding": "Write a Python function that", "extraction": "Summarize the following text:",
-                  "science": "Explain how", "humanities": "Discuss the impact of"}  # fmt: skip
+_FAMILY_STARTS = {
+    "writing": "Write a short story about",
+    "role-play": "Imagine you are",
+    "reasoning": "Solve this riddle:",
+    "maths": "Calculate",
+    "coding": "Write a Python function that",
+    "extraction": "Summarize the following text:",
+    "science": "Explain how",
+    "humanities": "Discuss the impact of",
+}
 
 
 def opening_families() -> dict[str, tuple[str, ...]]:
@@ -121,15 +128,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         magpie = load_prompt_file(a.magpie)
         columns[f"Magpie ({Path(a.magpie).name})"] = describe(magpie, tokenizer)
     else:
-        print("no Magpie prompts file given (--magpie): Magpie's prompts need the target served (a vLLM server or a GPU); "
-              "printing ShareGPT's side only\n")  # fmt: skip
+        print(
+            "no Magpie prompts file given (--magpie): Magpie's prompts need the target served (a vLLM server or a GPU); "
+            "printing ShareGPT's side only\n"
+        )
     fit = ContextFit(tokenizer, a.context, a.answer_tokens) if a.context else None
     sample, stats = sharegpt_prompts(a.sharegpt, a.seed, fit=fit)
     fitted = f", fitted to {a.context:,} tokens" if fit else ""
     columns[f"ShareGPT (sample of {a.sharegpt:,}, seed {a.seed}{fitted})"] = describe(sample, tokenizer)
     print(table(columns))
-    print(f"\nShareGPT file: {stats.records:,} complete records, {stats.prompts:,} conversations that open with a human turn; "
-          f"dropped: {', '.join(f'{k} {v:,}' for k, v in sorted(stats.dropped.items()))}")  # fmt: skip
+    print(
+        f"\nShareGPT file: {stats.records:,} complete records, {stats.prompts:,} conversations that open with a human turn; "
+        f"dropped: {', '.join(f'{k} {v:,}' for k, v in sorted(stats.dropped.items()))}"
+    )
     return 0
 
 

@@ -107,7 +107,7 @@ ASSET_DEFAULTS: dict[str, dict] = {
             "checkpoint_every",
             "seed",
         )
-    },  # fmt: skip
+    },
     "benchmark_report": {"num_prompts": 8, "output_len": 64, "k": None},
 }
 NUM_SHARDS = 4  # the asset graph's default partitions
@@ -162,10 +162,18 @@ async def _corpus(a, data: Path, deadline: float, budget_end: float) -> dict:
         start, tokens0 = time.perf_counter(), client.generated_tokens
         try:
             stats = await asyncio.wait_for(
-                generate_corpus_async(items, client, store, template, target=target_fingerprint(path), sampling=sampling,
-                                      progress=lambda s: log(s.summary()), progress_every=500),
+                generate_corpus_async(
+                    items,
+                    client,
+                    store,
+                    template,
+                    target=target_fingerprint(path),
+                    sampling=sampling,
+                    progress=lambda s: log(s.summary()),
+                    progress_every=500,
+                ),
                 timeout=max(1.0, min(deadline, budget_end) - time.time()),
-            )  # fmt: skip
+            )
             figures["corpus"] = stats.as_metadata()
         except asyncio.TimeoutError:
             store.flush()
@@ -177,9 +185,11 @@ async def _corpus(a, data: Path, deadline: float, budget_end: float) -> dict:
             store.close()
         seconds = time.perf_counter() - start
         figures["generation"] = {
-            "generated_tokens": client.generated_tokens - tokens0, "seconds": seconds, "batches": client.batches,
+            "generated_tokens": client.generated_tokens - tokens0,
+            "seconds": seconds,
+            "batches": client.batches,
             "tokens_per_s": (client.generated_tokens - tokens0) / max(seconds, 1e-9),
-        }  # fmt: skip
+        }
     figures["rows"] = CorpusStore(str(data / "corpus"), mode="r").num_rows
     figures["done"] = not figures["corpus"].get("stopped_at_deadline", False)
     return figures
@@ -212,11 +222,14 @@ async def _prompts(a, p: dict, client, template, tokenizer, figures: dict) -> li
             figures["sharegpt"] = {**stats.as_metadata(""), **fit.as_metadata("fit_"), "seconds": time.perf_counter() - start}
         else:
             settings = MagpieSettings(
-                num_prompts=n, seed=p["seed"], temperature=p["temperature"],
-                max_tokens=p["max_prompt_tokens"], multi_turn_fraction=p["multi_turn_fraction"],
+                num_prompts=n,
+                seed=p["seed"],
+                temperature=p["temperature"],
+                max_tokens=p["max_prompt_tokens"],
+                multi_turn_fraction=p["multi_turn_fraction"],
                 user_openings=tuple(o for o in p["user_openings"] if not (a.no_topics and "{topic}" in o)),
                 user_topics=() if a.no_topics else tuple(p["user_topics"]),
-            )  # fmt: skip
+            )
             parts[source], stats = await synthesize_prompts_async(client, template, settings, progress=log)
             figures["magpie"] = {**stats.as_dict(), "seconds": time.perf_counter() - start}
         log(f"prompts: {len(parts[source])} from {source} (asked {n})")
@@ -253,9 +266,14 @@ def stage_shards(a, data: Path) -> dict:
         model, str(data / "corpus"), data / "hidden_states", settings, tokenizer=tokenizer, target_fingerprint=target_fingerprint(path)
     )
     tokens = sum(sum(r.manifest.token_counts) for r in results)
-    return {"tokens": tokens, "samples": sum(len(r.manifest.sample_ids) for r in results), "aux_layer_ids": list(aux),
-            "draft_vocab_coverage": coverage, "coverage_by_draft_vocab_size": coverage_by_size,
-            "seconds": time.perf_counter() - start}  # fmt: skip
+    return {
+        "tokens": tokens,
+        "samples": sum(len(r.manifest.sample_ids) for r in results),
+        "aux_layer_ids": list(aux),
+        "draft_vocab_coverage": coverage,
+        "coverage_by_draft_vocab_size": coverage_by_size,
+        "seconds": time.perf_counter() - start,
+    }
 
 
 def stage_train(a, data: Path) -> dict:
@@ -285,21 +303,36 @@ def stage_train(a, data: Path) -> dict:
         from eagle_assets.drafter.config import DrafterConfig
 
         target_config = json.loads((pull() / "config.json").read_text())
-        drafter = dataclasses.asdict(DrafterConfig.from_target_config(
-            target_config, aux_layer_ids=aux, draft_vocab_size=n, intermediate_size=intermediate,
-            num_hidden_layers=a.num_layers))  # fmt: skip
+        drafter = dataclasses.asdict(
+            DrafterConfig.from_target_config(
+                target_config, aux_layer_ids=aux, draft_vocab_size=n, intermediate_size=intermediate, num_hidden_layers=a.num_layers
+            )
+        )
     cfg = TrainConfig(
-        shard_dirs=training_shards(corpora, a.shard_fraction), vocab_mapping=mapping, drafter=drafter,
-        target=str(pull()), out_dir=str(out), ttt_steps=a.ttt_steps or d["ttt_steps"] or preset.ttt_steps,
-        epochs=a.epochs or d["epochs"], max_steps=d["max_steps"], lr=a.lr or d["lr"], warmup_steps=d["warmup_steps"],
-        target_temperature=a.target_temperature, unreached_weight=a.unreached_weight, drafter_intermediate_size=None if drafter else intermediate,  # a drafter dict holds it
-        micro_batch_tokens=d["micro_batch_tokens"], grad_accum=d["grad_accum"], val_fraction=d["val_fraction"],
-        val_interval=d["val_interval"], checkpoint_every=a.checkpoint_every or d["checkpoint_every"], seed=d["seed"] if a.seed is None else a.seed,
+        shard_dirs=training_shards(corpora, a.shard_fraction),
+        vocab_mapping=mapping,
+        drafter=drafter,
+        target=str(pull()),
+        out_dir=str(out),
+        ttt_steps=a.ttt_steps or d["ttt_steps"] or preset.ttt_steps,
+        epochs=a.epochs or d["epochs"],
+        max_steps=d["max_steps"],
+        lr=a.lr or d["lr"],
+        warmup_steps=d["warmup_steps"],
+        target_temperature=a.target_temperature,
+        unreached_weight=a.unreached_weight,
+        drafter_intermediate_size=None if drafter else intermediate,  # a drafter dict holds it
+        micro_batch_tokens=d["micro_batch_tokens"],
+        grad_accum=d["grad_accum"],
+        val_fraction=d["val_fraction"],
+        val_interval=d["val_interval"],
+        checkpoint_every=a.checkpoint_every or d["checkpoint_every"],
+        seed=d["seed"] if a.seed is None else a.seed,
         drafter_num_layers=1 if drafter else a.num_layers,  # a drafter dict holds it
         aux_layer_ids=aux,
         ptd_token_id=a.ptd_token_id,
         export_engines=("vllm",) if vllm_only_reason(a.num_layers, aux, preset.num_layers, a.ptd_token_id is not None) else ("vllm", "sglang"),
-    )  # fmt: skip
+    )
     summary = train(cfg)
     return summary or {}
 
@@ -332,8 +365,20 @@ def stage_offline(a, data: Path, prompt_set: str = "mt_bench") -> dict:
     # process on the same GPU, take every N-th prompt, so the stage takes ~1/N of the time.
     workers = max(1, min(a.offline_workers, settings.num_prompts))
     parts = [data / a.drafter_dir / f"{prompt_set}-part-{i}-of-{workers}.json" for i in range(workers)]
-    args = [sys.executable, __file__, "--data", str(data), "--preset", a.preset, "--device", a.device, "--drafter-dir", a.drafter_dir,
-            "--offline-set", prompt_set]  # fmt: skip
+    args = [
+        sys.executable,
+        __file__,
+        "--data",
+        str(data),
+        "--preset",
+        a.preset,
+        "--device",
+        a.device,
+        "--drafter-dir",
+        a.drafter_dir,
+        "--offline-set",
+        prompt_set,
+    ]
     for flag, value in (("--offline-num-prompts", a.offline_num_prompts), ("--offline-output-len", a.offline_output_len)):
         args += [flag, str(value)] if value else []
     procs = [subprocess.Popen([*args, "--offline-part", f"{i}/{workers}", "--offline-out", str(part)]) for i, part in enumerate(parts)]
@@ -343,10 +388,16 @@ def stage_offline(a, data: Path, prompt_set: str = "mt_bench") -> dict:
     rows = sorted((row for part in parts for row in json.loads(part.read_text())), key=lambda r: r["index"])
     results = [Result(tokens=r["tokens"], accepted_per_step=r["accepted_per_step"], k=settings.k, answer_end=r["answer_end"]) for r in rows]
     slices = offline_slices(results, [r["category"] for r in rows], settings.k)
-    return {**dataclasses.asdict(AcceptanceNumbers.from_results(results, settings.k)), "prompts": len(results),
-            "output_len": settings.output_len, "k": settings.k, "workers": workers, "seconds": time.perf_counter() - start,
-            "slices": {x.source: {"al": x.al, "p_k": x.per_position_acceptance, "drafts": x.num_drafts} for x in slices},
-            "answers_ending_early": answers_ending_early(results)}  # fmt: skip
+    return {
+        **dataclasses.asdict(AcceptanceNumbers.from_results(results, settings.k)),
+        "prompts": len(results),
+        "output_len": settings.output_len,
+        "k": settings.k,
+        "workers": workers,
+        "seconds": time.perf_counter() - start,
+        "slices": {x.source: {"al": x.al, "p_k": x.per_position_acceptance, "drafts": x.num_drafts} for x in slices},
+        "answers_ending_early": answers_ending_early(results),
+    }
 
 
 def offline_settings(a):
@@ -356,8 +407,9 @@ def offline_settings(a):
     b = settings_of(a.preset, "benchmark_report")
     k = b["k"] or get_preset("smollm2-135m-instruct").ttt_steps
     # Offline only: one prompt at a time, so the served sweep's concurrencies do not apply.
-    return BenchmarkSettings(num_prompts=a.offline_num_prompts or b["num_prompts"], output_len=a.offline_output_len or b["output_len"], k=k,
-                             concurrencies=(1,))  # fmt: skip
+    return BenchmarkSettings(
+        num_prompts=a.offline_num_prompts or b["num_prompts"], output_len=a.offline_output_len or b["output_len"], k=k, concurrencies=(1,)
+    )
 
 
 def offline_part(a, data: Path) -> None:
@@ -377,8 +429,10 @@ def offline_part(a, data: Path) -> None:
     results = offline_results(
         pull(), data / a.drafter_dir / "drafter-vllm", [prompts[j] for j in mine], settings, log=lambda m: None, device=a.device
     )
-    rows = [{"index": j, "category": categories[j], "tokens": r.tokens, "accepted_per_step": r.accepted_per_step, "answer_end": r.answer_end}
-            for j, r in zip(mine, results)]  # fmt: skip
+    rows = [
+        {"index": j, "category": categories[j], "tokens": r.tokens, "accepted_per_step": r.accepted_per_step, "answer_end": r.answer_end}
+        for j, r in zip(mine, results)
+    ]
     write_json(Path(a.offline_out), rows)
 
 
@@ -450,12 +504,17 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         help="end the corpus stage (prompts, then answers) after this many seconds; the later stages use what it stored",
     )
-    ap.add_argument("--num-prompts", type=int,
-                    help="prompts to take instead of the preset's: the corpus budget covers prompts first, then "
-                         "answers, so a short budget wants fewer prompts")  # fmt: skip
-    ap.add_argument("--prompt-source", choices=["sharegpt", "magpie", "mix"],
-                    help="where the corpus's prompts come from (default the preset's): ShareGPT's human turns, Magpie prompts "
-                         "the target writes, or a mix of both by --mix")  # fmt: skip
+    ap.add_argument(
+        "--num-prompts",
+        type=int,
+        help="prompts to take instead of the preset's: the corpus budget covers prompts first, then answers, so a short budget wants fewer prompts",
+    )
+    ap.add_argument(
+        "--prompt-source",
+        choices=["sharegpt", "magpie", "mix"],
+        help="where the corpus's prompts come from (default the preset's): ShareGPT's human turns, Magpie prompts "
+        "the target writes, or a mix of both by --mix",
+    )
     ap.add_argument("--mix", type=_shares, help="shares for --prompt-source mix, e.g. sharegpt=0.75,magpie=0.25 (default the preset's)")
     ap.add_argument("--no-topics", action="store_true", help="a corpus variant: the preset's openings without those that name a subject ({topic})")
     ap.add_argument(
@@ -490,24 +549,39 @@ def main(argv: list[str] | None = None) -> int:
         default=1.0,
         help="train a variant: learn softmax(target logits / T) (below 1 sharpens towards the greedy token)",
     )
-    ap.add_argument("--unreached-weight", type=float, default=1.0,
-                    help="train a variant: weigh positions whose earlier draft steps drafted wrong by this (0 = only the "
-                         "chains serving verifies)")  # fmt: skip
-    ap.add_argument("--ptd-token-id", type=int,
-                    help="train a variant for parallel drafting (vLLM's parallel_drafting): draft steps after the first are "
-                         "mask slots reading this token id and a learned state; the offline stage drafts the same way")  # fmt: skip
+    ap.add_argument(
+        "--unreached-weight",
+        type=float,
+        default=1.0,
+        help="train a variant: weigh positions whose earlier draft steps drafted wrong by this (0 = only the chains serving verifies)",
+    )
+    ap.add_argument(
+        "--ptd-token-id",
+        type=int,
+        help="train a variant for parallel drafting (vLLM's parallel_drafting): draft steps after the first are "
+        "mask slots reading this token id and a learned state; the offline stage drafts the same way",
+    )
     ap.add_argument("--ttt-steps", type=int, help="train a variant: this many training-time-test steps instead of the preset's")
     ap.add_argument("--epochs", type=int, help="train a variant: this many epochs instead of the preset's")
-    ap.add_argument("--extract-aux-layer-ids", type=_ids,
-                    help="shards: extract these layers (e.g. 2,15,27,29,30) instead of the target's default aux ids, so "
-                         "variants can train on subsets of them")  # fmt: skip
-    ap.add_argument("--also-train-on", type=_paths, default=[],
-                    help="train a variant on the corpora and shards of these --data folders too (comma-separated), "
-                         "its draft vocabulary counted over all of them")  # fmt: skip
+    ap.add_argument(
+        "--extract-aux-layer-ids",
+        type=_ids,
+        help="shards: extract these layers (e.g. 2,15,27,29,30) instead of the target's default aux ids, so variants can train on subsets of them",
+    )
+    ap.add_argument(
+        "--also-train-on",
+        type=_paths,
+        default=[],
+        help="train a variant on the corpora and shards of these --data folders too (comma-separated), its draft vocabulary counted over all of them",
+    )
     ap.add_argument("--num-shards", type=int, default=NUM_SHARDS, help="shards: this many hidden-state shards (default the asset graph's)")
-    ap.add_argument("--shard-fraction", type=_fraction, default=1.0,
-                    help="train a variant on this fraction of each corpus's shards, e.g. 0.25 (a random quarter of its samples; "
-                         "more shards, --num-shards, give finer fractions)")  # fmt: skip
+    ap.add_argument(
+        "--shard-fraction",
+        type=_fraction,
+        default=1.0,
+        help="train a variant on this fraction of each corpus's shards, e.g. 0.25 (a random quarter of its samples; "
+        "more shards, --num-shards, give finer fractions)",
+    )
     ap.add_argument("--seed", type=int, help="train a variant with this seed (initial weights, batch order) instead of the preset's")
     ap.add_argument("--aux-layer-ids", type=_ids, help="train a variant: read these of the shards' layers (default the target's aux ids)")
     ap.add_argument(

@@ -161,14 +161,30 @@ def train_config(a, data: Path, work: Path, target: Path, aux: tuple[int, ...]):
 
     preset, d = get_preset(EMBEDDED_TARGET), qd.settings_of(a.preset, "drafter_checkpoint")
     return TrainConfig(
-        shard_dirs=(str(data / "hidden_states"),), vocab_mapping=str(data / "vocab_mapping.safetensors"), drafter=None,
-        target=str(target), out_dir=str(work / "ours"), ttt_steps=d["ttt_steps"] or preset.ttt_steps,
-        epochs=a.epochs or d["epochs"], max_steps=d["max_steps"], lr=d["lr"], warmup_steps=d["warmup_steps"],
-        target_temperature=1.0, unreached_weight=1.0, drafter_intermediate_size=d["drafter_intermediate_size"],
-        micro_batch_tokens=d["micro_batch_tokens"], grad_accum=d["grad_accum"], val_fraction=d["val_fraction"],
-        val_interval=d["val_interval"], checkpoint_every=d["checkpoint_every"], seed=d["seed"], drafter_num_layers=1,
-        aux_layer_ids=aux, ptd_token_id=None, export_engines=("vllm",),
-    )  # fmt: skip
+        shard_dirs=(str(data / "hidden_states"),),
+        vocab_mapping=str(data / "vocab_mapping.safetensors"),
+        drafter=None,
+        target=str(target),
+        out_dir=str(work / "ours"),
+        ttt_steps=d["ttt_steps"] or preset.ttt_steps,
+        epochs=a.epochs or d["epochs"],
+        max_steps=d["max_steps"],
+        lr=d["lr"],
+        warmup_steps=d["warmup_steps"],
+        target_temperature=1.0,
+        unreached_weight=1.0,
+        drafter_intermediate_size=d["drafter_intermediate_size"],
+        micro_batch_tokens=d["micro_batch_tokens"],
+        grad_accum=d["grad_accum"],
+        val_fraction=d["val_fraction"],
+        val_interval=d["val_interval"],
+        checkpoint_every=d["checkpoint_every"],
+        seed=d["seed"],
+        drafter_num_layers=1,
+        aux_layer_ids=aux,
+        ptd_token_id=None,
+        export_engines=("vllm",),
+    )
 
 
 def planner_for(cfg):
@@ -177,8 +193,12 @@ def planner_for(cfg):
 
     ds = ShardDataset(cfg.shard_dirs, cfg.max_seq_len, aux_layer_ids=cfg.aux_layer_ids)
     train_ids, val_ids = ds.split(cfg.val_fraction)
-    spec = BatchingSpec(micro_batch_tokens=cfg.micro_batch_tokens, micro_batch_samples=cfg.micro_batch_samples,
-                        batches_per_step=cfg.grad_accum, length_window=cfg.length_window)  # fmt: skip
+    spec = BatchingSpec(
+        micro_batch_tokens=cfg.micro_batch_tokens,
+        micro_batch_samples=cfg.micro_batch_samples,
+        batches_per_step=cfg.grad_accum,
+        length_window=cfg.length_window,
+    )
     planner = BatchPlanner(ds.lengths(train_ids), train_ids, spec, cfg.seed)
     total = cfg.max_steps if cfg.max_steps is not None else planner.total_steps(cfg.epochs, None)
     return ds, train_ids, val_ids, planner, total
@@ -242,8 +262,7 @@ class StepClock:
         self._resolve(len(self.pending))
         if not self.rows:
             return None
-        return {"first_step": self.first_step, "steps": len(self.rows), "loop_wall_s": self.loop_end - self.loop_start,
-                "rows": self.rows}  # fmt: skip
+        return {"first_step": self.first_step, "steps": len(self.rows), "loop_wall_s": self.loop_end - self.loop_start, "rows": self.rows}
 
 
 def save_timing(out: Path, segment: dict | None) -> None:
@@ -260,19 +279,30 @@ def timing_summary(out: Path, skip: int) -> dict:
     every = [r for s in segments for r in s["rows"]]
     steady = [r for s in segments for r in s["rows"][skip:]]
     if not steady:
-        return {"segments": len(segments), "steps_timed": len(every), "tokens_per_s": None,
-                "why": f"no step after the first {skip} of a process was timed"}  # fmt: skip
+        return {
+            "segments": len(segments),
+            "steps_timed": len(every),
+            "tokens_per_s": None,
+            "why": f"no step after the first {skip} of a process was timed",
+        }
     per_token = sorted(ms / max(tok, 1) for tok, ms in steady)
     median = per_token[len(per_token) // 2]
     kept = [r for r in steady if r[1] / max(r[0], 1) <= OUTLIER_FACTOR * median]
     rate = lambda rows: sum(r[0] for r in rows) / (sum(r[1] for r in rows) / 1e3)  # noqa: E731
     return {
-        "tokens_per_s": rate(kept), "tokens_per_s_with_outliers": rate(steady), "tokens_per_s_all_steps": rate(every),
-        "steps_timed": len(kept), "outlier_steps": len(steady) - len(kept), "warmup_steps_skipped": len(every) - len(steady),
-        "timed_tokens": int(sum(r[0] for r in kept)), "timed_s": sum(r[1] for r in kept) / 1e3, "segments": len(segments),
-        "loop_wall_s": sum(s["loop_wall_s"] for s in segments), "steps_all_segments": len(every),
+        "tokens_per_s": rate(kept),
+        "tokens_per_s_with_outliers": rate(steady),
+        "tokens_per_s_all_steps": rate(every),
+        "steps_timed": len(kept),
+        "outlier_steps": len(steady) - len(kept),
+        "warmup_steps_skipped": len(every) - len(steady),
+        "timed_tokens": int(sum(r[0] for r in kept)),
+        "timed_s": sum(r[1] for r in kept) / 1e3,
+        "segments": len(segments),
+        "loop_wall_s": sum(s["loop_wall_s"] for s in segments),
+        "steps_all_segments": len(every),
         "tokens_per_s_loop_wall": sum(r[0] for r in every) / max(sum(s["loop_wall_s"] for s in segments), 1e-9),
-    }  # fmt: skip
+    }
 
 
 # ----------------------------------------------------------------------------- smoke data
@@ -289,11 +319,21 @@ def build_smoke_target(folder: Path, seed: int = 0) -> Path:
     source = embedded_target()
     base = json.loads((source / "config.json").read_text())
     config = LlamaConfig(
-        vocab_size=base["vocab_size"], hidden_size=64, intermediate_size=128, num_hidden_layers=8, num_attention_heads=4,
-        num_key_value_heads=2, head_dim=16, max_position_embeddings=2048, rms_norm_eps=1e-5, tie_word_embeddings=False,
-        rope_parameters={"rope_type": "default", "rope_theta": 10000.0}, bos_token_id=base.get("bos_token_id"),
-        eos_token_id=base.get("eos_token_id"), pad_token_id=base.get("pad_token_id"),
-    )  # fmt: skip
+        vocab_size=base["vocab_size"],
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=8,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        max_position_embeddings=2048,
+        rms_norm_eps=1e-5,
+        tie_word_embeddings=False,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+        bos_token_id=base.get("bos_token_id"),
+        eos_token_id=base.get("eos_token_id"),
+        pad_token_id=base.get("pad_token_id"),
+    )
     torch.manual_seed(seed)
     model = LlamaForCausalLM(config).to(torch.bfloat16)
     tmp = folder.with_name(f".{folder.name}.tmp")
@@ -341,8 +381,15 @@ def build_smoke_data(data: Path, seed: int = 0) -> dict:
         final = 4.0 * math.sqrt(H) * rows / rows.norm(dim=-1, keepdim=True) + 0.3 * torch.randn(n, H, generator=g)
         mask = torch.ones(n, dtype=torch.uint8)
         mask[:4] = 0  # a prompt
-        samples.append({"sample_id": stable_id("smoke", seed, i), "input_ids": ids, "loss_mask": mask,
-                        "aux": table[ids] + 0.1 * torch.randn(n, len(aux_ids) * H, generator=g), "final": final})  # fmt: skip
+        samples.append(
+            {
+                "sample_id": stable_id("smoke", seed, i),
+                "input_ids": ids,
+                "loss_mask": mask,
+                "aux": table[ids] + 0.1 * torch.randn(n, len(aux_ids) * H, generator=g),
+                "final": final,
+            }
+        )
     counts = torch.zeros(V, dtype=torch.int64)
     for smp in samples:
         counts += torch.bincount(smp["input_ids"][smp["loss_mask"].bool()], minlength=V)
@@ -354,15 +401,26 @@ def build_smoke_data(data: Path, seed: int = 0) -> dict:
         folder = data / "hidden_states" / shard_name(k)
         folder.mkdir(parents=True, exist_ok=True)
         lengths = [len(smp["input_ids"]) for smp in group]
-        save_file({
-            "offsets": torch.tensor([0] + lengths).cumsum(0).to(torch.int64),
-            "input_ids": torch.cat([smp["input_ids"] for smp in group]).to(torch.int32),
-            "aux": torch.cat([smp["aux"] for smp in group]).to(torch.bfloat16),
-            "final": torch.cat([smp["final"] for smp in group]).to(torch.bfloat16),
-            "loss_mask": torch.cat([smp["loss_mask"] for smp in group]).to(torch.uint8),
-        }, str(folder / SHARD_STATES_FILE))  # fmt: skip
-        manifest = ShardManifest(shard=k, num_shards=SMOKE_SHARDS, sample_ids=[smp["sample_id"] for smp in group], token_counts=lengths,
-                                 aux_layer_ids=aux_ids, hidden_size=H, target_fingerprint="smoke", corpus_fingerprint="smoke")  # fmt: skip
+        save_file(
+            {
+                "offsets": torch.tensor([0] + lengths).cumsum(0).to(torch.int64),
+                "input_ids": torch.cat([smp["input_ids"] for smp in group]).to(torch.int32),
+                "aux": torch.cat([smp["aux"] for smp in group]).to(torch.bfloat16),
+                "final": torch.cat([smp["final"] for smp in group]).to(torch.bfloat16),
+                "loss_mask": torch.cat([smp["loss_mask"] for smp in group]).to(torch.uint8),
+            },
+            str(folder / SHARD_STATES_FILE),
+        )
+        manifest = ShardManifest(
+            shard=k,
+            num_shards=SMOKE_SHARDS,
+            sample_ids=[smp["sample_id"] for smp in group],
+            token_counts=lengths,
+            aux_layer_ids=aux_ids,
+            hidden_size=H,
+            target_fingerprint="smoke",
+            corpus_fingerprint="smoke",
+        )
         (folder / SHARD_MANIFEST_FILE).write_text(manifest.to_json())
     return {"built": True, "samples": len(samples), "tokens": sum(len(smp["input_ids"]) for smp in samples)}
 
@@ -392,11 +450,14 @@ def make_bf16_optimizer(sf: dict, draft: torch.nn.Module, cfg, total: int):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         opt = sf["BF16Optimizer"](
-            draft, lr=cfg.lr, weight_decay=cfg.weight_decay,
+            draft,
+            lr=cfg.lr,
+            weight_decay=cfg.weight_decay,
             max_grad_norm=cfg.grad_clip if cfg.grad_clip is not None else float("inf"),
-            total_steps=total, warmup_ratio=(cfg.warmup_steps + 0.5) / total,
+            total_steps=total,
+            warmup_ratio=(cfg.warmup_steps + 0.5) / total,
             lr_scheduler="cosine" if cfg.cosine else "constant",
-        )  # fmt: skip
+        )
     if opt.scheduler.warmup_epochs != cfg.warmup_steps:
         raise RuntimeError(f"SpecForge's warm-up came out at {opt.scheduler.warmup_epochs} steps, ours is {cfg.warmup_steps}")
     for group in opt.optimizer.param_groups:
@@ -431,14 +492,21 @@ def schedule_check(sf: dict, cfg, total: int) -> dict:
             diffs.append(abs(opt.optimizer.param_groups[0]["lr"] - cfg.lr * ours(s)) / cfg.lr)
             opt.scheduler.step()
     worst = max(range(total), key=diffs.__getitem__)
-    return {"steps": total, "max_abs_diff_over_peak_lr": diffs[worst], "at_step": worst,
-            "max_abs_diff_in_warmup": max(diffs[: cfg.warmup_steps], default=0.0), "warmup_steps": cfg.warmup_steps,
-            "floor": cfg.min_lr_ratio * cfg.lr, "betas": list(opt.optimizer.param_groups[0]["betas"]),
-            "torch": torch.__version__}  # fmt: skip
+    return {
+        "steps": total,
+        "max_abs_diff_over_peak_lr": diffs[worst],
+        "at_step": worst,
+        "max_abs_diff_in_warmup": max(diffs[: cfg.warmup_steps], default=0.0),
+        "warmup_steps": cfg.warmup_steps,
+        "floor": cfg.min_lr_ratio * cfg.lr,
+        "betas": list(opt.optimizer.param_groups[0]["betas"]),
+        "torch": torch.__version__,
+    }
 
 
-def build_specforge_draft(sf: dict, config, state: dict[str, torch.Tensor], embedding: torch.Tensor, d2t, t2d,
-                          device: torch.device, backend: str, dtype: torch.dtype):  # fmt: skip
+def build_specforge_draft(
+    sf: dict, config, state: dict[str, torch.Tensor], embedding: torch.Tensor, d2t, t2d, device: torch.device, backend: str, dtype: torch.dtype
+):
     """SpecForge's `LlamaForCausalLMEagle3` holding `state` (SpecForge names, without the
     embedding), the target's embedding (frozen, as its trainer loads it) and the vocab mapping."""
     draft = sf["LlamaForCausalLMEagle3"](specforge_config(config), attention_backend=backend)
@@ -531,8 +599,9 @@ def worker_specforge(a, work: Path, deadline: float) -> int:
     embedding, lm_head = read_target_head(cfg.target)
     head = lm_head.to(device, torch.bfloat16)  # (V, Ht): its compact teacher reads the whole lm_head
     backend = a.specforge_attention
-    draft = build_specforge_draft(sf, config, specforge_state(load_initial_weights(work)), embedding, mapping.d2t, mapping.t2d,
-                                  device, backend, torch.bfloat16)  # fmt: skip
+    draft = build_specforge_draft(
+        sf, config, specforge_state(load_initial_weights(work)), embedding, mapping.d2t, mapping.t2d, device, backend, torch.bfloat16
+    )
     model = sf["OnlineEagle3Model"](draft, length=cfg.ttt_steps, attention_backend=backend)
     model.train()
     opt = make_bf16_optimizer(sf, draft, cfg, total)
@@ -548,8 +617,7 @@ def worker_specforge(a, work: Path, deadline: float) -> int:
     def save_checkpoint() -> None:
         state = {k: v.detach().cpu() for k, v in draft.state_dict().items() if not k.startswith("embed_tokens.")}
         tmp = out / ".checkpoint.pt.tmp"
-        torch.save({"step": step, "sampler": sampler.to_dict(), "tokens_seen": tokens_seen, "draft": state,
-                    "optimizer": opt.state_dict()}, tmp)  # fmt: skip
+        torch.save({"step": step, "sampler": sampler.to_dict(), "tokens_seen": tokens_seen, "draft": state, "optimizer": opt.state_dict()}, tmp)
         os.replace(tmp, ckpt_path)
 
     pad = sf["padding"]
@@ -594,8 +662,15 @@ def worker_specforge(a, work: Path, deadline: float) -> int:
             last = (loss.detach(), [x.detach() for x in acces])
             if cfg.log_every and (step % cfg.log_every == 0 or step == total):
                 now = time.perf_counter()
-                row = {"step": step, "loss": float(last[0]) * len(micro), "acc": [float(x) for x in last[1]], "lr": lr,
-                       "tokens_per_s": window_tokens / max(now - window_start, 1e-9), "epoch": sampler.epoch, "tokens_seen": tokens_seen}  # fmt: skip
+                row = {
+                    "step": step,
+                    "loss": float(last[0]) * len(micro),
+                    "acc": [float(x) for x in last[1]],
+                    "lr": lr,
+                    "tokens_per_s": window_tokens / max(now - window_start, 1e-9),
+                    "epoch": sampler.epoch,
+                    "tokens_seen": tokens_seen,
+                }
                 if not math.isfinite(row["loss"]):
                     raise FloatingPointError(f"SpecForge's loss is {row['loss']} at step {step}")
                 with open(metrics_file, "a") as f:
@@ -609,13 +684,26 @@ def worker_specforge(a, work: Path, deadline: float) -> int:
         stream.close()
     save_checkpoint()
     save_timing(out, clock.segment())
-    final = {k: v.detach().cpu().to(torch.bfloat16) if v.is_floating_point() else v.detach().cpu()
-             for k, v in draft.state_dict().items() if not k.startswith("embed_tokens.")}  # fmt: skip
+    final = {
+        k: v.detach().cpu().to(torch.bfloat16) if v.is_floating_point() else v.detach().cpu()
+        for k, v in draft.state_dict().items()
+        if not k.startswith("embed_tokens.")
+    }
     save_file(final, str(out / FINAL_STATE))
     rows = [json.loads(line) for line in metrics_file.read_text().splitlines() if line.strip()] if metrics_file.is_file() else []
-    write_json(out / SUMMARY, {"trained": True, "steps": step, "tokens_seen": tokens_seen, "epochs": cfg.epochs,
-                               "final_loss": rows[-1]["loss"] if rows else None, "final_acc": rows[-1]["acc"] if rows else None,
-                               "attention": backend, "where": sf["where"]})  # fmt: skip
+    write_json(
+        out / SUMMARY,
+        {
+            "trained": True,
+            "steps": step,
+            "tokens_seen": tokens_seen,
+            "epochs": cfg.epochs,
+            "final_loss": rows[-1]["loss"] if rows else None,
+            "final_acc": rows[-1]["acc"] if rows else None,
+            "attention": backend,
+            "where": sf["where"],
+        },
+    )
     log(f"specforge: trained {step} steps")
     return 0
 
@@ -638,15 +726,34 @@ def specforge_untrained(work: Path, why: str) -> dict:
         raise RuntimeError(f"SpecForge's draft model does not import either: {err}")
     config, mapping = load_drafter_config(work), load_vocab_mapping(cfg.vocab_mapping)
     with specforge_eager():
-        draft = build_specforge_draft(sf, config, specforge_state(load_initial_weights(work)), read_target_embedding(cfg.target),
-                                      mapping.d2t, mapping.t2d, torch.device("cpu"), "flex_attention", torch.bfloat16)  # fmt: skip
+        draft = build_specforge_draft(
+            sf,
+            config,
+            specforge_state(load_initial_weights(work)),
+            read_target_embedding(cfg.target),
+            mapping.d2t,
+            mapping.t2d,
+            torch.device("cpu"),
+            "flex_attention",
+            torch.bfloat16,
+        )
     total = read_json(work / "init" / "plan.json")["total_steps"]
     opt = make_bf16_optimizer(sf, draft, cfg, total)
     final = {k: v.detach().cpu() for k, v in draft.state_dict().items() if not k.startswith("embed_tokens.")}
     save_file(final, str(out / FINAL_STATE))
-    summary = {"trained": False, "steps": 0, "tokens_seen": 0, "epochs": cfg.epochs, "why_not_trained": why,
-               "built": {"draft_model": "LlamaForCausalLMEagle3 (flex_attention, bf16)", "optimizer": type(opt).__name__,
-                         "trainable_tensors": len(opt.model_params)}, "where": sf["where"]}  # fmt: skip
+    summary = {
+        "trained": False,
+        "steps": 0,
+        "tokens_seen": 0,
+        "epochs": cfg.epochs,
+        "why_not_trained": why,
+        "built": {
+            "draft_model": "LlamaForCausalLMEagle3 (flex_attention, bf16)",
+            "optimizer": type(opt).__name__,
+            "trainable_tensors": len(opt.model_params),
+        },
+        "where": sf["where"],
+    }
     write_json(out / SUMMARY, summary)
     return summary
 
@@ -676,14 +783,18 @@ def stage_init(a, data: Path, work: Path) -> dict:
     config = resolve_drafter_config(cfg, target_config, ds.aux_layer_ids, int(mapping.d2t.shape[0]))
     torch.manual_seed(cfg.seed)  # what our trainer's build_drafter does before building the drafter
     drafter = Eagle3Drafter(config)
-    weights = {k: v.to(torch.bfloat16).contiguous() for k, v in drafter.trainable_state_dict().items()
-               if k not in ("d2t", "t2d")}  # fmt: skip
+    weights = {k: v.to(torch.bfloat16).contiguous() for k, v in drafter.trainable_state_dict().items() if k not in ("d2t", "t2d")}
     (work / "init").mkdir(parents=True, exist_ok=True)
     save_file(weights, str(work / "init" / INITIAL_WEIGHTS))
     write_json(work / "init" / DRAFTER_CONFIG, config.to_dict())
-    plan = {"total_steps": total, "steps_per_epoch": [planner.steps_per_epoch(e) for e in range(min(cfg.epochs, 3))],
-            "train_samples": len(train_ids), "val_samples": len(val_ids), "train_tokens": sum(ds.lengths(train_ids)),
-            "data": describe(ds, train_ids, val_ids)}  # fmt: skip
+    plan = {
+        "total_steps": total,
+        "steps_per_epoch": [planner.steps_per_epoch(e) for e in range(min(cfg.epochs, 3))],
+        "train_samples": len(train_ids),
+        "val_samples": len(val_ids),
+        "train_tokens": sum(ds.lengths(train_ids)),
+        "data": describe(ds, train_ids, val_ids),
+    }
     write_json(work / "init" / "plan.json", plan)
     sf, why = import_specforge(training=False)
     schedule = schedule_check(sf, cfg, total) if sf is not None else {"skipped": why}
@@ -691,8 +802,14 @@ def stage_init(a, data: Path, work: Path) -> dict:
         f"init: {plan['data']}; {total} steps ({cfg.epochs} epochs); SpecForge's schedule vs ours: "
         + (f"max |lr difference| {schedule['max_abs_diff_over_peak_lr']:.2e} of the peak" if sf else why)
     )
-    return {"plan": plan, "schedule": schedule, "drafter_config": config.to_dict(), "run": json.loads(cfg.to_json()),
-            "target": str(target), "initial_weights_sha256": sha256(work / "init" / INITIAL_WEIGHTS)}  # fmt: skip
+    return {
+        "plan": plan,
+        "schedule": schedule,
+        "drafter_config": config.to_dict(),
+        "run": json.loads(cfg.to_json()),
+        "target": str(target),
+        "initial_weights_sha256": sha256(work / "init" / INITIAL_WEIGHTS),
+    }
 
 
 def specforge_cpu_block(a) -> str:
@@ -705,15 +822,31 @@ def specforge_cpu_block(a) -> str:
     if os.environ.get("TRITON_INTERPRET") != "1":
         return "its loss is a Triton GPU kernel; a CPU runs it only under Triton's interpreter (TRITON_INTERPRET=1)"
     if a.specforge_attention != "sdpa":
-        return ("torch's flex_attention has no backward on a CPU ('FlexAttention does not support backward on CPU'); "
-                "--specforge-attention sdpa trains with SpecForge's sdpa backend instead")  # fmt: skip
+        return (
+            "torch's flex_attention has no backward on a CPU ('FlexAttention does not support backward on CPU'); "
+            "--specforge-attention sdpa trains with SpecForge's sdpa backend instead"
+        )
     return ""
 
 
 def run_worker(a, side: str, work: Path, deadline: float) -> int:
     """One training in a child process; killed (with its children) past the deadline's grace."""
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--data", a.data, "--work", a.work, "--device", a.device,
-           "--worker", side, "--worker-deadline", str(deadline), "--specforge-attention", a.specforge_attention]  # fmt: skip
+    cmd = [
+        sys.executable,
+        str(Path(__file__).resolve()),
+        "--data",
+        a.data,
+        "--work",
+        a.work,
+        "--device",
+        a.device,
+        "--worker",
+        side,
+        "--worker-deadline",
+        str(deadline),
+        "--specforge-attention",
+        a.specforge_attention,
+    ]
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "TQDM_MININTERVAL": os.environ.get("TQDM_MININTERVAL", "30")}
     proc = subprocess.Popen(cmd, env=env, start_new_session=True)
     try:
@@ -743,8 +876,22 @@ def stage_train(a, side: str, work: Path, deadline: float) -> dict:
                 return {"done": False, "failed": True, "why": f"the {side} training exited with status {code} (its output is above)"}
             summary = read_json(out / SUMMARY)
     timing = timing_summary(out, a.timing_skip_steps)
-    keys = ("trained", "steps", "tokens_seen", "epochs", "final_loss", "final_acc", "val_al", "val_accept", "seconds",
-            "precision", "why_not_trained", "built", "attention", "where")  # fmt: skip
+    keys = (
+        "trained",
+        "steps",
+        "tokens_seen",
+        "epochs",
+        "final_loss",
+        "final_acc",
+        "val_al",
+        "val_accept",
+        "seconds",
+        "precision",
+        "why_not_trained",
+        "built",
+        "attention",
+        "where",
+    )
     return {"summary": {k: summary[k] for k in keys if k in summary}, "timing": timing}
 
 
@@ -767,8 +914,10 @@ def stage_export(work: Path) -> dict:
         weights = work / side / EXPORT / "model.safetensors"
         if weights.is_file():  # ours exists once its training finished
             result[side] = {"path": str(weights.parent), "bytes": weights.stat().st_size, "sha256": sha256(weights)}
-    log(f"export: {result['mapped_tensors']} of our {result['our_tensors']} tensors filled from SpecForge's; exported to "
-        f"{result['specforge']['path']}")  # fmt: skip
+    log(
+        f"export: {result['mapped_tensors']} of our {result['our_tensors']} tensors filled from SpecForge's; exported to "
+        f"{result['specforge']['path']}"
+    )
     return result
 
 
@@ -780,8 +929,9 @@ def check_batch(cfg, device: torch.device, rows: int = 4) -> dict[str, torch.Ten
 
 
 @torch.no_grad()
-def compare_logits(sf: dict, config, state: dict[str, torch.Tensor], ours, embedding: torch.Tensor, d2t, t2d,
-                   batch: dict[str, torch.Tensor], backend: str) -> dict:  # fmt: skip
+def compare_logits(
+    sf: dict, config, state: dict[str, torch.Tensor], ours, embedding: torch.Tensor, d2t, t2d, batch: dict[str, torch.Tensor], backend: str
+) -> dict:
     """SpecForge's draft model holding `state` (its names) against our drafter `ours` (on the
     batch's device): the first TTT step's logits (OnlineEagle3Model's step 0: fc of the aux
     states, the shifted tokens' embedding, one decoder pass, lm_head(norm(h))), fp32, compared
@@ -802,15 +952,21 @@ def compare_logits(sf: dict, config, state: dict[str, torch.Tensor], ours, embed
         if backend == "flex_attention":  # as OnlineEagle3Model calls it
             h = draft.backbone(e, g, None, shifted["attention_mask"], positions, past_key_values=DynamicCache(), use_cache=True)
         else:
-            mask = draft.prepare_decoder_attention_mask(attention_mask=shifted["attention_mask"], hidden_states=g, batch_size=B,
-                                                        seq_length=T, past_key_values_length=0)  # fmt: skip
+            mask = draft.prepare_decoder_attention_mask(
+                attention_mask=shifted["attention_mask"], hidden_states=g, batch_size=B, seq_length=T, past_key_values_length=0
+            )
             h = draft.backbone(e, g, None, mask, positions)
         sf_logits = draft.compute_logits(h)
     diff = float((sf_logits - ours_logits)[valid].abs().max())
     scale = float(ours_logits[valid].abs().max())
     agree = float((sf_logits.argmax(-1) == ours_logits.argmax(-1))[valid].float().mean())
-    return {"max_abs_diff": diff, "max_abs_logit": scale, "argmax_agreement": agree, "positions": int(valid.sum()),
-            "ok": diff <= LOGITS_REL_TOL * scale + 1e-6}  # fmt: skip
+    return {
+        "max_abs_diff": diff,
+        "max_abs_logit": scale,
+        "argmax_agreement": agree,
+        "positions": int(valid.sum()),
+        "ok": diff <= LOGITS_REL_TOL * scale + 1e-6,
+    }
 
 
 def stage_check(a, work: Path) -> dict:
@@ -841,11 +997,17 @@ def stage_check(a, work: Path) -> dict:
     results = {}
     for backend in ["flex_attention", "sdpa"] if device.type == "cuda" else ["sdpa"]:
         r = results[backend] = compare_logits(sf, config, state, ours, embedding, mapping.d2t, mapping.t2d, batch, backend)
-        log(f"check ({backend}): max |logit difference| {r['max_abs_diff']:.3g} (max |logit| {r['max_abs_logit']:.3g}, tolerance "
+        log(
+            f"check ({backend}): max |logit difference| {r['max_abs_diff']:.3g} (max |logit| {r['max_abs_logit']:.3g}, tolerance "
             f"{LOGITS_REL_TOL:g} of it), argmax agreement {r['argmax_agreement']:.4f} over {r['positions']} positions: "
-            + ("same logits" if r["ok"] else "DIFFERENT LOGITS"))  # fmt: skip
-    return {"ok": all(r["ok"] for r in results.values()), "samples": int(batch["input_ids"].shape[0]), "backends": results,
-            "tolerance_rel": LOGITS_REL_TOL}  # fmt: skip
+            + ("same logits" if r["ok"] else "DIFFERENT LOGITS")
+        )
+    return {
+        "ok": all(r["ok"] for r in results.values()),
+        "samples": int(batch["input_ids"].shape[0]),
+        "backends": results,
+        "tolerance_rel": LOGITS_REL_TOL,
+    }
 
 
 def validation_of(cfg, export: Path, scratch: Path) -> dict:
@@ -883,8 +1045,12 @@ def bench_settings(a):
     from eagle_assets.targets import EMBEDDED_TARGET, get_preset
 
     b = qd.settings_of(a.preset, "benchmark_report")
-    return BenchmarkSettings(num_prompts=a.offline_num_prompts or b["num_prompts"], output_len=a.offline_output_len or b["output_len"],
-                             k=b["k"] or get_preset(EMBEDDED_TARGET).ttt_steps, concurrencies=(1,))  # fmt: skip
+    return BenchmarkSettings(
+        num_prompts=a.offline_num_prompts or b["num_prompts"],
+        output_len=a.offline_output_len or b["output_len"],
+        k=b["k"] or get_preset(EMBEDDED_TARGET).ttt_steps,
+        concurrencies=(1,),
+    )
 
 
 def offline_settings(a) -> dict:
@@ -904,10 +1070,11 @@ def worker_offline(a, work: Path) -> int:
     i, n = (int(x) for x in a.offline_part.split("/"))
     prompts, categories = mt_bench_prompts(settings.num_prompts), mt_bench_categories(settings.num_prompts)
     mine = list(range(i, len(prompts), n))
-    results = offline_results(Path(cfg.target), work / a.side / EXPORT, [prompts[j] for j in mine], settings, log=lambda m: None,
-                              device=a.device)  # fmt: skip
-    rows = [{"index": j, "category": categories[j], "tokens": r.tokens, "accepted_per_step": r.accepted_per_step, "answer_end": r.answer_end}
-            for j, r in zip(mine, results)]  # fmt: skip
+    results = offline_results(Path(cfg.target), work / a.side / EXPORT, [prompts[j] for j in mine], settings, log=lambda m: None, device=a.device)
+    rows = [
+        {"index": j, "category": categories[j], "tokens": r.tokens, "accepted_per_step": r.accepted_per_step, "answer_end": r.answer_end}
+        for j, r in zip(mine, results)
+    ]
     write_json(Path(a.offline_out), rows)
     return 0
 
@@ -930,15 +1097,44 @@ def stage_offline(a, work: Path, deadline: float, sides: list[str]) -> dict:
         parts = [work / side / f"offline-part-{i}-of-{workers}.json" for i in range(workers)]
         for part in parts:
             part.unlink(missing_ok=True)
-        procs[side] = [(part, subprocess.Popen(
-            [sys.executable, str(Path(__file__).resolve()), "--data", a.data, "--work", a.work, "--device", a.device, "--preset", a.preset,
-             "--side", side, "--offline-part", f"{i}/{workers}", "--offline-out", str(part)]
-            + [x for flag, v in (("--offline-num-prompts", a.offline_num_prompts), ("--offline-output-len", a.offline_output_len)) if v
-               for x in (flag, str(v))],
-            env={**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": threads}, start_new_session=True))
-            for i, part in enumerate(parts)]  # fmt: skip
-    log(f"offline: {workers} reference-decoder process(es) for each of {', '.join(sides)}, {settings.num_prompts} MT-Bench turns x "
-        f"{settings.output_len} tokens, K={settings.k}, fp32 target on {a.device}")  # fmt: skip
+        procs[side] = [
+            (
+                part,
+                subprocess.Popen(
+                    [
+                        sys.executable,
+                        str(Path(__file__).resolve()),
+                        "--data",
+                        a.data,
+                        "--work",
+                        a.work,
+                        "--device",
+                        a.device,
+                        "--preset",
+                        a.preset,
+                        "--side",
+                        side,
+                        "--offline-part",
+                        f"{i}/{workers}",
+                        "--offline-out",
+                        str(part),
+                    ]
+                    + [
+                        x
+                        for flag, v in (("--offline-num-prompts", a.offline_num_prompts), ("--offline-output-len", a.offline_output_len))
+                        if v
+                        for x in (flag, str(v))
+                    ],
+                    env={**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": threads},
+                    start_new_session=True,
+                ),
+            )
+            for i, part in enumerate(parts)
+        ]
+    log(
+        f"offline: {workers} reference-decoder process(es) for each of {', '.join(sides)}, {settings.num_prompts} MT-Bench turns x "
+        f"{settings.output_len} tokens, K={settings.k}, fp32 target on {a.device}"
+    )
     results: dict = {}
     for side in sides:
         codes = []
@@ -954,16 +1150,22 @@ def stage_offline(a, work: Path, deadline: float, sides: list[str]) -> dict:
             results[side] = {"done": False, "why": why}
             continue
         rows = sorted((r for part, _ in procs[side] for r in read_json(part)), key=lambda r: r["index"])
-        decoded = [Result(tokens=r["tokens"], accepted_per_step=r["accepted_per_step"], k=settings.k, answer_end=r["answer_end"])
-                   for r in rows]  # fmt: skip
+        decoded = [Result(tokens=r["tokens"], accepted_per_step=r["accepted_per_step"], k=settings.k, answer_end=r["answer_end"]) for r in rows]
         slices = offline_slices(decoded, [r["category"] for r in rows], settings.k)
         numbers = AcceptanceNumbers.from_results(decoded, settings.k)
-        results[side] = {"al": numbers.al, "per_position_acceptance": list(numbers.per_position_acceptance),
-                         "num_drafts": numbers.num_drafts, "prompts": len(rows), "output_len": settings.output_len, "k": settings.k,
-                         "workers": workers, "seconds": time.perf_counter() - start, "answers_ending_early": answers_ending_early(decoded),
-                         "slices": {x.source: {"al": x.al, "p_k": list(x.per_position_acceptance), "drafts": x.num_drafts} for x in slices}}  # fmt: skip
-        log(f"offline {side}: AL {numbers.al:.3f}, p_k {[round(p, 3) for p in numbers.per_position_acceptance]} "
-            f"({numbers.num_drafts} drafts)")  # fmt: skip
+        results[side] = {
+            "al": numbers.al,
+            "per_position_acceptance": list(numbers.per_position_acceptance),
+            "num_drafts": numbers.num_drafts,
+            "prompts": len(rows),
+            "output_len": settings.output_len,
+            "k": settings.k,
+            "workers": workers,
+            "seconds": time.perf_counter() - start,
+            "answers_ending_early": answers_ending_early(decoded),
+            "slices": {x.source: {"al": x.al, "p_k": list(x.per_position_acceptance), "drafts": x.num_drafts} for x in slices},
+        }
+        log(f"offline {side}: AL {numbers.al:.3f}, p_k {[round(p, 3) for p in numbers.per_position_acceptance]} ({numbers.num_drafts} drafts)")
     return results
 
 
@@ -1008,8 +1210,11 @@ def differences(run: dict, schedule: dict, sf_summary: dict) -> list[str]:
         "Export: ours rounds its fp32 weights to bf16; SpecForge's weights are bf16 already.",
     ]
     if not sf_summary.get("trained", False):
-        out.insert(0, f"SpecForge was NOT trained here: {sf_summary.get('why_not_trained', 'its training did not finish')}; "
-                      "its numbers are those of the shared initial weights.")  # fmt: skip
+        out.insert(
+            0,
+            f"SpecForge was NOT trained here: {sf_summary.get('why_not_trained', 'its training did not finish')}; "
+            "its numbers are those of the shared initial weights.",
+        )
     return out
 
 
@@ -1017,14 +1222,25 @@ def build_report(a, work: Path, figures: dict) -> dict:
     init = figures.get("init", {})
     run, schedule = init.get("run", {}), init.get("schedule", {})
     plan = init.get("plan", {})
-    report = {"specforge_version": SPECFORGE_VERSION, "preset": a.preset, "smoke": a.smoke, "device": a.device,
-              "torch": torch.__version__, "epochs": run.get("epochs"), "total_steps": plan.get("total_steps"),
-              "ttt_steps": run.get("ttt_steps"), "plan": plan, "schedule": schedule,
-              "offline_settings": offline_settings(a), "timing_method": (
-                  f"CUDA events around each optimiser step (host copy, forward, backward, update) on a GPU, wall clock "
-                  f"on a CPU; real tokens of the steps after the first {a.timing_skip_steps} of each process, without "
-                  f"steps over {OUTLIER_FACTOR:g}x the median time per token (recompilations), over their summed time"),
-              "stages": {s: figures[s].get("done", True) for s in STAGES if s in figures}}  # fmt: skip
+    report = {
+        "specforge_version": SPECFORGE_VERSION,
+        "preset": a.preset,
+        "smoke": a.smoke,
+        "device": a.device,
+        "torch": torch.__version__,
+        "epochs": run.get("epochs"),
+        "total_steps": plan.get("total_steps"),
+        "ttt_steps": run.get("ttt_steps"),
+        "plan": plan,
+        "schedule": schedule,
+        "offline_settings": offline_settings(a),
+        "timing_method": (
+            f"CUDA events around each optimiser step (host copy, forward, backward, update) on a GPU, wall clock "
+            f"on a CPU; real tokens of the steps after the first {a.timing_skip_steps} of each process, without "
+            f"steps over {OUTLIER_FACTOR:g}x the median time per token (recompilations), over their summed time"
+        ),
+        "stages": {s: figures[s].get("done", True) for s in STAGES if s in figures},
+    }
     offline, validate = figures.get("offline", {}), figures.get("validate", {})
     for side in SIDES:
         t = figures.get(side, {})
@@ -1032,14 +1248,21 @@ def build_report(a, work: Path, figures: dict) -> dict:
         o = offline.get(side, {})
         report[side] = {
             "trained": summary.get("trained", side == "ours" and bool(summary)),
-            "steps": summary.get("steps"), "epochs": summary.get("epochs"),
-            "tokens_per_s": timing.get("tokens_per_s"), "timing": timing,
-            "offline_al": o.get("al"), "offline_p_k": o.get("per_position_acceptance"), "offline": o,
-            "val_al": validate.get(side, {}).get("val_al"), "val_p_k": validate.get(side, {}).get("val_accept"),
-            "validation": validate.get(side), "trainer_val_al": summary.get("val_al"),
-            "final_loss": summary.get("final_loss"), "export": figures.get("export", {}).get(side),
+            "steps": summary.get("steps"),
+            "epochs": summary.get("epochs"),
+            "tokens_per_s": timing.get("tokens_per_s"),
+            "timing": timing,
+            "offline_al": o.get("al"),
+            "offline_p_k": o.get("per_position_acceptance"),
+            "offline": o,
+            "val_al": validate.get(side, {}).get("val_al"),
+            "val_p_k": validate.get(side, {}).get("val_accept"),
+            "validation": validate.get(side),
+            "trainer_val_al": summary.get("val_al"),
+            "final_loss": summary.get("final_loss"),
+            "export": figures.get("export", {}).get(side),
             "attention": summary.get("attention", "flash + diagonal merge" if side == "ours" else None),
-        }  # fmt: skip
+        }
         if not report[side]["trained"] and side == "specforge":
             report[side]["why_not_trained"] = summary.get("why_not_trained") or t.get("why")
     o_rate, s_rate = report["ours"]["tokens_per_s"], report["specforge"]["tokens_per_s"]
@@ -1055,13 +1278,17 @@ def build_report(a, work: Path, figures: dict) -> dict:
     skipped = []
     sf_sum = figures.get("specforge", {}).get("summary", {})
     if sf_sum and not sf_sum.get("trained", True):
-        skipped.append(f"SpecForge training: {sf_sum.get('why_not_trained')}; ran instead: its draft model (flex_attention, "
-                       "bf16) built and loaded from the shared initial weights, its BF16Optimizer with our schedule (compared "
-                       "step by step), the weight mapping, export, logits check, validation and offline measurement of those "
-                       "weights")  # fmt: skip
+        skipped.append(
+            f"SpecForge training: {sf_sum.get('why_not_trained')}; ran instead: its draft model (flex_attention, "
+            "bf16) built and loaded from the shared initial weights, its BF16Optimizer with our schedule (compared "
+            "step by step), the weight mapping, export, logits check, validation and offline measurement of those "
+            "weights"
+        )
     if a.device != "cuda":
-        skipped.append("logits check with SpecForge's flex_attention backend (its training backend): on a CPU flex_attention "
-                       "compiles through Inductor (~30 s a shape); checked with its sdpa backend, eager, instead")  # fmt: skip
+        skipped.append(
+            "logits check with SpecForge's flex_attention backend (its training backend): on a CPU flex_attention "
+            "compiles through Inductor (~30 s a shape); checked with its sdpa backend, eager, instead"
+        )
     report["skipped"] = skipped
     return report
 
@@ -1077,9 +1304,11 @@ def copy_out(work: Path, out: Path, report: dict) -> None:
             qd.copy_in_parts(export, dest)
             size = (export / "model.safetensors").stat().st_size
             if size > qd.PART_BYTES:
-                notes.append(f"{side}: model.safetensors is {size / 2**20:.1f} MiB (bf16), over the 16 MiB a file may come back "
-                             f"from the GPU host: written as parts; join with `cat {dest.name}/model.safetensors.part-* > "
-                             f"{dest.name}/model.safetensors`")  # fmt: skip
+                notes.append(
+                    f"{side}: model.safetensors is {size / 2**20:.1f} MiB (bf16), over the 16 MiB a file may come back "
+                    f"from the GPU host: written as parts; join with `cat {dest.name}/model.safetensors.part-* > "
+                    f"{dest.name}/model.safetensors`"
+                )
     report["out_notes"] = notes
     write_json(out / RESULTS, report)
     total = sum(f.stat().st_size for f in out.rglob("*") if f.is_file())
@@ -1104,9 +1333,11 @@ def print_table(report: dict) -> None:
         print(f"  note: {note}")
     print(f"  timing: {report['timing_method']}")
     k = report["offline_settings"]
-    print(f"\nour recipe vs SpecForge {SPECFORGE_VERSION}, same shards ({report['preset']}, {report['epochs']} epochs, "
-          f"{report['total_steps']} steps, TTT {report['ttt_steps']}); offline: {k['num_prompts']} MT-Bench turns x "
-          f"{k['output_len']} tokens, K={k['k']}")  # fmt: skip
+    print(
+        f"\nour recipe vs SpecForge {SPECFORGE_VERSION}, same shards ({report['preset']}, {report['epochs']} epochs, "
+        f"{report['total_steps']} steps, TTT {report['ttt_steps']}); offline: {k['num_prompts']} MT-Bench turns x "
+        f"{k['output_len']} tokens, K={k['k']}"
+    )
     pk = lambda v: "n/a" if not v else " / ".join(f"{p:.2f}" for p in v)  # noqa: E731
     rows = [
         ("offline AL (MT-Bench)", _f(o["offline_al"]), _f(s["offline_al"])),
@@ -1135,8 +1366,10 @@ def print_table(report: dict) -> None:
         f"tokens/s ours / SpecForge: {_f(ratio, '.2f') + 'x' if ratio else 'n/a'}; logits check: {'passed' if check.get('ok') else 'FAILED' if check else 'not run'}"
     )
     met = goal["offline_al_at_least_specforge"] and goal["speed_ratio_at_least_1.3"]
-    print(f"goal (offline AL >= SpecForge's at >= 1.3x its tokens/s): "
-          f"{'met' if met else 'not met' if None not in goal.values() else 'undecided (a side is missing)'}")  # fmt: skip
+    print(
+        f"goal (offline AL >= SpecForge's at >= 1.3x its tokens/s): "
+        f"{'met' if met else 'not met' if None not in goal.values() else 'undecided (a side is missing)'}"
+    )
 
 
 # ----------------------------------------------------------------------------- main
@@ -1216,8 +1449,10 @@ def main(argv=None) -> int:
     if unknown:
         print(f"unknown stage(s) {unknown}; known: {', '.join(STAGES)}", file=sys.stderr)
         return 2
-    log(f"quality vs SpecForge {SPECFORGE_VERSION}: data {data}, work {work}, preset {a.preset}, device {a.device}"
-        + (f", deadline in {a.deadline_s:.0f} s" if a.deadline_s else ""))  # fmt: skip
+    log(
+        f"quality vs SpecForge {SPECFORGE_VERSION}: data {data}, work {work}, preset {a.preset}, device {a.device}"
+        + (f", deadline in {a.deadline_s:.0f} s" if a.deadline_s else "")
+    )
     incomplete, failed = [], []
 
     def weights_sha(path: Path) -> str | None:
@@ -1234,14 +1469,19 @@ def main(argv=None) -> int:
     for stage in [s for s in STAGES if s in wanted and s != "report"]:
         # What a stage reads, to rerun it when that changed; None: a training (read again from its
         # summary every time, cheap once trained) or init (settings pinned by run.json).
-        inputs = {"export": weights_sha(work / "specforge" / FINAL_STATE),
-                  "check": weights_sha(work / "specforge" / EXPORT / "model.safetensors")}.get(stage)  # fmt: skip
+        inputs = {
+            "export": weights_sha(work / "specforge" / FINAL_STATE),
+            "check": weights_sha(work / "specforge" / EXPORT / "model.safetensors"),
+        }.get(stage)
         sides: list[str] = []
         if stage in ("validate", "offline"):  # per side: a side measured on its current export is not measured again
             ready = [side for side in SIDES if side_inputs(stage, side)]
             previous = figures.get(stage, {})
-            sides = [side for side in ready if previous.get(side, {}).get("inputs") != side_inputs(stage, side)
-                     or not previous.get(side, {}).get("done", True)]  # fmt: skip
+            sides = [
+                side
+                for side in ready
+                if previous.get(side, {}).get("inputs") != side_inputs(stage, side) or not previous.get(side, {}).get("done", True)
+            ]
             if not sides:
                 if len(ready) == len(SIDES):
                     log(f"{stage}: done earlier, reused")

@@ -75,8 +75,9 @@ def partitioned_asset():
         partitions_def=partitions,
         check_specs=[dg.AssetCheckSpec("matches_corpus", asset="hidden_state_shards", blocking=True)],
     )
-    def hidden_state_shards(context: dg.AssetExecutionContext, config: ShardSettings, inference_server: InferenceServerResource,
-                            storage: StorageResource):  # fmt: skip
+    def hidden_state_shards(
+        context: dg.AssetExecutionContext, config: ShardSettings, inference_server: InferenceServerResource, storage: StorageResource
+    ):
         preset, path = target_of(inference_server)
         index = int(context.partition_key)
         storage.fetch(storage.corpus(preset.name), log=context.log.info)
@@ -112,8 +113,9 @@ def work(data: Path, shard: int | None) -> dict:
     resources = {"inference_server": InferenceServerResource(target=EMBEDDED_TARGET), "storage": StorageResource(root=str(data))}
     run_config = {"ops": {"hidden_state_shards": {"config": {"source": "hf", "device": "cpu"}}}}
     with dg.DagsterInstance.ephemeral() as instance:
-        result = dg.materialize([asset], resources=resources, run_config=run_config, instance=instance,
-                                partition_key=None if shard is None else f"{shard:05d}")  # fmt: skip
+        result = dg.materialize(
+            [asset], resources=resources, run_config=run_config, instance=instance, partition_key=None if shard is None else f"{shard:05d}"
+        )
         [event] = result.get_asset_materialization_events()
         meta = {k: v.value for k, v in event.materialization.metadata.items()}
     return {"shards_extracted": meta.get("shards_extracted", 1)}
@@ -243,10 +245,19 @@ def measure(tokens: int, scratch: Path) -> dict:
                 done = finished_shards(data)
                 assert sorted(done) == list(range(NUM_SHARDS)) and rerun["shards_extracted"] == len(todo), (layout, rerun, todo)
                 redone = sum(done[i] for i in todo)
-                row.update(kill_at_s=kill_at, kept_at_kill=len(kept), rerun_shards=len(todo), rerun_tokens=redone,
-                           rerun_s=rerun["seconds"], kill_cost=(kill_at + rerun["seconds"]) / row["seconds"])  # fmt: skip
-                print(f"{layout}: killed at {kill_at:.1f} s with {len(kept)} shard(s) finished; the rerun extracted "
-                      f"{len(todo)} ({redone} tokens) in {rerun['seconds']:.1f} s", flush=True)  # fmt: skip
+                row.update(
+                    kill_at_s=kill_at,
+                    kept_at_kill=len(kept),
+                    rerun_shards=len(todo),
+                    rerun_tokens=redone,
+                    rerun_s=rerun["seconds"],
+                    kill_cost=(kill_at + rerun["seconds"]) / row["seconds"],
+                )
+                print(
+                    f"{layout}: killed at {kill_at:.1f} s with {len(kept)} shard(s) finished; the rerun extracted "
+                    f"{len(todo)} ({redone} tokens) in {rerun['seconds']:.1f} s",
+                    flush=True,
+                )
             shutil.rmtree(data)
     return {"tokens": total, "shards": NUM_SHARDS, "rows": rows}
 
@@ -266,9 +277,11 @@ def table(result: dict) -> str:
         "|---|---|---|---|---|---|---|---|",
     ]
     for layout, r in result["rows"].items():
-        lines.append(f"| {layout} | {r['tokens_per_s']:.0f} | {r['tokens_per_s'] / base['tokens_per_s']:.2f}x | {r['kill_at_s']:.0f} s | "
-                     f"{r['kept_at_kill']} of {result['shards']} | {r['rerun_shards']} shards, {r['rerun_tokens']:,} tokens | "
-                     f"{r['rerun_s']:.0f} | {r['kill_cost']:.2f} |")  # fmt: skip
+        lines.append(
+            f"| {layout} | {r['tokens_per_s']:.0f} | {r['tokens_per_s'] / base['tokens_per_s']:.2f}x | {r['kill_at_s']:.0f} s | "
+            f"{r['kept_at_kill']} of {result['shards']} | {r['rerun_shards']} shards, {r['rerun_tokens']:,} tokens | "
+            f"{r['rerun_s']:.0f} | {r['kill_cost']:.2f} |"
+        )
     return "\n".join(lines)
 
 

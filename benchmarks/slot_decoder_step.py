@@ -31,10 +31,17 @@ def smollm2_shaped(layers: int):
     from transformers import LlamaConfig, LlamaForCausalLM
 
     cfg = LlamaConfig(
-        hidden_size=576, intermediate_size=1536, num_hidden_layers=layers, num_attention_heads=9,
-        num_key_value_heads=3, vocab_size=49152, max_position_embeddings=8192, rope_theta=100000.0,
-        tie_word_embeddings=True, rms_norm_eps=1e-5,
-    )  # fmt: skip
+        hidden_size=576,
+        intermediate_size=1536,
+        num_hidden_layers=layers,
+        num_attention_heads=9,
+        num_key_value_heads=3,
+        vocab_size=49152,
+        max_position_embeddings=8192,
+        rope_theta=100000.0,
+        tie_word_embeddings=True,
+        rms_norm_eps=1e-5,
+    )
     torch.manual_seed(0)
     return LlamaForCausalLM(cfg)
 
@@ -66,8 +73,13 @@ def measure(model, dtype: torch.dtype, a, device: torch.device, graphs: bool = F
     if a.profile:
         print_profile(decoder.step, device, a.profile, name_width=60)
     del decoder
-    return {"dtype": str(dtype).replace("torch.", ""), "graphs": graphs, "prefill_s": prefill_s, "step_ms": step_s * 1e3,
-            "tokens_per_s": a.slots / step_s}  # fmt: skip
+    return {
+        "dtype": str(dtype).replace("torch.", ""),
+        "graphs": graphs,
+        "prefill_s": prefill_s,
+        "step_ms": step_s * 1e3,
+        "tokens_per_s": a.slots / step_s,
+    }
 
 
 def main(argv: list[str] | None = None) -> int:

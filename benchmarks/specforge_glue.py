@@ -121,12 +121,19 @@ def specforge_config(config: DrafterConfig):
     if config.rope_scaling:
         rope.update({k: v for k, v in config.rope_scaling.items() if k not in ("type", "rope_type")})
     cfg = LlamaConfig(
-        vocab_size=config.vocab_size, hidden_size=config.hidden_size, intermediate_size=config.intermediate_size,
-        num_attention_heads=config.num_attention_heads, num_key_value_heads=config.num_key_value_heads,
-        head_dim=config.head_dim, rms_norm_eps=config.rms_norm_eps,
-        max_position_embeddings=config.max_position_embeddings, hidden_act=config.hidden_act,
-        tie_word_embeddings=False, attention_bias=False, rope_parameters=rope,
-    )  # fmt: skip
+        vocab_size=config.vocab_size,
+        hidden_size=config.hidden_size,
+        intermediate_size=config.intermediate_size,
+        num_attention_heads=config.num_attention_heads,
+        num_key_value_heads=config.num_key_value_heads,
+        head_dim=config.head_dim,
+        rms_norm_eps=config.rms_norm_eps,
+        max_position_embeddings=config.max_position_embeddings,
+        hidden_act=config.hidden_act,
+        tie_word_embeddings=False,
+        attention_bias=False,
+        rope_parameters=rope,
+    )
     cfg.rope_theta = config.rope_theta
     cfg.draft_vocab_size = config.draft_vocab_size
     cfg.target_hidden_size = config.target_hidden_size
@@ -153,8 +160,11 @@ def ours_from_specforge(state: dict[str, torch.Tensor], config: DrafterConfig) -
     expected = exported_shapes(config)
     unknown = sorted(set(mapped) - set(expected))
     missing = sorted(set(expected) - set(mapped))
-    wrong = [f"{k} {tuple(mapped[k].shape)} vs ours {expected[k]}" for k in sorted(set(mapped) & set(expected))
-             if tuple(mapped[k].shape) != tuple(expected[k])]  # fmt: skip
+    wrong = [
+        f"{k} {tuple(mapped[k].shape)} vs ours {expected[k]}"
+        for k in sorted(set(mapped) & set(expected))
+        if tuple(mapped[k].shape) != tuple(expected[k])
+    ]
     if unknown or missing or wrong:
         raise ValueError(f"SpecForge's weights do not map onto our drafter: no place for {unknown}, unfilled {missing}, shapes {wrong}")
     return mapped

@@ -88,8 +88,10 @@ def main(argv: list[str] | None = None) -> int:
     print(f"| {'model':18} | distinct share | tokens/answer | top-2 margin median | p10 | share < 1e-3 |")
     print(f"|{'-' * 20}|----------------|---------------|---------------------|-----|--------------|")
     for name, r in results.items():
-        print(f"| {name:18} | {r['distinct_share']:14.3f} | {r['answer_tokens']:13.1f} | {r['margin_median']:19.3f} "
-              f"| {r['margin_p10']:.3f} | {r['margin_under_1e-3']:12.3f} |")  # fmt: skip
+        print(
+            f"| {name:18} | {r['distinct_share']:14.3f} | {r['answer_tokens']:13.1f} | {r['margin_median']:19.3f} "
+            f"| {r['margin_p10']:.3f} | {r['margin_under_1e-3']:12.3f} |"
+        )
     print()
     for name, r in results.items():
         decoder = teacher_tokenizer if name.startswith("SmolLM2") else tokenizer

@@ -54,8 +54,17 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--shift", choices=("last", "all"), default="last", help="move the last aux id one layer up, or every one")
     args = ap.parse_args(argv)
     preset, folder = resolve_target(args.target, log=lambda m: None)
-    settings = BenchmarkSettings(num_prompts=args.num_prompts, output_len=args.output_len, concurrencies=(1,), k=args.k, ngram=False,
-                                 interleave_rounds=0, baseline_again=False, offline_reference="engine", greedy_check=False)  # fmt: skip
+    settings = BenchmarkSettings(
+        num_prompts=args.num_prompts,
+        output_len=args.output_len,
+        concurrencies=(1,),
+        k=args.k,
+        ngram=False,
+        interleave_rounds=0,
+        baseline_again=False,
+        offline_reference="engine",
+        greedy_check=False,
+    )
     with tempfile.TemporaryDirectory(prefix="wiring-blame-") as tmp:
         tmp = Path(tmp)
         right_ids, wrong_ids = shifted_copy(args.drafter, tmp / "wrong-export", args.shift)
@@ -66,16 +75,26 @@ def main(argv: list[str] | None = None) -> None:
         def extraction_server(layer_ids):
             spool = tmp / f"spool-{len(list(tmp.glob('spool-*')))}"
             spool.mkdir()
-            return launch_vllm(args.target, speculative=extraction_config(tuple(layer_ids)), kv_transfer=hidden_states_transfer(spool),
-                               log=lambda m: None)  # fmt: skip
+            return launch_vllm(
+                args.target, speculative=extraction_config(tuple(layer_ids)), kv_transfer=hidden_states_transfer(spool), log=lambda m: None
+            )
 
         rows = []
         for label, served_dir in (("right ids " + str(right_ids), args.drafter), ("wrong ids " + str(wrong_ids), tmp / "wrong-export")):
             report, _ = run_benchmark(
-                settings, preset.name, folder, args.drafter, serve, tmp / f"report-{len(rows)}", trained_aux_layer_ids=right_ids,
-                target_num_layers=preset.num_layers, served_drafter_dir=served_dir, extraction_server=extraction_server,
-                trust_remote_code=preset.trust_remote_code, log=print,
-            )  # fmt: skip
+                settings,
+                preset.name,
+                folder,
+                args.drafter,
+                serve,
+                tmp / f"report-{len(rows)}",
+                trained_aux_layer_ids=right_ids,
+                target_num_layers=preset.num_layers,
+                served_drafter_dir=served_dir,
+                extraction_server=extraction_server,
+                trust_remote_code=preset.trust_remote_code,
+                log=print,
+            )
             numbers_only = judge_parity(report.offline, report.served)
             rows.append((label, report, numbers_only))
     print(f"\n{args.num_prompts} MT-Bench prompts, {args.output_len} tokens, K={args.k}, concurrency 1, target {preset.name}")
@@ -84,8 +103,10 @@ def main(argv: list[str] | None = None) -> None:
         ratio = report.served.al / report.offline.al
         print(f"{label:22} {report.offline.al:10.3f} {report.served.al:10.3f} {ratio:14.2f}x  {numbers_only.verdict:24} {report.parity.verdict}")
     for label, report, numbers_only in rows:
-        print(f"\n{label}: served p_k {[round(p, 3) for p in report.served.per_position_acceptance]}, offline p_k "
-              f"{[round(p, 3) for p in report.offline.per_position_acceptance]}\n  numbers only: {numbers_only.sentence}")  # fmt: skip
+        print(
+            f"\n{label}: served p_k {[round(p, 3) for p in report.served.per_position_acceptance]}, offline p_k "
+            f"{[round(p, 3) for p in report.offline.per_position_acceptance]}\n  numbers only: {numbers_only.sentence}"
+        )
 
 
 if __name__ == "__main__":

@@ -56,20 +56,31 @@ def engine_launch(engine: str, python: Path = ENGINE_PYTHON) -> tuple[list[str],
         raise SettingError(f"engine {engine!r}: give vllm or sglang")
     key = env_secret("EAGLE_ASSETS_ENGINE_API_KEY")
     if not key:
-        raise SettingError("the engine serves only behind an API key: set EAGLE_ASSETS_ENGINE_API_KEY, or "
-                           "EAGLE_ASSETS_ENGINE_API_KEY_FILE to a file holding it (clients send it as a bearer token)")  # fmt: skip
+        raise SettingError(
+            "the engine serves only behind an API key: set EAGLE_ASSETS_ENGINE_API_KEY, or "
+            "EAGLE_ASSETS_ENGINE_API_KEY_FILE to a file holding it (clients send it as a bearer token)"
+        )
     extra = shlex.split(env_str("EAGLE_ASSETS_ENGINE_ARGS", "") or "")
     if any(arg == "--api-key" or arg.startswith("--api-key=") for arg in extra):
-        raise SettingError("EAGLE_ASSETS_ENGINE_ARGS has --api-key, which `ps` shows to every user of the host: "
-                           "give the key in EAGLE_ASSETS_ENGINE_API_KEY or EAGLE_ASSETS_ENGINE_API_KEY_FILE instead")  # fmt: skip
+        raise SettingError(
+            "EAGLE_ASSETS_ENGINE_ARGS has --api-key, which `ps` shows to every user of the host: "
+            "give the key in EAGLE_ASSETS_ENGINE_API_KEY or EAGLE_ASSETS_ENGINE_API_KEY_FILE instead"
+        )
     folder = env_path("EAGLE_ASSETS_TARGET_PATH", "/models/target")
     preset, folder = resolve_target(folder, log=lambda message: print(message, file=sys.stderr))
     tp = env_int("EAGLE_ASSETS_TP", preset.tensor_parallel_size, min=1)
     host = env_str("EAGLE_ASSETS_ENGINE_HOST", "0.0.0.0")
     port = env_int("EAGLE_ASSETS_ENGINE_PORT", DEFAULT_PORTS[engine], min=1, max=65535)
     if engine == "vllm":
-        launch = VllmLaunch(model=folder, served_model_name=preset.name, preset=dataclasses.replace(preset, tensor_parallel_size=tp),
-                            port=port, host=host, device="cuda", extra_args=tuple(extra))  # fmt: skip
+        launch = VllmLaunch(
+            model=folder,
+            served_model_name=preset.name,
+            preset=dataclasses.replace(preset, tensor_parallel_size=tp),
+            port=port,
+            host=host,
+            device="cuda",
+            extra_args=tuple(extra),
+        )
         return launch.command(python), engine_environment(python.parent.parent, device="cuda", api_key=key)
     args = launch_command(python, folder, port, None, 0, tp=tp)[3:] + ["--host", host]
     if preset.trust_remote_code:

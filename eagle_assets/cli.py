@@ -240,16 +240,21 @@ def serve(
     if k_schedule is not None and drafter is None:
         _fail("--k-schedule says how many tokens the drafter drafts: give --drafter too")
     if k_schedule is not None and num_speculative_tokens is not None:
-        _fail(f"give one K (-k {num_speculative_tokens}) or a K schedule (--k-schedule {k_schedule}), not both: "
-              "the schedule says the K of every batch size")  # fmt: skip
+        _fail(
+            f"give one K (-k {num_speculative_tokens}) or a K schedule (--k-schedule {k_schedule}), not both: "
+            "the schedule says the K of every batch size"
+        )
     num_speculative_tokens = 3 if num_speculative_tokens is None else num_speculative_tokens
     if drafter is not None and k_schedule is None and num_speculative_tokens < 1:
-        _fail(f"-k {num_speculative_tokens}: the drafter drafts at least 1 token per step (serve without --drafter for none, "
-              "or give --k-schedule for K 0 at some batch sizes)")  # fmt: skip
+        _fail(
+            f"-k {num_speculative_tokens}: the drafter drafts at least 1 token per step (serve without --drafter for none, "
+            "or give --k-schedule for K 0 at some batch sizes)"
+        )
     try:
         schedule = KSchedule.parse(k_schedule) if k_schedule is not None else None
-        with launch_vllm(target, drafter=drafter, k=num_speculative_tokens, k_schedule=schedule, port=port,
-                         startup_timeout_s=startup_timeout) as server:  # fmt: skip
+        with launch_vllm(
+            target, drafter=drafter, k=num_speculative_tokens, k_schedule=schedule, port=port, startup_timeout_s=startup_timeout
+        ) as server:
             if check:
                 try:
                     _serve_check(server, drafter is not None)
@@ -282,8 +287,14 @@ def _serve_detached(port: int, startup_timeout: Optional[float]) -> None:
     log_dir.mkdir(parents=True, exist_ok=True)
     log_path = log_dir / f"detached-port-{port}.log"
     with open(log_path, "ab") as log:
-        proc = subprocess.Popen([sys.executable, "-m", "eagle_assets.cli", *argv], stdout=log, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, start_new_session=True, env=dict(os.environ))  # fmt: skip
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "eagle_assets.cli", *argv],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+            env=dict(os.environ),
+        )
     limit = time.monotonic() + (startup_timeout or 4 * 3600)  # the child applies the real limit and exits when it passes
     url = f"http://127.0.0.1:{port}"
     while time.monotonic() < limit:
@@ -320,10 +331,11 @@ def _serve_extraction(target: str, extract: str, spool: Optional[Path], port: in
         if spool is not None:
             spool = spool.expanduser().resolve()
             spool.mkdir(parents=True, exist_ok=True)
-        with launch_extraction_server(folder, ids, preset.max_model_len + 1, spool=spool, port=port,
-                                      startup_timeout_s=startup_timeout) as server:  # fmt: skip
-            typer.echo(f"extracting layers {ids} of {server.model} at {server.base_url}: set EAGLE_ASSETS_EXTRACTION_URL={server.base_url} "
-                       "for the pipeline (it reads the states where the engine writes them); Ctrl-C stops it")  # fmt: skip
+        with launch_extraction_server(folder, ids, preset.max_model_len + 1, spool=spool, port=port, startup_timeout_s=startup_timeout) as server:
+            typer.echo(
+                f"extracting layers {ids} of {server.model} at {server.base_url}: set EAGLE_ASSETS_EXTRACTION_URL={server.base_url} "
+                "for the pipeline (it reads the states where the engine writes them); Ctrl-C stops it"
+            )
             failure = server.process.watch(f"{server.base_url}/health")  # returns only when the engine dies
             _fail(f"the extraction server stopped serving: {failure}")
     except ValueError as exc:
@@ -487,8 +499,9 @@ def bench(
         summary = _training_summary(drafter)
         preset, path = resolve_target(target)
         # Read and fitted to the context before anything is served: a bad file fails here.
-        prompt_set = _prompt_set(prompts, prompts_format, num_prompts, path, preset,
-                                 output_len + max([benchmark_k(k, summary, preset.ttt_steps), *also_k]))  # fmt: skip
+        prompt_set = _prompt_set(
+            prompts, prompts_format, num_prompts, path, preset, output_len + max([benchmark_k(k, summary, preset.ttt_steps), *also_k])
+        )
         settings = BenchmarkSettings(
             num_prompts=num_prompts,
             prompt_set=prompt_set,
@@ -535,11 +548,22 @@ def bench(
             ]
             typer.echo(notes[0], err=True)
         report, paths = run_benchmark(
-            settings, preset.name, path, drafter, serve, out,
-            target_num_layers=preset.num_layers, parent_al=parent_al, notes=notes,
-            training_summary=summary, why_not_at_once=None if yours else why_not_at_once, trust_remote_code=preset.trust_remote_code,
-            extraction_server=extraction_server, fresh=overwrite, on_other="refuse",
-        )  # fmt: skip
+            settings,
+            preset.name,
+            path,
+            drafter,
+            serve,
+            out,
+            target_num_layers=preset.num_layers,
+            parent_al=parent_al,
+            notes=notes,
+            training_summary=summary,
+            why_not_at_once=None if yours else why_not_at_once,
+            trust_remote_code=preset.trust_remote_code,
+            extraction_server=extraction_server,
+            fresh=overwrite,
+            on_other="refuse",
+        )
     except (OSError, ValueError, KeyError, ServerFailed, PortBusy, PreflightError) as exc:
         _fail(_message(exc))
     typer.echo(paths.summary.read_text().rstrip("\n"))
@@ -709,8 +733,7 @@ def _check_before_benchmark(drafter: Path, target_folder: Path, out: Path, overw
     findings = PreflightReport()
     check_drafter(read_target_config(target_folder / "config.json"), drafter, findings, engine="vllm")
     if not findings.ok:
-        raise ValueError(f"{drafter} does not fit the target {target_folder}:\n"
-                         + "\n".join(f"[{f.code}] {f.message}" for f in findings.errors()))  # fmt: skip
+        raise ValueError(f"{drafter} does not fit the target {target_folder}:\n" + "\n".join(f"[{f.code}] {f.message}" for f in findings.errors()))
 
 
 @app.command()
@@ -873,8 +896,19 @@ def plan(
         _fail(f"--val-fraction {val_fraction}: give the share held out for validation, at least 0 and below 1")
     rates = Throughputs(**{k: v for k, (_, v) in given.items() if v is not None})
     try:
-        e = estimate(preset, samples, tokens_per_sample, rates, epochs=epochs, val_fraction=val_fraction, gpus=gpus, num_aux=num_aux,
-                     replicas=replicas, extraction=extraction, load_minutes=load_minutes)  # fmt: skip
+        e = estimate(
+            preset,
+            samples,
+            tokens_per_sample,
+            rates,
+            epochs=epochs,
+            val_fraction=val_fraction,
+            gpus=gpus,
+            num_aux=num_aux,
+            replicas=replicas,
+            extraction=extraction,
+            load_minutes=load_minutes,
+        )
     except (KeyError, ValueError) as exc:
         _fail(str(exc.args[0] if exc.args else exc))
     if as_json:
@@ -922,8 +956,14 @@ def check(
     ensure_dagster_home()
     quiet = {"loggers": {"console": {"config": {"log_level": "CRITICAL"}}}}  # results are printed below; the UI has the log
     with dg.DagsterInstance.get() as instance:
-        result = dg.materialize(ASSETS + DRAFTER_CHECKS, selection=dg.AssetSelection.checks(*selected), instance=instance,
-                                resources=resources, run_config=quiet, raise_on_error=False)  # fmt: skip
+        result = dg.materialize(
+            ASSETS + DRAFTER_CHECKS,
+            selection=dg.AssetSelection.checks(*selected),
+            instance=instance,
+            resources=resources,
+            run_config=quiet,
+            raise_on_error=False,
+        )
         evaluations = result.get_asset_check_evaluations()
         if len(evaluations) < len(selected):  # a check raised instead of passing or failing
             _fail(f"the checks could not run: {run_error(instance, result.dagster_run)}")

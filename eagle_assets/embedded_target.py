@@ -288,8 +288,10 @@ def resolve_target(spec: str | Path, log=print) -> tuple[TargetPreset, Path]:
     text = cfg.get("text_config") or cfg
     for preset in PRESETS.values():
         same_shape = (text.get("num_hidden_layers"), text.get("hidden_size"), text.get("vocab_size")) == (
-            preset.num_layers, preset.hidden_size, preset.vocab_size,
-        )  # fmt: skip
+            preset.num_layers,
+            preset.hidden_size,
+            preset.vocab_size,
+        )
         if same_shape and cfg.get("model_type") in preset.model_types:
             return preset, folder
     return preset_from_hf_config(folder.name, cfg), folder

@@ -142,11 +142,22 @@ _MANIFEST_KINDS = {
     "list[int]": ("a list of integers", lambda v: isinstance(v, list) and all(_is_int(x) for x in v)),
 }
 _MANIFEST_FIELD_KINDS = {
-    "shard": int, "num_shards": int, "sample_ids": "list[str]", "token_counts": "list[int]",
-    "aux_layer_ids": "list[int]", "hidden_size": int, "target_fingerprint": str, "corpus_fingerprint": str,
-    "layer_id_convention": str, "dtype": str, "final_state": str, "bytes_per_token": int, "extra": dict,
-    "states_bytes": int, "states_sha256": str,
-}  # fmt: skip
+    "shard": int,
+    "num_shards": int,
+    "sample_ids": "list[str]",
+    "token_counts": "list[int]",
+    "aux_layer_ids": "list[int]",
+    "hidden_size": int,
+    "target_fingerprint": str,
+    "corpus_fingerprint": str,
+    "layer_id_convention": str,
+    "dtype": str,
+    "final_state": str,
+    "bytes_per_token": int,
+    "extra": dict,
+    "states_bytes": int,
+    "states_sha256": str,
+}
 _MANIFEST_TYPES = {k: _MANIFEST_KINDS[kind][1] for k, kind in _MANIFEST_FIELD_KINDS.items()}
 _MANIFEST_TYPE_NAMES = {k: _MANIFEST_KINDS[kind][0] for k, kind in _MANIFEST_FIELD_KINDS.items()}
 assert set(_MANIFEST_FIELD_KINDS) == {f.name for f in fields(ShardManifest)}, "a ShardManifest field has no type check"

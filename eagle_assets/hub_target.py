@@ -121,24 +121,31 @@ def _hub_failure(repo_id: str, exc: Exception) -> str:
     copy_instead = "or copy the model folder to this host and give its path as the target (--target PATH)"
     if constants.HF_HUB_OFFLINE or any(isinstance(e, OfflineModeIsEnabled) for e in chain):
         if any(isinstance(e, IncompleteSnapshotError) for e in chain):
-            return (f"{repo_id} is only partly in the Hugging Face cache ({constants.HF_HUB_CACHE}) and HF_HUB_OFFLINE=1 "
-                    f"forbids fetching the rest: unset HF_HUB_OFFLINE on a host that reaches the hub, {copy_instead}")  # fmt: skip
-        return (f"{repo_id} is not in the Hugging Face cache ({constants.HF_HUB_CACHE}) and HF_HUB_OFFLINE=1 forbids "
-                f"downloading it: unset HF_HUB_OFFLINE on a host that reaches the hub ({constants.ENDPOINT}), {copy_instead}")  # fmt: skip
+            return (
+                f"{repo_id} is only partly in the Hugging Face cache ({constants.HF_HUB_CACHE}) and HF_HUB_OFFLINE=1 "
+                f"forbids fetching the rest: unset HF_HUB_OFFLINE on a host that reaches the hub, {copy_instead}"
+            )
+        return (
+            f"{repo_id} is not in the Hugging Face cache ({constants.HF_HUB_CACHE}) and HF_HUB_OFFLINE=1 forbids "
+            f"downloading it: unset HF_HUB_OFFLINE on a host that reaches the hub ({constants.ENDPOINT}), {copy_instead}"
+        )
     status = next((e.response.status_code for e in chain if isinstance(e, HfHubHTTPError) and e.response is not None), None)
     if any(isinstance(e, GatedRepoError) for e in chain) or status in (401, 403):
         token = "HF_TOKEN is set, but its account" if os.environ.get("HF_TOKEN") else "set HF_TOKEN to a token of an account that"
-        return (f"{repo_id} on {constants.ENDPOINT} refused access (gated or private, HTTP {status}): {token} "
-                f"has accepted the model's license at {constants.ENDPOINT}/{repo_id}, {copy_instead}")  # fmt: skip
+        return (
+            f"{repo_id} on {constants.ENDPOINT} refused access (gated or private, HTTP {status}): {token} "
+            f"has accepted the model's license at {constants.ENDPOINT}/{repo_id}, {copy_instead}"
+        )
     if any(isinstance(e, RepositoryNotFoundError) for e in chain):
-        return (f"{constants.ENDPOINT} has no model {repo_id} (or it is private): check the id, or set HF_TOKEN "
-                f"for a private one, {copy_instead}")  # fmt: skip
+        return f"{constants.ENDPOINT} has no model {repo_id} (or it is private): check the id, or set HF_TOKEN for a private one, {copy_instead}"
     if status is not None:
         return f"{constants.ENDPOINT} answered HTTP {status} for {repo_id} ({exc}): try again later, {copy_instead}"
     cause = chain[-1]
-    return (f"could not reach the Hugging Face hub at {constants.ENDPOINT} to download {repo_id} "
-            f"({type(cause).__name__}: {cause}): check the network or HF_ENDPOINT (a mirror), "
-            f"{copy_instead}")  # fmt: skip
+    return (
+        f"could not reach the Hugging Face hub at {constants.ENDPOINT} to download {repo_id} "
+        f"({type(cause).__name__}: {cause}): check the network or HF_ENDPOINT (a mirror), "
+        f"{copy_instead}"
+    )
 
 
 def _materialise(snapshot: Path, staging: Path, log) -> list[str]:
@@ -175,8 +182,10 @@ def _check(repo_id: str, folder: Path, files: list[str], preset: TargetPreset | 
     cfg = read_target_config(folder / "config.json")
     weights = [f for f in files if f.endswith(".safetensors")]
     if not weights:
-        raise RuntimeError(f"{repo_id} has no *.safetensors weights (only those are read here, not .bin, .pth or .gguf): "
-                           "convert it to safetensors, save it to a folder and give that folder as the target")  # fmt: skip
+        raise RuntimeError(
+            f"{repo_id} has no *.safetensors weights (only those are read here, not .bin, .pth or .gguf): "
+            "convert it to safetensors, save it to a folder and give that folder as the target"
+        )
     index = folder / "model.safetensors.index.json"
     if index.is_file():
         shards = set((read_json_object(index, "the weights index", "pull again with --force").get("weight_map") or {}).values())
@@ -188,8 +197,10 @@ def _check(repo_id: str, folder: Path, files: list[str], preset: TargetPreset | 
         got = (text.get("num_hidden_layers"), text.get("hidden_size"), text.get("vocab_size"))
         want = (preset.num_layers, preset.hidden_size, preset.vocab_size)
         if got != want:
-            raise RuntimeError(f"{repo_id} has (layers, hidden, vocab) {got}, but the preset {preset.name} says {want}: "
-                               f"pull it by its hub id ({repo_id}) to use it as it is")  # fmt: skip
+            raise RuntimeError(
+                f"{repo_id} has (layers, hidden, vocab) {got}, but the preset {preset.name} says {want}: "
+                f"pull it by its hub id ({repo_id}) to use it as it is"
+            )
 
 
 def drafter_folder(spec: str | Path) -> Path:

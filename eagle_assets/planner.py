@@ -47,10 +47,10 @@ REFERENCE_TRAIN_TOK_S_PER_GPU = (
 # Rates measured by this project's benchmarks at Kimi-K2.5's shape on one H200 (bf16):
 KIMI_FORWARD_TOK_S_PER_GPU = 3_467.0
 """Kimi-K2.5's 61 layers through one GPU with Hugging Face, experts grouped
-(benchmarks/results/extract_kimi-shape_h200_2026-12-04.md)."""
+(docs/kimi-k2.5.md)."""
 KIMI_DRAFTER_TRAIN_TOK_S_PER_GPU = 11_004.0
 """A drafter of Kimi-K2.5's width, 7 TTT steps, T=2048, our trainer
-(benchmarks/results/train_throughput_kimi-drafter_h200_2026-12-04.md)."""
+(docs/kimi-k2.5.md)."""
 MEASURED_SHAPES = ("kimi-k2.5",)
 EXTRACTION_SOURCES = ("engine", "hf")
 
@@ -95,11 +95,14 @@ def default_rates(preset: TargetPreset, extraction: str) -> tuple[Throughputs, t
             f"generation: the reference run's {REFERENCE_GENERATION_TOK_S:,.0f} corpus tok/s per replica (not measured here: "
             "no Kimi-K2.5 engine runs on this hardware); pass --generation-tok-s from your server",
             f"extraction ({extraction}): {KIMI_FORWARD_TOK_S_PER_GPU:,.0f} tok/s per GPU measured at Kimi-K2.5's shape on one H200"
-            + (f", x {tp} GPUs of a tensor-parallel replica (an upper bound)" if extraction == "engine"
-               else ", one GPU busy at a time under device_map; its bf16 weights (~2 TB) do not fit one host of 8 H200s"),
+            + (
+                f", x {tp} GPUs of a tensor-parallel replica (an upper bound)"
+                if extraction == "engine"
+                else ", one GPU busy at a time under device_map; its bf16 weights (~2 TB) do not fit one host of 8 H200s"
+            ),
             f"training: {KIMI_DRAFTER_TRAIN_TOK_S_PER_GPU:,.0f} tok/s per GPU measured for a Kimi-K2.5-sized drafter on one H200 "
             f"(the reference run trained at {REFERENCE_TRAIN_TOK_S_PER_GPU:,.0f})",
-        )  # fmt: skip
+        )
     rates = Throughputs(REFERENCE_GENERATION_TOK_S, REFERENCE_EXTRACTION_TOK_S, REFERENCE_TRAIN_TOK_S_PER_GPU)
     return rates, (f"the default throughputs are the reference Kimi-K2.5 run's (8 GPUs), not {preset.name}'s: pass your own rates for real hours",)
 
@@ -203,16 +206,21 @@ def estimate(
     gpus = p.tensor_parallel_size * replicas if gpus is None else gpus
     _require(gpus >= 1, f"gpus must be at least 1, not {gpus}")
     for name, rate in vars(throughputs).items():
-        _require(rate is None or (math.isfinite(rate) and rate > 0),
-                 f"throughput {name} must be a positive finite number, not {rate}: pass a measured rate")  # fmt: skip
+        _require(
+            rate is None or (math.isfinite(rate) and rate > 0),
+            f"throughput {name} must be a positive finite number, not {rate}: pass a measured rate",
+        )
     defaults, sources = default_rates(p, extraction)
     if num_aux is None and p.parent_drafter:
         # A warm start from an unmarked parent keeps both readings' layers until training has
         # measured which one the parent was trained at (drafter/train.py).
         ids = p.default_aux_layer_ids
         num_aux = len(set(ids) | {i + 1 for i in ids if i < p.num_layers})
-        sources = (*sources, f"hidden states at {num_aux} aux layers: a warm start from {p.parent_drafter}, whose layer ids carry no "
-                   "numbering, keeps the layers of both readings (as written and one up) until training measures which it was trained at")  # fmt: skip
+        sources = (
+            *sources,
+            f"hidden states at {num_aux} aux layers: a warm start from {p.parent_drafter}, whose layer ids carry no "
+            "numbering, keeps the layers of both readings (as written and one up) until training measures which it was trained at",
+        )
     given = {k: v for k, v in vars(throughputs).items() if v is not None}
     rates = Throughputs(**{**vars(defaults), **given})
     notes = tuple(line for line in sources if not any(line.startswith(_RATE_LINE[k]) for k in given))

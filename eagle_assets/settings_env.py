@@ -153,8 +153,10 @@ def env_path_or_url(name: str, default: str | Path | None) -> Path | str | None:
         return env_path(name, default)
     problem = fsspec_problem(value)
     if problem:
-        raise SettingError(f"{name}={value!r}: fsspec cannot open it ({problem}): give a folder, or a URL of a filesystem fsspec "
-                           f"knows with its package installed (s3fs for s3://, gcsfs for gs://); or {_unset_for(default)}")  # fmt: skip
+        raise SettingError(
+            f"{name}={value!r}: fsspec cannot open it ({problem}): give a folder, or a URL of a filesystem fsspec "
+            f"knows with its package installed (s3fs for s3://, gcsfs for gs://); or {_unset_for(default)}"
+        )
     return value
 
 
@@ -179,8 +181,10 @@ def env_secret(name: str) -> str | None:
     try:
         secret = Path(file_name).read_text(encoding="utf-8").strip()
     except (OSError, UnicodeDecodeError) as exc:
-        raise SettingError(f"{name}_FILE={file_name!r} cannot be read ({exc.__class__.__name__}: {exc}): "
-                           f"point it at a readable text file holding the key, or unset it") from None  # fmt: skip
+        raise SettingError(
+            f"{name}_FILE={file_name!r} cannot be read ({exc.__class__.__name__}: {exc}): "
+            f"point it at a readable text file holding the key, or unset it"
+        ) from None
     if not secret:
         raise SettingError(f"{name}_FILE={file_name!r} is empty: write the key into it, or unset it")
     return secret

@@ -65,9 +65,14 @@ bytes it lacks); the build checks it."""
 # changes the rotary frequencies and the attention scale, so training without it would give a
 # model whose served function is not the trained one.
 HUB_ROPE_SCALING = {
-    "type": "yarn", "factor": 40, "original_max_position_embeddings": 4096,
-    "beta_fast": 32, "beta_slow": 1, "mscale": 1.0, "mscale_all_dim": 1.0,
-}  # fmt: skip
+    "type": "yarn",
+    "factor": 40,
+    "original_max_position_embeddings": 4096,
+    "beta_fast": 32,
+    "beta_slow": 1,
+    "mscale": 1.0,
+    "mscale_all_dim": 1.0,
+}
 ROPE_THETA = 10000.0
 MAX_POSITION_EMBEDDINGS = 163840
 
@@ -147,13 +152,22 @@ MEDIA_TOKEN_IDS = {
 # vLLM's Kimi-K2.5 image processor refuses to start without this file.
 PREPROCESSOR_CONFIG = {
     "media_proc_cfg": {
-        "in_patch_limit": 16384, "patch_size": 14, "image_mean": [0.5, 0.5, 0.5], "image_std": [0.5, 0.5, 0.5],
-        "merge_kernel_size": 2, "fixed_output_tokens": None, "patch_limit_on_one_side": 512,
-        "in_patch_limit_each_frame": 4096, "in_patch_limit_video": None, "sample_fps": 2.0,
-        "max_num_frames_each_video": None, "temporal_merge_kernel_size": 4, "timestamp_mode": "hh:mm:ss.fff",
+        "in_patch_limit": 16384,
+        "patch_size": 14,
+        "image_mean": [0.5, 0.5, 0.5],
+        "image_std": [0.5, 0.5, 0.5],
+        "merge_kernel_size": 2,
+        "fixed_output_tokens": None,
+        "patch_limit_on_one_side": 512,
+        "in_patch_limit_each_frame": 4096,
+        "in_patch_limit_video": None,
+        "sample_fps": 2.0,
+        "max_num_frames_each_video": None,
+        "temporal_merge_kernel_size": 4,
+        "timestamp_mode": "hh:mm:ss.fff",
         "config_type": "media_proc_config_v1",
     }
-}  # fmt: skip
+}
 
 
 def text_config():
@@ -265,9 +279,13 @@ def greedy_answers(model, prompts_ids: Sequence[list[int]], max_new_tokens: int,
         ids = torch.tensor([[pad_id] * (width - len(p)) + p for p in batch])
         mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in batch])
         out = model.generate(
-            input_ids=ids, attention_mask=mask, max_new_tokens=max_new_tokens, do_sample=False,
-            pad_token_id=pad_id, eos_token_id=eos,
-        )  # fmt: skip
+            input_ids=ids,
+            attention_mask=mask,
+            max_new_tokens=max_new_tokens,
+            do_sample=False,
+            pad_token_id=pad_id,
+            eos_token_id=eos,
+        )
         for row, i in zip(out[:, width:].tolist(), order[start : start + batch_size]):
             answers[i] = row[: row.index(eos) + 1] if eos in row else row
     return answers
@@ -354,8 +372,9 @@ def _batches(samples: list[tuple[list[int], int]], batch_size: int, steps: int, 
         yield ids, attn, loss_mask
 
 
-def distil(model, samples: list[tuple[list[int], int]], settings: BuildSettings, autocast: bool, pad_id: int,
-           log: Callable[[str], None] = print) -> list[float]:  # fmt: skip
+def distil(
+    model, samples: list[tuple[list[int], int]], settings: BuildSettings, autocast: bool, pad_id: int, log: Callable[[str], None] = print
+) -> list[float]:
     """Cross-entropy training on the answer tokens of `samples` ((prompt + answer ids, answer
     start) each). Returns the loss of every step.
 
@@ -370,8 +389,9 @@ def distil(model, samples: list[tuple[list[int], int]], settings: BuildSettings,
     other = [p for n, p in model.named_parameters() if p.ndim < 2]
     opt = torch.optim.AdamW(
         [{"params": decay, "weight_decay": settings.weight_decay}, {"params": other, "weight_decay": 0.0}],
-        lr=settings.lr, betas=(0.9, 0.95),
-    )  # fmt: skip
+        lr=settings.lr,
+        betas=(0.9, 0.95),
+    )
 
     def lr_at(step: int) -> float:  # linear warm-up, cosine down to a tenth
         if step < settings.warmup_steps:
@@ -507,8 +527,9 @@ def write_kimi(deepseek_dir: Path, tokenizer_dir: Path, out: Path, seed: int) ->
 # The build.
 
 
-def build(teacher_dir: str | Path, out_root: str | Path, settings: BuildSettings = BuildSettings(),
-          log: Callable[[str], None] = print) -> dict[str, Path]:  # fmt: skip
+def build(
+    teacher_dir: str | Path, out_root: str | Path, settings: BuildSettings = BuildSettings(), log: Callable[[str], None] = print
+) -> dict[str, Path]:
     """Distil the shared language model from the teacher and write both stand-ins under
     `out_root` (one folder per name in STANDINS, replaced if present). Returns name -> folder."""
     from safetensors.torch import load_file

@@ -63,8 +63,9 @@ def smollm2_extraction_server(smollm2_path, engine_python, tmp_path_factory):
     from eagle_assets.engines.vllm_launch import extraction_config, hidden_states_transfer
 
     spool = tmp_path_factory.mktemp("spool")
-    with launch_vllm(EMBEDDED_TARGET, speculative=extraction_config(SMOLLM2_EXTRACTED_IDS), kv_transfer=hidden_states_transfer(spool),
-                     log=lambda m: None) as server:  # fmt: skip
+    with launch_vllm(
+        EMBEDDED_TARGET, speculative=extraction_config(SMOLLM2_EXTRACTED_IDS), kv_transfer=hidden_states_transfer(spool), log=lambda m: None
+    ) as server:
         yield server, spool
 
 

@@ -13,10 +13,16 @@ import torch
 from safetensors.torch import save_file
 
 TINY_TARGET_CONFIG = {
-    "architectures": ["LlamaForCausalLM"], "model_type": "llama", "num_hidden_layers": 4, "hidden_size": 64,
-    "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 128, "vocab_size": 256,
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "num_hidden_layers": 4,
+    "hidden_size": 64,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "intermediate_size": 128,
+    "vocab_size": 256,
     "max_position_embeddings": 512,
-}  # fmt: skip
+}
 """A target folder's config.json matching `drafter.config.tiny_config()`'s drafters, for checks
 that read configs and never load weights."""
 

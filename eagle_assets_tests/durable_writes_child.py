@@ -28,12 +28,26 @@ if __name__ == "__main__":
     rows = []
     for i in range(4):
         ids = [5 + i, 6, 7, 8, 9, 10][: 4 + i % 3]
-        rows.append({
-            "sample_id": f"s{i}", "prompt_id": f"p{i}", "source": "file", "messages": "[]", "input_ids": ids,
-            "loss_mask": [0, 0] + [1] * (len(ids) - 2), "num_tokens": len(ids), "num_turns": 1, "finish_reason": "stop",
-            "truncated": False, "reasoning_captured": False, "prompt_tokens": 2, "completion_tokens": len(ids) - 2,
-            "latency_s": 0.1, "sampling": "{}", "target": "t",
-        })  # fmt: skip
+        rows.append(
+            {
+                "sample_id": f"s{i}",
+                "prompt_id": f"p{i}",
+                "source": "file",
+                "messages": "[]",
+                "input_ids": ids,
+                "loss_mask": [0, 0] + [1] * (len(ids) - 2),
+                "num_tokens": len(ids),
+                "num_turns": 1,
+                "finish_reason": "stop",
+                "truncated": False,
+                "reasoning_captured": False,
+                "prompt_tokens": 2,
+                "completion_tokens": len(ids) - 2,
+                "latency_s": 0.1,
+                "sampling": "{}",
+                "target": "t",
+            }
+        )
     with CorpusStore(str(out / "corpus"), shard_size=3) as store:
         for row in rows:
             store.append(row)

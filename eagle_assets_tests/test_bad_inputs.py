@@ -277,8 +277,13 @@ def run_case(case: Case, files: dict[str, str], root: Path = ROOT) -> subprocess
     tmp = Path(files["tmp"])
     keep = ("EAGLE_ASSETS_CACHE", "EAGLE_ASSETS_VLLM_VENV")  # the shared target cache and engine, as the suite uses
     env = {k: v for k, v in os.environ.items() if not k.startswith(("EAGLE_ASSETS_", "DAGSTER_")) or k in keep}
-    env.update(PYTHONPATH=str(root), COLUMNS="300", DAGSTER_HOME=str(tmp / "dagster_home"),
-               EAGLE_ASSETS_DATA=str(tmp / "data"), EAGLE_ASSETS_RUNS=str(tmp / "runs"))  # fmt: skip
+    env.update(
+        PYTHONPATH=str(root),
+        COLUMNS="300",
+        DAGSTER_HOME=str(tmp / "dagster_home"),
+        EAGLE_ASSETS_DATA=str(tmp / "data"),
+        EAGLE_ASSETS_RUNS=str(tmp / "runs"),
+    )
     env.update({k: v.format(**files) for k, v in case.env.items()})
     argv = [a.format(**files) for a in case.argv]
     started = time.monotonic()

@@ -14,8 +14,15 @@ from benchmarks.slot_decoder import SlotDecoder
 
 
 def _tiny_llama() -> LlamaForCausalLM:
-    cfg = LlamaConfig(hidden_size=128, intermediate_size=256, num_hidden_layers=4, num_attention_heads=4,
-                      num_key_value_heads=2, vocab_size=1000, max_position_embeddings=512)  # fmt: skip
+    cfg = LlamaConfig(
+        hidden_size=128,
+        intermediate_size=256,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=1000,
+        max_position_embeddings=512,
+    )
     torch.manual_seed(0)
     return LlamaForCausalLM(cfg).eval()
 

@@ -71,8 +71,9 @@ def test_bench_without_an_engine_env_says_so_before_the_offline_reference(tmp_pa
 
 
 def test_bench_refuses_a_drafter_of_another_target_before_loading_anything(tmp_path, target, engine_env):
-    drafter = drafter_folder(tmp_path, architectures=["LlamaForCausalLMEagle3"], hidden_size=32, target_hidden_size=32,
-                             eagle_aux_hidden_state_layer_ids=[1, 2, 3])  # fmt: skip
+    drafter = drafter_folder(
+        tmp_path, architectures=["LlamaForCausalLMEagle3"], hidden_size=32, target_hidden_size=32, eagle_aux_hidden_state_layer_ids=[1, 2, 3]
+    )
     result = invoke("bench", "--drafter", drafter, "--target", str(target), "--out", str(tmp_path / "r"))
     assert result.exit_code == 1
     assert f"{drafter} does not fit the target {target}" in result.output
@@ -147,14 +148,19 @@ def test_bench_refuses_a_bad_prompt_file_before_serving_anything(tmp_path, targe
     # these stop at the prompt file, before any check of the engine, server or drafter.
     monkeypatch.setenv("EAGLE_ASSETS_VLLM_VENV", str(tmp_path / "no-engine"))
     bad = tmp_path / "traffic.jsonl"
-    bad.write_text(json.dumps({"conversations": [{"from": "human", "value": "hi"}]}) + "\n"
-                   + json.dumps({"conversations": [{"from": "tool", "value": "x"}]}) + "\n")  # fmt: skip
+    bad.write_text(
+        json.dumps({"conversations": [{"from": "human", "value": "hi"}]})
+        + "\n"
+        + json.dumps({"conversations": [{"from": "tool", "value": "x"}]})
+        + "\n"
+    )
     (tmp_path / "traffic.csv").write_text("a,b\n")
-    for path, message in ((bad, f"{bad} line 2: turn 0 is from 'tool'"),
-                          (tmp_path / "missing.json", f"cannot read prompt file {tmp_path / 'missing.json'}: FileNotFoundError"),
-                          (tmp_path / "traffic.csv", "unknown prompt file type")):  # fmt: skip
-        result = invoke("bench", "--drafter", drafter_folder(tmp_path), "--target", str(target), "--out", str(tmp_path / "r"),
-                        "--prompts", str(path))  # fmt: skip
+    for path, message in (
+        (bad, f"{bad} line 2: turn 0 is from 'tool'"),
+        (tmp_path / "missing.json", f"cannot read prompt file {tmp_path / 'missing.json'}: FileNotFoundError"),
+        (tmp_path / "traffic.csv", "unknown prompt file type"),
+    ):
+        result = invoke("bench", "--drafter", drafter_folder(tmp_path), "--target", str(target), "--out", str(tmp_path / "r"), "--prompts", str(path))
         assert result.exit_code == 1 and message in result.output, result.output
         assert "no vLLM environment" not in result.output and not (tmp_path / "r").exists()
 

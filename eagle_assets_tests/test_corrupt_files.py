@@ -46,8 +46,19 @@ FINGERPRINT = "corrupt-files-target"
 
 # What a reader must never let through: the parsers' own errors (ArrowInvalid and JSONDecodeError
 # are ValueErrors, so they are named here, not left to a ValueError check).
-RAW = (pa.ArrowException, SafetensorError, json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError,
-       AttributeError, IndexError, struct.error, MemoryError, OverflowError)  # fmt: skip
+RAW = (
+    pa.ArrowException,
+    SafetensorError,
+    json.JSONDecodeError,
+    UnicodeDecodeError,
+    KeyError,
+    TypeError,
+    AttributeError,
+    IndexError,
+    struct.error,
+    MemoryError,
+    OverflowError,
+)
 FIX = re.compile(r"rebuild|rerun|delete|move it aside|open the store for writing|restore", re.IGNORECASE)
 
 
@@ -146,15 +157,26 @@ def corpus_rows(n: int = 12) -> list[dict]:
     rows = []
     for i in range(n):
         length = rng.randint(6, 40)
-        rows.append({
-            "sample_id": f"sample-{i:03d}", "prompt_id": f"prompt-{i:03d}", "source": "file",
-            "messages": json.dumps([{"role": "user", "content": f"q{i}"}, {"role": "assistant", "content": f"a{i}"}]),
-            "input_ids": [rng.randrange(1, 49152) for _ in range(length)],
-            "loss_mask": [0] * 3 + [1] * (length - 3),
-            "num_tokens": length, "num_turns": 1, "finish_reason": "stop", "truncated": False,
-            "reasoning_captured": False, "prompt_tokens": 3, "completion_tokens": length - 3, "latency_s": 0.1,
-            "sampling": "{}", "target": FINGERPRINT,
-        })  # fmt: skip
+        rows.append(
+            {
+                "sample_id": f"sample-{i:03d}",
+                "prompt_id": f"prompt-{i:03d}",
+                "source": "file",
+                "messages": json.dumps([{"role": "user", "content": f"q{i}"}, {"role": "assistant", "content": f"a{i}"}]),
+                "input_ids": [rng.randrange(1, 49152) for _ in range(length)],
+                "loss_mask": [0] * 3 + [1] * (length - 3),
+                "num_tokens": length,
+                "num_turns": 1,
+                "finish_reason": "stop",
+                "truncated": False,
+                "reasoning_captured": False,
+                "prompt_tokens": 3,
+                "completion_tokens": length - 3,
+                "latency_s": 0.1,
+                "sampling": "{}",
+                "target": FINGERPRINT,
+            }
+        )
     return rows
 
 

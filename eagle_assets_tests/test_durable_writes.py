@@ -38,15 +38,30 @@ def syscalls(log: Path) -> list[tuple[str, tuple[str, ...]]]:
 @pytest.mark.skipif(STRACE is None, reason="strace is not installed (apt-get install strace)")
 def test_every_committing_rename_is_fsynced_before_and_after(tmp_path):
     out, log = tmp_path / "out", tmp_path / "strace.log"
-    cmd = [STRACE, "-f", "-qq", "-y", "-e", "trace=fsync,fdatasync,rename,renameat,renameat2", "-o", str(log),
-           sys.executable, "-m", "eagle_assets_tests.durable_writes_child", str(out)]  # fmt: skip
+    cmd = [
+        STRACE,
+        "-f",
+        "-qq",
+        "-y",
+        "-e",
+        "trace=fsync,fdatasync,rename,renameat,renameat2",
+        "-o",
+        str(log),
+        sys.executable,
+        "-m",
+        "eagle_assets_tests.durable_writes_child",
+        str(out),
+    ]
     done = subprocess.run(cmd, cwd=PROJECT_ROOT, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert done.returncode == 0, done.stderr[-3000:]
     calls = syscalls(log)
     # A commit publishes a temporary name under its final one; renames inside a temporary folder
     # (safetensors writes through one of its own) are covered by the fsyncs before the folder's.
-    commits = [(i, paths[0], paths[1]) for i, (call, paths) in enumerate(calls)
-               if call == "rename" and ".tmp" in Path(paths[0]).name and ".tmp" not in paths[1]]  # fmt: skip
+    commits = [
+        (i, paths[0], paths[1])
+        for i, (call, paths) in enumerate(calls)
+        if call == "rename" and ".tmp" in Path(paths[0]).name and ".tmp" not in paths[1]
+    ]
     committed = {Path(dst).relative_to(out).parts[0] for _, _, dst in commits}
     # Each writer committed something: the store, the shard writer, the checkpoint, the export, metrics.
     assert committed == {"corpus", "hs", "checkpoints", "drafter-vllm", "metrics.jsonl"}, committed

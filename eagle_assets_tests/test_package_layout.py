@@ -1,6 +1,6 @@
 """The package holds the product and nothing else: every module is reached from an entry point,
 no two modules import each other (directly or round a longer circle, imports inside functions
-counted), the formatter runs over every line (no `# fmt: skip`), and `eagle-assets` is the one
+counted), the formatter runs over every line (no line opts out), and `eagle-assets` is the one
 command line (besides the few that `COMMAND_LINES` names and why)."""
 
 from __future__ import annotations

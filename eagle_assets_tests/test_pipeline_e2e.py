@@ -36,9 +36,14 @@ def test_every_asset_materialised_with_blocking_checks_passed(materialized_graph
     instance, _, _ = materialized_graph
     for name in ASSETS:
         assert instance.get_latest_materialization_event(dg.AssetKey(name)) is not None, name
-    for name, check in [("synthetic_corpus", "token_round_trip"), ("synthetic_corpus", "error_rate"),
-                        ("vocab_mapping", "consistent"), ("drafter_checkpoint", "serves_in_vllm"),
-                        ("drafter_checkpoint", "samples_under_speculation"), ("drafter_checkpoint", "sglang_names")]:  # fmt: skip
+    for name, check in [
+        ("synthetic_corpus", "token_round_trip"),
+        ("synthetic_corpus", "error_rate"),
+        ("vocab_mapping", "consistent"),
+        ("drafter_checkpoint", "serves_in_vllm"),
+        ("drafter_checkpoint", "samples_under_speculation"),
+        ("drafter_checkpoint", "sglang_names"),
+    ]:
         record = instance.event_log_storage.get_latest_asset_check_execution_by_key([dg.AssetCheckKey(dg.AssetKey(name), check)])
         execution = record[dg.AssetCheckKey(dg.AssetKey(name), check)]
         assert execution.status.value == "SUCCEEDED", (name, check, execution)
@@ -53,8 +58,10 @@ def test_the_benchmark_serves_on_the_servers_the_drafter_check_left_running(mate
     instance, data, _ = materialized_graph
     run_id = instance.get_latest_materialization_event(dg.AssetKey("benchmark_report")).run_id
     assert instance.get_latest_materialization_event(dg.AssetKey("drafter_checkpoint")).run_id == run_id
-    messages = {step: [e.user_message for e in instance.all_logs(run_id) if (e.step_key or "").endswith(step)]
-                for step in ("drafter_serves", "benchmark_report")}  # fmt: skip
+    messages = {
+        step: [e.user_message for e in instance.all_logs(run_id) if (e.step_key or "").endswith(step)]
+        for step in ("drafter_serves", "benchmark_report")
+    }
     assert sum(m.startswith("starting vLLM") for m in messages["drafter_serves"]) == 2
     assert not any(m.startswith("starting vLLM") for m in messages["benchmark_report"]), messages["benchmark_report"]
     assert sum(m.startswith("reusing the running server") for m in messages["benchmark_report"]) == 2
@@ -120,9 +127,17 @@ def test_shifted_layer_ids_are_blamed_on_the_engine_wiring(materialized_graph, v
         return contextlib.nullcontext(vllm_server) if spec is None else launch_vllm(EMBEDDED_TARGET, speculative=spec, log=lambda m: None)
 
     report, _ = run_benchmark(
-        settings, EMBEDDED_TARGET, smollm2_path, trained_dir, serve, tmp_path / "report", trained_aux_layer_ids=ids, target_num_layers=30,
-        served_drafter_dir=wrong, log=lambda m: None,
-    )  # fmt: skip
+        settings,
+        EMBEDDED_TARGET,
+        smollm2_path,
+        trained_dir,
+        serve,
+        tmp_path / "report",
+        trained_aux_layer_ids=ids,
+        target_num_layers=30,
+        served_drafter_dir=wrong,
+        log=lambda m: None,
+    )
     assert report.parity.verdict == "engine_wiring", report.parity.sentence
     assert "layer" in " ".join(report.parity.causes).lower()
     assert [r.label for r in report.runs] == ["baseline", "eagle3", "baseline (end)"]

@@ -28,8 +28,7 @@ def private_imports(root: Path) -> dict[tuple[str, str, str], int]:
             if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("dagster._"):
                 found.update({(path.relative_to(root).as_posix(), node.module, a.name): node.lineno for a in node.names})
             elif isinstance(node, ast.Import):
-                found.update({(path.relative_to(root).as_posix(), a.name, a.name): node.lineno
-                              for a in node.names if a.name.startswith("dagster._")})  # fmt: skip
+                found.update({(path.relative_to(root).as_posix(), a.name, a.name): node.lineno for a in node.names if a.name.startswith("dagster._")})
     return found
 
 
@@ -54,5 +53,8 @@ def test_each_private_import_has_a_comment_above_it_saying_why():
 
 def test_the_scan_finds_private_imports_of_either_form(tmp_path):
     (tmp_path / "m.py").write_text("import dagster as dg\nimport dagster._utils\nfrom dagster._core.x import (A,\n  B)\nfrom dagster import asset\n")
-    assert private_imports(tmp_path) == {("m.py", "dagster._utils", "dagster._utils"): 2,
-                                         ("m.py", "dagster._core.x", "A"): 3, ("m.py", "dagster._core.x", "B"): 3}  # fmt: skip
+    assert private_imports(tmp_path) == {
+        ("m.py", "dagster._utils", "dagster._utils"): 2,
+        ("m.py", "dagster._core.x", "A"): 3,
+        ("m.py", "dagster._core.x", "B"): 3,
+    }

@@ -115,8 +115,11 @@ def test_a_shard_fraction_trains_on_that_share_of_every_corpuss_complete_shards(
     assert script.training_shards(corpora, 1.0) == tuple(str(c / "hidden_states") for c in corpora)
     quarter = [Path(s) for s in script.training_shards(corpora, 0.25)]
     assert [(s.parent.parent.name, s.name) for s in quarter] == [
-        ("sharegpt", shard_name(0)), ("sharegpt", shard_name(1)), ("magpie", shard_name(1)), ("magpie", shard_name(2)),
-    ]  # fmt: skip
+        ("sharegpt", shard_name(0)),
+        ("sharegpt", shard_name(1)),
+        ("magpie", shard_name(1)),
+        ("magpie", shard_name(2)),
+    ]
     assert len(script.training_shards(corpora, 0.01)) == 2  # never less than one shard of each
     for bad in ("0", "1.5", "-0.2"):
         with pytest.raises(SystemExit):

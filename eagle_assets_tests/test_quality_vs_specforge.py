@@ -34,8 +34,11 @@ def specforge_wheel() -> Path:
     """SpecForge 0.2.0's wheel in `.whl/` (downloaded without its dependencies when absent)."""
     wheels = sorted((ROOT / ".whl").glob("specforge-0.2.0-*.whl"))
     if not wheels:
-        proc = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", "specforge==0.2.0", "-d", str(ROOT / ".whl")],
-                              capture_output=True, text=True)  # fmt: skip
+        proc = subprocess.run(
+            [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", "specforge==0.2.0", "-d", str(ROOT / ".whl")],
+            capture_output=True,
+            text=True,
+        )
         wheels = sorted((ROOT / ".whl").glob("specforge-0.2.0-*.whl"))
         if not wheels:
             pytest.fail(f"could not fetch SpecForge's wheel (pip download --no-deps specforge==0.2.0 -d .whl): {proc.stderr[-500:]}")
@@ -217,13 +220,20 @@ def test_logits_check_passes_on_the_mapping_and_fails_on_a_wrong_one(script, sf)
     ours.load_target_embedding(embedding)
     g = torch.Generator().manual_seed(1)
     lengths = torch.tensor([12, 7])
-    batch = {"aux": torch.randn(2, 12, 3 * 64, generator=g), "final": torch.randn(2, 12, 64, generator=g),
-             "input_ids": torch.randint(0, 256, (2, 12), generator=g), "loss_mask": torch.ones(2, 12), "lengths": lengths}  # fmt: skip
+    batch = {
+        "aux": torch.randn(2, 12, 3 * 64, generator=g),
+        "final": torch.randn(2, 12, 64, generator=g),
+        "input_ids": torch.randint(0, 256, (2, 12), generator=g),
+        "loss_mask": torch.ones(2, 12),
+        "lengths": lengths,
+    }
     state = script.specforge_state(ours.trainable_state_dict())
     same = script.compare_logits(sf, config, state, ours, embedding, ours.d2t, ours.t2d, batch, "sdpa")
     assert same["ok"] and same["positions"] == 19 and same["max_abs_diff"] < 1e-5
-    for a, b in (("midlayer.mlp.gate_proj.weight", "midlayer.mlp.up_proj.weight"),
-                 ("midlayer.input_layernorm.weight", "midlayer.hidden_norm.weight")):  # fmt: skip
+    for a, b in (
+        ("midlayer.mlp.gate_proj.weight", "midlayer.mlp.up_proj.weight"),
+        ("midlayer.input_layernorm.weight", "midlayer.hidden_norm.weight"),
+    ):
         wrong = {**state, a: state[b], b: state[a]}
         got = script.compare_logits(sf, config, wrong, ours, embedding, ours.d2t, ours.t2d, batch, "sdpa")
         assert not got["ok"], (a, b, got)
@@ -232,9 +242,13 @@ def test_logits_check_passes_on_the_mapping_and_fails_on_a_wrong_one(script, sf)
 def test_specforge_input_shift(script, sf):
     """Tokens and final states move left by one (zero at the end), aux states stay, the mask gains a
     dimension, and right padding becomes SpecForge's attention mask."""
-    batch = {"input_ids": torch.tensor([[5, 6, 7, 8], [9, 10, 0, 0]]), "final": torch.arange(8.0).reshape(2, 4, 1),
-             "aux": torch.arange(24.0).reshape(2, 4, 3), "loss_mask": torch.tensor([[0.0, 1, 1, 1], [0, 1, 0, 0]]),
-             "lengths": torch.tensor([4, 2])}  # fmt: skip
+    batch = {
+        "input_ids": torch.tensor([[5, 6, 7, 8], [9, 10, 0, 0]]),
+        "final": torch.arange(8.0).reshape(2, 4, 1),
+        "aux": torch.arange(24.0).reshape(2, 4, 3),
+        "loss_mask": torch.tensor([[0.0, 1, 1, 1], [0, 1, 0, 0]]),
+        "lengths": torch.tensor([4, 2]),
+    }
     got = script.shift_batch(batch, sf["padding"])
     assert got["input_ids"].tolist() == [[6, 7, 8, 0], [10, 0, 0, 0]]
     assert got["target_hidden_for_compact"][..., 0].tolist() == [[1, 2, 3, 0], [5, 6, 7, 0]]

@@ -89,8 +89,12 @@ def test_every_project_variable_is_read_through_the_readers_and_listed():
     sources = {p: p.read_text() for p in PACKAGE.rglob("*.py") if p.name != "settings_env.py" and engine_site not in p.parents}
     in_engine = {m for p in engine_site.glob("*.py") for m in re.findall(r"EAGLE_ASSETS_[A-Z_]+", p.read_text())}
     assert in_engine <= set(settings_env.VARIABLES), sorted(in_engine - set(settings_env.VARIABLES))
-    direct = [f"{p.relative_to(PACKAGE)}:{n}" for p, text in sources.items() for n, line in enumerate(text.splitlines(), 1)
-              if re.search(r"os\.environ|getenv", line) and "EAGLE_ASSETS_" in line]  # fmt: skip
+    direct = [
+        f"{p.relative_to(PACKAGE)}:{n}"
+        for p, text in sources.items()
+        for n, line in enumerate(text.splitlines(), 1)
+        if re.search(r"os\.environ|getenv", line) and "EAGLE_ASSETS_" in line
+    ]
     assert direct == []
     read = {m for text in sources.values() for m in re.findall(r'env_\w+\(\s*"(EAGLE_ASSETS_[A-Z_]+)"', text)}
     assert read and read <= set(settings_env.VARIABLES), sorted(read - set(settings_env.VARIABLES))

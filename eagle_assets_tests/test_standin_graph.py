@@ -41,8 +41,13 @@ def test_every_asset_materialised_with_its_checks_passed(standin_graph):
     instance, _, _ = standin_graph
     for name in ASSETS:
         assert instance.get_latest_materialization_event(dg.AssetKey(name)) is not None, name
-    for name, check in [("synthetic_corpus", "token_round_trip"), ("synthetic_corpus", "reasoning_captured"),
-                        ("vocab_mapping", "consistent"), ("benchmark_report", "parity"), ("benchmark_report", "greedy_output")]:  # fmt: skip
+    for name, check in [
+        ("synthetic_corpus", "token_round_trip"),
+        ("synthetic_corpus", "reasoning_captured"),
+        ("vocab_mapping", "consistent"),
+        ("benchmark_report", "parity"),
+        ("benchmark_report", "greedy_output"),
+    ]:
         key = dg.AssetCheckKey(dg.AssetKey(name), check)
         execution = instance.event_log_storage.get_latest_asset_check_execution_by_key([key])[key]
         assert execution.status.value == "SUCCEEDED", (name, check, execution)
@@ -63,8 +68,9 @@ def test_the_states_and_the_offline_reference_come_from_the_engine(standin_graph
         assert manifest["extra"]["source"] == "vllm extract_hidden_states", path
         assert manifest["aux_layer_ids"] == [2, 4, 5]  # the engines' default for 8 layers
     report = _report(data)
-    assert any(n.startswith("offline reference replayed over the states the serving engine captured") and "hidden-state stage" in n
-               for n in report["notes"]), report["notes"]  # fmt: skip
+    assert any(
+        n.startswith("offline reference replayed over the states the serving engine captured") and "hidden-state stage" in n for n in report["notes"]
+    ), report["notes"]
 
 
 def test_vllms_mla_path_feeds_the_drafter_what_it_was_trained_on(standin_graph):
@@ -115,9 +121,28 @@ def test_the_drafter_serves_as_offline_under_every_lesser_cpu_cap(cap, standin_g
     test_engine_extract.py, and the graph above replays over the engine's own)."""
     _, data, _ = standin_graph
     out = tmp_path / "report"
-    command = [str(Path(sys.executable).with_name("eagle-assets")), "bench", "--drafter", str(_base(data) / "drafter" / "drafter-vllm"),
-               "--target", KIMI_STANDIN, "--num-prompts", "2", "--output-len", "16", "--concurrency", "1", "--no-ngram",
-               "--baseline-once", "--interleave", "0", "--offline-reference", "hf", "--out", str(out)]  # fmt: skip
+    command = [
+        str(Path(sys.executable).with_name("eagle-assets")),
+        "bench",
+        "--drafter",
+        str(_base(data) / "drafter" / "drafter-vllm"),
+        "--target",
+        KIMI_STANDIN,
+        "--num-prompts",
+        "2",
+        "--output-len",
+        "16",
+        "--concurrency",
+        "1",
+        "--no-ngram",
+        "--baseline-once",
+        "--interleave",
+        "0",
+        "--offline-reference",
+        "hf",
+        "--out",
+        str(out),
+    ]
     env = capped_environment(cap) | {"EAGLE_ASSETS_RUNS": str(tmp_path / "runs")}
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]

@@ -222,10 +222,14 @@ def test_vllm_serves_the_kimi_stand_in_as_transformers_does(standin_paths, kimi,
 
     with launch_vllm(folder, log=lambda m: None) as server:
         assert server.preset.name == KIMI_STANDIN and "--trust-remote-code" in server.preset.engine_args()
-        body = {"model": server.model, "messages": [{"role": "user", "content": prompt}], "max_tokens": 32,
-                "temperature": 0.0, "return_token_ids": True}  # fmt: skip
-        request = urllib.request.Request(f"{server.base_url}/v1/chat/completions", json.dumps(body).encode(),
-                                         {"Content-Type": "application/json"})  # fmt: skip
+        body = {
+            "model": server.model,
+            "messages": [{"role": "user", "content": prompt}],
+            "max_tokens": 32,
+            "temperature": 0.0,
+            "return_token_ids": True,
+        }
+        request = urllib.request.Request(f"{server.base_url}/v1/chat/completions", json.dumps(body).encode(), {"Content-Type": "application/json"})
         with urllib.request.urlopen(request, timeout=300) as resp:
             answer = json.loads(resp.read())
         assert f"backend {mla_backend(NATIVE)}" in engine_kernels(server.log_path)
@@ -256,8 +260,9 @@ def test_extraction_loads_the_kimi_layout_spread_by_device_map_within_max_memory
     the states it gives are the DeepSeek-V3 layout's, for the same language model."""
     from eagle_assets.hidden_states.extract import load_target, target_parts
 
-    model, tokenizer = load_target(standin_paths[KIMI_STANDIN], device="auto", dtype=torch.float32, max_memory_per_device="4GiB",
-                                   trust_remote_code=True)  # fmt: skip
+    model, tokenizer = load_target(
+        standin_paths[KIMI_STANDIN], device="auto", dtype=torch.float32, max_memory_per_device="4GiB", trust_remote_code=True
+    )
     assert type(model).__name__ == "Kimi_K25ForConditionalGeneration" and type(tokenizer).__name__ == "TikTokenTokenizer"
     assert {p.device.type for p in model.parameters()} == {"cpu"}  # no GPU here: accelerate's map is the host
     assert model.config.get_text_config()._experts_implementation == "grouped_mm"

@@ -133,9 +133,11 @@ class BenchmarkSettings:
         if self.interleave_rounds is not None and self.interleave_rounds < 0:
             raise ValueError(f"interleave_rounds={self.interleave_rounds}: give 0 (one configuration after another) or more rounds")
         if self.control and self.interleave_rounds == 0:
-            raise ValueError("control=True serves a second server without speculation interleaved with the rest; with "
-                             "interleave_rounds=0 serve the baseline again at the end instead (baseline_again), "
-                             "which measures the host's drift over the run")  # fmt: skip
+            raise ValueError(
+                "control=True serves a second server without speculation interleaved with the rest; with "
+                "interleave_rounds=0 serve the baseline again at the end instead (baseline_again), "
+                "which measures the host's drift over the run"
+            )
         if len(set(ks)) != len(ks):
             raise ValueError(f"k={self.k} and also_k={list(self.also_k)} repeat a K: give each K once (k is served anyway)")
         # Checked here, before the offline reference and the servers' starts, not at the first
@@ -170,7 +172,7 @@ class BenchmarkIncomplete(RuntimeError):
 # Rounds per level when the benchmark chooses. On all 80 MT-Bench turns, which come category
 # by category in tens, a round of every 10th prompt holds one turn of each category, and at
 # concurrency 8 it is one batch; shorter rounds cancel faster drift (two servers of one config
-# read closer over more rounds: benchmarks/results/k_schedule_cpu2_2026-12-03.md).
+# read closer over more rounds).
 DEFAULT_INTERLEAVE_ROUNDS = 10
 
 
@@ -203,22 +205,33 @@ def interleaving(
         why = why_not_at_once(specs) if why_not_at_once else None
         chosen = 0 if why else DEFAULT_INTERLEAVE_ROUNDS
     if chosen:
-        note = (f"configurations served interleaved: all servers up at once, each concurrency level in up to {chosen} "
-                "rounds of the same prompts, the order rotated every round")  # fmt: skip
+        note = (
+            f"configurations served interleaved: all servers up at once, each concurrency level in up to {chosen} "
+            "rounds of the same prompts, the order rotated every round"
+        )
         if settings.interleave_rounds is None:
             note += " (the default where every server fits at once)"
     elif why:
-        note = (f"configurations served one after another, not interleaved: {why}"
-                + ("; the baseline is served again at the end, to measure the host's drift" if settings.baseline_again else "")
-                + ("; the A/A control, which needs interleaving, was not served" if settings.control else ""))  # fmt: skip
+        note = (
+            f"configurations served one after another, not interleaved: {why}"
+            + ("; the baseline is served again at the end, to measure the host's drift" if settings.baseline_again else "")
+            + ("; the A/A control, which needs interleaving, was not served" if settings.control else "")
+        )
     else:
         note = None
     return replace(settings, interleave_rounds=chosen, control=settings.control and bool(chosen)), note
 
 
-def offline_results(target_path: Path, drafter_dir: Path, prompts: Sequence[Sequence[dict]], settings: BenchmarkSettings,
-                    log: Callable[[str], None] = print, device: str = "cpu", kept: Measurements | None = None,
-                    trust_remote_code: bool = False) -> list[Result]:  # fmt: skip
+def offline_results(
+    target_path: Path,
+    drafter_dir: Path,
+    prompts: Sequence[Sequence[dict]],
+    settings: BenchmarkSettings,
+    log: Callable[[str], None] = print,
+    device: str = "cpu",
+    kept: Measurements | None = None,
+    trust_remote_code: bool = False,
+) -> list[Result]:
     """The reference decoder's result on each prompt (its tokens and accepted drafts per step).
 
     fp32 on any device, as the CPU engine serves; on CUDA without TF32, for the same reason.
@@ -236,8 +249,12 @@ def offline_results(target_path: Path, drafter_dir: Path, prompts: Sequence[Sequ
 
     tokenizer = load_tokenizer(target_path, trust_remote_code=trust_remote_code)
     use_exact_fp32(device)
-    target = causal_lm_class(target_path, trust_remote_code).from_pretrained(
-        target_path, dtype=torch.float32, trust_remote_code=trust_remote_code).to(device).eval()  # fmt: skip
+    target = (
+        causal_lm_class(target_path, trust_remote_code)
+        .from_pretrained(target_path, dtype=torch.float32, trust_remote_code=trust_remote_code)
+        .to(device)
+        .eval()
+    )
     drafter, _ = load_drafter(drafter_dir, dtype=torch.float32)
     drafter.to(device).eval()
     with torch.no_grad():
@@ -257,28 +274,48 @@ def offline_results(target_path: Path, drafter_dir: Path, prompts: Sequence[Sequ
 
 
 def _row_of_result(result: Result) -> dict:
-    return {"tokens": result.tokens, "accepted_per_step": result.accepted_per_step, "k": result.k,
-            "drafts": result.drafts, "answer_end": result.answer_end}  # fmt: skip
+    return {
+        "tokens": result.tokens,
+        "accepted_per_step": result.accepted_per_step,
+        "k": result.k,
+        "drafts": result.drafts,
+        "answer_end": result.answer_end,
+    }
 
 
 def _result_from_row(row: Mapping) -> Result:
-    return Result(tokens=list(row["tokens"]), accepted_per_step=list(row["accepted_per_step"]), k=int(row["k"]),
-                  drafts=[list(d) for d in row["drafts"]], answer_end=row["answer_end"])  # fmt: skip
+    return Result(
+        tokens=list(row["tokens"]),
+        accepted_per_step=list(row["accepted_per_step"]),
+        k=int(row["k"]),
+        drafts=[list(d) for d in row["drafts"]],
+        answer_end=row["answer_end"],
+    )
 
 
-def benchmark_fingerprint(settings: BenchmarkSettings, target_name: str, target_path: Path, drafter_dir: Path,
-                          served_drafter_dir: Path, notes: Sequence[str | None]) -> dict:  # fmt: skip
+def benchmark_fingerprint(
+    settings: BenchmarkSettings, target_name: str, target_path: Path, drafter_dir: Path, served_drafter_dir: Path, notes: Sequence[str | None]
+) -> dict:
     """What a benchmark's measurements are of, for `Measurements.open`: the settings that shape
     them (as asked: the choice of interleaving is kept with the measurements), the target, the
     drafters' files and the caller's notes on how its servers run (eager or compiled, say)."""
     shaping = {
-        "num_prompts": settings.num_prompts, "output_len": settings.output_len, "concurrencies": list(settings.concurrencies),
-        "k": settings.k, "also_k": list(settings.also_k), "k_schedule": settings.k_schedule.text() if settings.k_schedule else None,
-        "ngram": settings.ngram, "baseline_again": settings.baseline_again, "interleave_rounds": settings.interleave_rounds,
-        "control": settings.control, "confirm_schedule": settings.confirm_schedule, "offline_prompts": settings.offline_prompts,
-        "offline_reference": settings.offline_reference, "greedy_check": settings.greedy_check,
+        "num_prompts": settings.num_prompts,
+        "output_len": settings.output_len,
+        "concurrencies": list(settings.concurrencies),
+        "k": settings.k,
+        "also_k": list(settings.also_k),
+        "k_schedule": settings.k_schedule.text() if settings.k_schedule else None,
+        "ngram": settings.ngram,
+        "baseline_again": settings.baseline_again,
+        "interleave_rounds": settings.interleave_rounds,
+        "control": settings.control,
+        "confirm_schedule": settings.confirm_schedule,
+        "offline_prompts": settings.offline_prompts,
+        "offline_reference": settings.offline_reference,
+        "greedy_check": settings.greedy_check,
         "prompt_set": settings.prompt_set.name if settings.prompt_set else None,
-    }  # fmt: skip
+    }
     return {
         "settings": shaping,
         "target": target_name,
@@ -386,8 +423,18 @@ def run_benchmark(
         notes.append(how_served)
         log(how_served)
     missing: list[str] = []
-    runs = _serve_all(served_configs(settings, served_drafter_dir), serve, prompts, sweep, settings.interleave_rounds, log, kept, "sweep",
-                      on_served=on_served, missing=missing)  # fmt: skip
+    runs = _serve_all(
+        served_configs(settings, served_drafter_dir),
+        serve,
+        prompts,
+        sweep,
+        settings.interleave_rounds,
+        log,
+        kept,
+        "sweep",
+        on_served=on_served,
+        missing=missing,
+    )
     if streams is not None:
         try:
             streams.fill_missing(serve, speculative_config(served_drafter_dir, settings.k))
@@ -395,20 +442,26 @@ def run_benchmark(
             log(f"greedy streams left for the rerun: {exc}")
     if source == "engine" and reference is not None:
         results = captured_offline_results(drafter_dir, target_path, reference, settings, log, kept)
-        notes.append("offline reference replayed over the states the serving engine captured along the target's greedy answers, "
-                     "in the hidden-state stage (the target was not loaded here)")  # fmt: skip
+        notes.append(
+            "offline reference replayed over the states the serving engine captured along the target's greedy answers, "
+            "in the hidden-state stage (the target was not loaded here)"
+        )
         if streams is not None and streams.plain is not None:
             same = sum(
                 list(r) == list(p[1][: len(r)]) for r, p in zip((s[: settings.output_len + settings.k] for s in reference.streams), streams.plain)
             )
-            notes.append(f"the extraction server's greedy answers equal the plain server's on {same} of {len(streams.plain)} prompts "
-                         f"({settings.output_len + settings.k} tokens each)")  # fmt: skip
+            notes.append(
+                f"the extraction server's greedy answers equal the plain server's on {same} of {len(streams.plain)} prompts "
+                f"({settings.output_len + settings.k} tokens each)"
+            )
     elif source == "engine":
         if streams.plain is None:
             raise _incomplete(missing or [BASELINE], kept)
         results = engine_offline_results(drafter_dir, target_path, streams.plain, extraction_server, settings, log)
-        notes.append("offline reference replayed over the states the serving engine captured along the target's greedy answers "
-                     "from its server (the target was not loaded here)")  # fmt: skip
+        notes.append(
+            "offline reference replayed over the states the serving engine captured along the target's greedy answers "
+            "from its server (the target was not loaded here)"
+        )
     if missing:
         raise _incomplete(missing, kept)
     offline = AcceptanceNumbers.from_results(results, settings.k)
@@ -417,8 +470,10 @@ def run_benchmark(
     log(f"offline reference: AL {offline.al:.3f}, p_k {[round(p, 3) for p in offline.per_position_acceptance]}")
     ended_early = answers_ending_early(results)
     if ended_early:
-        notes.append(f"{ended_early} of {len(results)} offline answers ended before {settings.output_len} "
-                     "tokens and ran on past the target's end-of-answer token (EOS is ignored, served and offline alike)")  # fmt: skip
+        notes.append(
+            f"{ended_early} of {len(results)} offline answers ended before {settings.output_len} "
+            "tokens and ran on past the target's end-of-answer token (EOS is ignored, served and offline alike)"
+        )
     confirmation = []
     if settings.confirm_schedule:
         confirmation, note = _confirm_schedule(runs, settings, served_drafter_dir, serve, prompts, sweep, log, kept)
@@ -453,8 +508,10 @@ def offline_reference_source(asked: str, target_path: Path, can_extract: bool) -
     """ "hf" or "engine" for the offline reference: as asked, else (auto) "hf" where the target's
     weights, read in fp32, fit in half this host's available memory, else "engine"."""
     if asked == "engine" and not can_extract:
-        raise ValueError("offline_reference 'engine' needs an extraction server, and none was given: serve the target with "
-                         "`eagle-assets serve --extract` and give its URL, or use offline_reference 'hf'")  # fmt: skip
+        raise ValueError(
+            "offline_reference 'engine' needs an extraction server, and none was given: serve the target with "
+            "`eagle-assets serve --extract` and give its URL, or use offline_reference 'hf'"
+        )
     if asked != "auto":
         return asked
     if not can_extract:
@@ -534,8 +591,14 @@ class GreedyStreams:
                 self.on_served(fixed_k_label(self.settings.k, self.settings.k), eagle3_spec, server)
 
 
-def captured_offline_results(drafter_dir: Path, target_path: Path, reference: BenchmarkReference, settings: BenchmarkSettings,
-                             log: Callable[[str], None], kept: Measurements | None = None) -> list[Result]:  # fmt: skip
+def captured_offline_results(
+    drafter_dir: Path,
+    target_path: Path,
+    reference: BenchmarkReference,
+    settings: BenchmarkSettings,
+    log: Callable[[str], None],
+    kept: Measurements | None = None,
+) -> list[Result]:
     """The reference decoder's results, replayed over a capture of the engine's states
     (`bench/reference_states.py`) along the target's greedy answers; kept with the measurements."""
     rows = kept.offline() if kept is not None else []
@@ -546,8 +609,15 @@ def captured_offline_results(drafter_dir: Path, target_path: Path, reference: Be
     drafter.eval()
     tokens = settings.output_len + settings.k
     n = settings.num_prompts
-    results = replay_reference(drafter, reference.prompt_ids[:n], [s[:tokens] for s in reference.streams[:n]],
-                               _captured_states(reference, config.aux_layer_ids, tokens), settings.output_len, settings.k, log)  # fmt: skip
+    results = replay_reference(
+        drafter,
+        reference.prompt_ids[:n],
+        [s[:tokens] for s in reference.streams[:n]],
+        _captured_states(reference, config.aux_layer_ids, tokens),
+        settings.output_len,
+        settings.k,
+        log,
+    )
     if kept is not None:
         kept.save_offline([_row_of_result(r) for r in results])
     return results
@@ -577,14 +647,21 @@ LEFT_CHOICE = "left"
 
 def _left_note(missing: Sequence[str], kept: Measurements) -> str:
     """What a benchmark measured in parts still needs, and where the rest is kept."""
-    return (f"not measured yet: {', '.join(missing)} (no server of it was given this time). What was measured is kept in "
-            f"{kept.folder}; serve the other configuration (for the target with the drafter: EAGLE_ASSETS_SPECULATIVE_URL; "
-            "alone: EAGLE_ASSETS_SERVER_URL) and run the benchmark again: it measures only what is left and writes the report")  # fmt: skip
+    return (
+        f"not measured yet: {', '.join(missing)} (no server of it was given this time). What was measured is kept in "
+        f"{kept.folder}; serve the other configuration (for the target with the drafter: EAGLE_ASSETS_SPECULATIVE_URL; "
+        "alone: EAGLE_ASSETS_SERVER_URL) and run the benchmark again: it measures only what is left and writes the report"
+    )
 
 
-def engine_offline_results(drafter_dir: Path, target_path: Path, plain: Sequence[tuple[list[int], list[int]]] | None,
-                           extraction_server: Callable[[Sequence[int]], ContextManager], settings: BenchmarkSettings,
-                           log: Callable[[str], None]) -> list[Result]:  # fmt: skip
+def engine_offline_results(
+    drafter_dir: Path,
+    target_path: Path,
+    plain: Sequence[tuple[list[int], list[int]]] | None,
+    extraction_server: Callable[[Sequence[int]], ContextManager],
+    settings: BenchmarkSettings,
+    log: Callable[[str], None],
+) -> list[Result]:
     """The reference decoder's results, replayed over the engine's states (`bench/replay_reference.py`)."""
     if plain is None:
         raise RuntimeError("the baseline was not served, so the target's greedy streams are missing for the offline replay")
@@ -601,30 +678,44 @@ def engine_offline_results(drafter_dir: Path, target_path: Path, plain: Sequence
             return states[:, cols].reshape(len(seq), -1).float()  # the drafter's order, as vLLM concatenates them
 
         with closing(client):
-            return replay_reference(drafter, [p for p, _ in plain], [t for _, t in plain], states_of, settings.output_len,
-                                    settings.k, log)  # fmt: skip
+            return replay_reference(drafter, [p for p, _ in plain], [t for _, t in plain], states_of, settings.output_len, settings.k, log)
 
 
 def _measurement_notes(runs: Sequence, kept: Measurements) -> list[str]:
     """What the report says of measurements kept from an interrupted run, and of retried requests."""
     notes = []
     if kept.kept and kept.choice(LEFT_CHOICE):
-        notes.append(f"measured in parts, one server at a time: {kept.kept} measurement(s) were kept from the part begun "
-                     f"{kept.state.get('started')}, the rest measured on the server given after it")  # fmt: skip
+        notes.append(
+            f"measured in parts, one server at a time: {kept.kept} measurement(s) were kept from the part begun "
+            f"{kept.state.get('started')}, the rest measured on the server given after it"
+        )
     elif kept.kept:
-        notes.append(f"resumed: {kept.kept} measurement(s) (levels, rounds or the offline reference) were kept from an "
-                     f"interrupted run of the same benchmark begun {kept.state.get('started')}; the rest were measured "
-                     "on servers started again")  # fmt: skip
+        notes.append(
+            f"resumed: {kept.kept} measurement(s) (levels, rounds or the offline reference) were kept from an "
+            f"interrupted run of the same benchmark begun {kept.state.get('started')}; the rest were measured "
+            "on servers started again"
+        )
     retried = {f"{r.label} c={lv.concurrency}": lv.retried_requests for r in runs for lv in r.levels if lv.retried_requests}
     if retried:
-        notes.append("requests that succeeded only when retried (their wait is in the level's time, which reads slower): "
-                     + ", ".join(f"{where}: {n}" for where, n in retried.items()))  # fmt: skip
+        notes.append(
+            "requests that succeeded only when retried (their wait is in the level's time, which reads slower): "
+            + ", ".join(f"{where}: {n}" for where, n in retried.items())
+        )
     return notes
 
 
-def _serve_all(configs: Sequence[tuple[str, dict | None]], serve: Callable[..., ContextManager], prompts: Sequence,
-               sweep: SweepSettings, rounds: int, log: Callable[[str], None], kept: Measurements, phase: str,
-               on_served: Callable[[str, dict | None, object], None] | None = None, missing: list[str] | None = None) -> list:  # fmt: skip
+def _serve_all(
+    configs: Sequence[tuple[str, dict | None]],
+    serve: Callable[..., ContextManager],
+    prompts: Sequence,
+    sweep: SweepSettings,
+    rounds: int,
+    log: Callable[[str], None],
+    kept: Measurements,
+    phase: str,
+    on_served: Callable[[str, dict | None, object], None] | None = None,
+    missing: list[str] | None = None,
+) -> list:
     """Serve every configuration's sweep: interleaved in `rounds`, or (0) one after another;
     each level (or round) kept under `phase` as it finishes, those kept before read back.
     `on_served(label, spec, server)` runs after a configuration's sweep while its server is up
@@ -659,20 +750,46 @@ def _serve_all(configs: Sequence[tuple[str, dict | None]], serve: Callable[..., 
     return runs
 
 
-def _serve_one(label: str, spec: dict | None, serve: Callable[..., ContextManager], prompts: Sequence, sweep: SweepSettings,
-               levels: tuple[int, ...], earlier: Mapping, log: Callable[[str], None], kept: Measurements, phase: str,
-               on_served: Callable[[str, dict | None, object], None] | None) -> tuple[ServedRun, dict]:  # fmt: skip
+def _serve_one(
+    label: str,
+    spec: dict | None,
+    serve: Callable[..., ContextManager],
+    prompts: Sequence,
+    sweep: SweepSettings,
+    levels: tuple[int, ...],
+    earlier: Mapping,
+    log: Callable[[str], None],
+    kept: Measurements,
+    phase: str,
+    on_served: Callable[[str, dict | None, object], None] | None,
+) -> tuple[ServedRun, dict]:
     """One configuration's sweep at the concurrency `levels` not kept from an earlier run, each
     kept as it finishes: (its run, its description)."""
     with serve(spec) as server:
-        log(f"served sweep: {label} at concurrency {list(levels)}"
-            + (f" (c={', '.join(map(str, earlier))} kept from an earlier run)" if earlier else ""))  # fmt: skip
-        description = {"engine": sweep.engine, "model": server.model, "base_url": server.base_url, "output_len": sweep.output_len,
-                       "num_prompts": len(prompts), "started_at": time.time(), "config": {"speculative": spec}}  # fmt: skip
+        log(
+            f"served sweep: {label} at concurrency {list(levels)}"
+            + (f" (c={', '.join(map(str, earlier))} kept from an earlier run)" if earlier else "")
+        )
+        description = {
+            "engine": sweep.engine,
+            "model": server.model,
+            "base_url": server.base_url,
+            "output_len": sweep.output_len,
+            "num_prompts": len(prompts),
+            "started_at": time.time(),
+            "config": {"speculative": spec},
+        }
         with _failures_named(label, [server], kept):
-            run = run_served(label, server.base_url, server.model, prompts, replace(sweep, concurrencies=levels),
-                             api_key=server.api_key, config=description["config"],
-                             on_level=lambda level: kept.save_level(phase, label, level, description))  # fmt: skip
+            run = run_served(
+                label,
+                server.base_url,
+                server.model,
+                prompts,
+                replace(sweep, concurrencies=levels),
+                api_key=server.api_key,
+                config=description["config"],
+                on_level=lambda level: kept.save_level(phase, label, level, description),
+            )
             if on_served is not None:
                 on_served(label, spec, server)
     return run, description
@@ -688,8 +805,7 @@ def _failures_named(label: str, servers: Sequence, kept: Measurements) -> Iterat
     except (ServedRequestError, httpx.HTTPError, ConnectionError) as exc:
         url = getattr(exc, "base_url", None)
         suspects = [s for s in servers if s.base_url == url] or list(servers)
-        resume = (f"{len(kept.files())} finished measurement file(s) are kept in {kept.folder}: "
-                  "a rerun with the same settings resumes from them")  # fmt: skip
+        resume = f"{len(kept.files())} finished measurement file(s) are kept in {kept.folder}: a rerun with the same settings resumes from them"
         for server in suspects:
             problem = server.problem(timeout_s=5) if hasattr(server, "problem") else None
             if problem:
@@ -699,8 +815,16 @@ def _failures_named(label: str, servers: Sequence, kept: Measurements) -> Iterat
         raise ServerFailed(f"the benchmark stopped while serving '{label}': {exc}\nthe server still answers /health: {where}\n{resume}") from exc
 
 
-def _confirm_schedule(runs: Sequence, settings: BenchmarkSettings, drafter_dir: Path, serve: Callable[..., ContextManager],
-                      prompts: Sequence, sweep: SweepSettings, log: Callable[[str], None], kept: Measurements) -> tuple[list, str | None]:  # fmt: skip
+def _confirm_schedule(
+    runs: Sequence,
+    settings: BenchmarkSettings,
+    drafter_dir: Path,
+    serve: Callable[..., ContextManager],
+    prompts: Sequence,
+    sweep: SweepSettings,
+    log: Callable[[str], None],
+    kept: Measurements,
+) -> tuple[list, str | None]:
     """The runs confirming the schedule the sweep recommends (none when it recommends no
     schedule, or one the sweep served already), and a note saying which."""
     schedule = recommended_schedule(runs)
@@ -714,9 +838,17 @@ def _confirm_schedule(runs: Sequence, settings: BenchmarkSettings, drafter_dir: 
     return _serve_all(configs, serve, prompts, sweep, settings.interleave_rounds, log, kept, "confirm"), None
 
 
-def _serve_interleaved(configs: Sequence[tuple[str, dict | None]], serve: Callable[..., ContextManager], prompts: Sequence,
-                       sweep: SweepSettings, rounds: int, log: Callable[[str], None], kept: Measurements, phase: str,
-                       on_served: Callable[[str, dict | None, object], None] | None = None) -> list:  # fmt: skip
+def _serve_interleaved(
+    configs: Sequence[tuple[str, dict | None]],
+    serve: Callable[..., ContextManager],
+    prompts: Sequence,
+    sweep: SweepSettings,
+    rounds: int,
+    log: Callable[[str], None],
+    kept: Measurements,
+    phase: str,
+    on_served: Callable[[str, dict | None, object], None] | None = None,
+) -> list:
     """Start (or reuse) every configuration's server, then serve them interleaved. A config
     given twice (the A/A control) gets a server of its own: `serve(spec, replica=1)`. A
     configuration whose every round was kept by an earlier run is not served at all."""
@@ -731,8 +863,7 @@ def _serve_interleaved(configs: Sequence[tuple[str, dict | None]], serve: Callab
             servers.append(server)
             started.append((label, spec, server))
             targets.append(ServedTarget(label, server.base_url, server.model, server.api_key, {"speculative": spec}))
-        log(f"served sweeps: {', '.join(t.label for t in targets)} interleaved in up to {rounds} rounds "
-            f"at concurrency {list(sweep.concurrencies)}")  # fmt: skip
+        log(f"served sweeps: {', '.join(t.label for t in targets)} interleaved in up to {rounds} rounds at concurrency {list(sweep.concurrencies)}")
         with _failures_named(" and ".join(t.label for t in targets), servers, kept):
             runs = run_interleaved(targets, prompts, sweep, rounds, progress=log, kept=kept, phase=phase)
             for label, spec, server in started if on_served is not None else ():

@@ -90,8 +90,11 @@ def host_drift(runs: Sequence[ServedRun], baseline: str = BASELINE) -> dict[int,
     if first is None or last is None:
         return {}
     _comparable(first, last)
-    return {lv.concurrency: lv.tokens_per_s / b.tokens_per_s
-            for lv in last.levels if (b := first.level(lv.concurrency)) is not None and b.tokens_per_s > 0}  # fmt: skip
+    return {
+        lv.concurrency: lv.tokens_per_s / b.tokens_per_s
+        for lv in last.levels
+        if (b := first.level(lv.concurrency)) is not None and b.tokens_per_s > 0
+    }
 
 
 def round_speedups(runs: Sequence[ServedRun], baseline: str = BASELINE) -> dict[str, dict[int, tuple[float, ...]]]:

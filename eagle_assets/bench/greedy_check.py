@@ -84,8 +84,12 @@ class GreedyCheck:
         head = f"Served greedy output under speculation equals plain greedy on {self.equal} of {self.prompts} prompts ({self.tokens_per_prompt} tokens each)"
         if not self.divergences:
             return head + "."
-        parts = [f"prompt {d.prompt} at token {d.index} (margin {d.margin:.2e})" if d.margin is not None else
-                 f"prompt {d.prompt} at token {d.index} (margin unknown)" for d in self.divergences]  # fmt: skip
+        parts = [
+            f"prompt {d.prompt} at token {d.index} (margin {d.margin:.2e})"
+            if d.margin is not None
+            else f"prompt {d.prompt} at token {d.index} (margin unknown)"
+            for d in self.divergences
+        ]
         if self.defects:
             return (
                 f"{head}; DEFECT: the engine departs from the target's greedy choice where the target is not near a tie "
@@ -99,10 +103,15 @@ class GreedyCheck:
 
     def to_dict(self) -> dict:
         return {
-            "prompts": self.prompts, "tokens_per_prompt": self.tokens_per_prompt, "threshold": self.threshold,
-            "served_dtype": self.served_dtype, "equal": self.equal, "verdict": self.verdict, "sentence": self.sentence(),
+            "prompts": self.prompts,
+            "tokens_per_prompt": self.tokens_per_prompt,
+            "threshold": self.threshold,
+            "served_dtype": self.served_dtype,
+            "equal": self.equal,
+            "verdict": self.verdict,
+            "sentence": self.sentence(),
             "divergences": [asdict(d) for d in self.divergences],
-        }  # fmt: skip
+        }
 
     @classmethod
     def from_dict(cls, d: Mapping) -> "GreedyCheck":
@@ -134,9 +143,14 @@ def greedy_tokens(
     """(prompt token ids, the first `n` greedy output token ids) of a chat prompt, EOS ignored, as
     the served benchmark asks; the ids are the server's own (its chat template, its tokenizer)."""
     body = {
-        "model": model, "messages": list(messages), "max_tokens": n, "min_tokens": n, "temperature": 0.0,
-        "ignore_eos": True, "return_token_ids": True,
-    }  # fmt: skip
+        "model": model,
+        "messages": list(messages),
+        "max_tokens": n,
+        "min_tokens": n,
+        "temperature": 0.0,
+        "ignore_eos": True,
+        "return_token_ids": True,
+    }
     resp = _post(base_url, "chat/completions", body, api_key, stall_s)
     if resp.status_code != 200:
         raise RuntimeError(f"the server at {base_url} answered {resp.status_code} to a greedy request: {resp.text[:300]}")

@@ -149,8 +149,15 @@ def run_interleaved(
 
 def _description(target: ServedTarget, settings: SweepSettings, num_prompts: int, started: float) -> dict:
     """What a `ServedRun` says of its run besides its label and levels."""
-    return {"engine": settings.engine, "model": target.model, "base_url": target.base_url, "output_len": settings.output_len,
-            "num_prompts": num_prompts, "started_at": started, "config": dict(target.config)}  # fmt: skip
+    return {
+        "engine": settings.engine,
+        "model": target.model,
+        "base_url": target.base_url,
+        "output_len": settings.output_len,
+        "num_prompts": num_prompts,
+        "started_at": started,
+        "config": dict(target.config),
+    }
 
 
 def _level_spec(rounds: Sequence[SpecStats | None], results: Sequence[RequestResult], settings: SweepSettings) -> SpecStats | None:

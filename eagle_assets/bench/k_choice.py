@@ -61,8 +61,7 @@ def k_schedule_summary(runs: Sequence[ServedRun], speedups: Mapping[str, Mapping
     return f"K by batch size, fastest per load: {advice}"
 
 
-def k_schedule_lines(drafter: str, runs: Sequence[ServedRun], speedups: Mapping[str, Mapping[int, float]],
-                     confirmed: bool = False) -> list[str]:  # fmt: skip
+def k_schedule_lines(drafter: str, runs: Sequence[ServedRun], speedups: Mapping[str, Mapping[int, float]], confirmed: bool = False) -> list[str]:
     """The report's lines on what to serve at each load (none when the drafter served at no fixed K);
     `confirmed`: the benchmark served the recommendation after the sweep, so no command to confirm it."""
     by_k = speedups_by_k(runs, speedups)
@@ -74,18 +73,24 @@ def k_schedule_lines(drafter: str, runs: Sequence[ServedRun], speedups: Mapping[
         return [f"No K measured ({measured}) served faster than no speculation at any concurrency: serve without the drafter."]
     if len(schedule.ranges) == 1:
         among = f" of {measured}" if len(by_k) > 1 else ""
-        return [f"K={schedule.max_k} served fastest{among} at every concurrency measured, above no speculation: serve "
-                f"it at every batch size (`-k {schedule.max_k}`), no schedule needed."]  # fmt: skip
+        return [
+            f"K={schedule.max_k} served fastest{among} at every concurrency measured, above no speculation: serve "
+            f"it at every batch size (`-k {schedule.max_k}`), no schedule needed."
+        ]
     config = speculative_config(drafter, schedule.max_k, schedule)
-    lines = [f"The fastest of {measured} at each concurrency, as vLLM's K by batch size: `{schedule.text()}` "
-             f"({schedule.describe()}). A level at concurrency c covers the batch sizes above the level below it, up "
-             "to c; K 0 still runs the drafter's first forward (it keeps its KV cache in step), so it costs a little "
-             "more than no drafter.",
-             f"vLLM: `--speculative-config '{json.dumps(config)}'`"]  # fmt: skip
+    lines = [
+        f"The fastest of {measured} at each concurrency, as vLLM's K by batch size: `{schedule.text()}` "
+        f"({schedule.describe()}). A level at concurrency c covers the batch sizes above the level below it, up "
+        "to c; K 0 still runs the drafter's first forward (it keeps its KV cache in step), so it costs a little "
+        "more than no drafter.",
+        f"vLLM: `--speculative-config '{json.dumps(config)}'`",
+    ]
     if not any(run_schedule(run) for run in runs) and not confirmed:
-        lines.append(f"Serve it beside the others to confirm it: `eagle-assets bench --drafter {drafter} --k-schedule "
-                     f"{schedule.text()}` (its run is `eagle3 k={schedule.text()}`), or have the benchmark serve it after "
-                     "the sweep: `--confirm-schedule` (`confirm_schedule: true`).")  # fmt: skip
+        lines.append(
+            f"Serve it beside the others to confirm it: `eagle-assets bench --drafter {drafter} --k-schedule "
+            f"{schedule.text()}` (its run is `eagle3 k={schedule.text()}`), or have the benchmark serve it after "
+            "the sweep: `--confirm-schedule` (`confirm_schedule: true`)."
+        )
     return lines
 
 
@@ -109,8 +114,7 @@ def schedule_label(schedule: KSchedule) -> str:
     return f"eagle3 k={schedule.text()}"
 
 
-def confirmation_configs(schedule: KSchedule, main_k: int, drafter: str | Path,
-                         baseline_again: bool) -> list[tuple[str, dict | None]]:  # fmt: skip
+def confirmation_configs(schedule: KSchedule, main_k: int, drafter: str | Path, baseline_again: bool) -> list[tuple[str, dict | None]]:
     """(label, speculative config) of the runs that confirm `schedule`: no speculation, each K
     above 0 it drafts at, the schedule itself, and no speculation again where the runs are served
     one after another and `baseline_again` (the host's drift)."""
@@ -140,8 +144,10 @@ class LevelConfirmation:
         return self.speedup >= self.fastest_speedup * (1 - SCHEDULE_MARGIN)
 
     def describe(self) -> str:
-        return (f"concurrency {self.concurrency}: K {self.k}, {self.speedup:.2f}x against {self.fastest}'s "
-                f"{self.fastest_speedup:.2f}x ({'confirmed' if self.confirmed else 'NOT confirmed'})")  # fmt: skip
+        return (
+            f"concurrency {self.concurrency}: K {self.k}, {self.speedup:.2f}x against {self.fastest}'s "
+            f"{self.fastest_speedup:.2f}x ({'confirmed' if self.confirmed else 'NOT confirmed'})"
+        )
 
 
 @dataclass(frozen=True)
@@ -178,13 +184,20 @@ def confirmation_lines(runs: Sequence[ServedRun]) -> list[str]:
     confirmation = confirm(runs)
     if confirmation is None:
         return []
-    verdict = ("confirmed: within {:.0%} of the fastest at every level" if confirmation.confirmed
-               else "not confirmed: slower than the fastest by more than {:.0%} at some level").format(SCHEDULE_MARGIN)  # fmt: skip
-    lines = [f"`{confirmation.schedule.text()}` served after the sweep, beside no speculation and the fixed K it uses, "
-             f"on the same prompts: {verdict}.", *[lv.describe() for lv in confirmation.levels]]  # fmt: skip
+    verdict = (
+        "confirmed: within {:.0%} of the fastest at every level"
+        if confirmation.confirmed
+        else "not confirmed: slower than the fastest by more than {:.0%} at some level"
+    ).format(SCHEDULE_MARGIN)
+    lines = [
+        f"`{confirmation.schedule.text()}` served after the sweep, beside no speculation and the fixed K it uses, on the same prompts: {verdict}.",
+        *[lv.describe() for lv in confirmation.levels],
+    ]
     if any(lv.k == 0 and not lv.confirmed for lv in confirmation.levels):
-        lines.append("At K 0 the drafter's first forward still runs over every new token: where that costs more than the "
-                     "margin, that load is served faster by a server without the drafter than by any schedule.")  # fmt: skip
+        lines.append(
+            "At K 0 the drafter's first forward still runs over every new token: where that costs more than the "
+            "margin, that load is served faster by a server without the drafter than by any schedule."
+        )
     return lines
 
 
@@ -207,5 +220,5 @@ def confirmation_dict(runs: Sequence[ServedRun]) -> dict | None:
                 "confirmed": lv.confirmed,
             }
             for lv in confirmation.levels
-        ],  # fmt: skip
+        ],
     }

@@ -167,9 +167,11 @@ class TrainingFacts:
     def describe(self) -> str:
         v = self.validation
         pk = " / ".join(f"{p:.2f}" for p in v.per_position_acceptance)
-        data = [f"{self.train_tokens:,} tokens" if self.train_tokens is not None else None,
-                f"{self.train_samples:,} samples" if self.train_samples is not None else None,
-                f"{self.epochs} epochs" if self.epochs is not None else None]  # fmt: skip
+        data = [
+            f"{self.train_tokens:,} tokens" if self.train_tokens is not None else None,
+            f"{self.train_samples:,} samples" if self.train_samples is not None else None,
+            f"{self.epochs} epochs" if self.epochs is not None else None,
+        ]
         trained = f"; trained on {', '.join(x for x in data if x)}" if any(data) else ""
         return f"validation AL {v.al:.2f} (p_k {pk}) on held-out answers of its own corpus{trained}"
 
@@ -444,13 +446,17 @@ def judge_parity(
             why = "It needs more or more relevant training data, or more training (epochs, a warm start from a stronger parent)"
             causes = (too_little, own_template, too_short, far)
         elif training.validation.al < tol.min_healthy_al:
-            why = (f"It is weak on its own kind of prompt too ({training.describe()}): it needs more training "
-                   "data or more training (epochs, a warm start from a stronger parent)")  # fmt: skip
+            why = (
+                f"It is weak on its own kind of prompt too ({training.describe()}): it needs more training "
+                "data or more training (epochs, a warm start from a stronger parent)"
+            )
             causes = (too_little, too_short, own_template, far)
         else:
-            why = (f"On its own kind of prompt it does well ({training.describe()}), so these prompts are unlike "
-                   "what it trained on: train on prompts like them (a prompt file of your traffic, or Magpie "
-                   "openings that steer towards them)")  # fmt: skip
+            why = (
+                f"On its own kind of prompt it does well ({training.describe()}), so these prompts are unlike "
+                "what it trained on: train on prompts like them (a prompt file of your traffic, or Magpie "
+                "openings that steer towards them)"
+            )
             causes = (far, own_template, too_little, too_short)
         return Verdict(
             "drafter_undertrained",

@@ -98,8 +98,9 @@ class Measurements:
     # -- opening
 
     @classmethod
-    def open(cls, out_dir: str | Path, fingerprint: Mapping, *, fresh: bool = False, on_other: str = "replace",
-             log: Callable[[str], None] = print) -> "Measurements":  # fmt: skip
+    def open(
+        cls, out_dir: str | Path, fingerprint: Mapping, *, fresh: bool = False, on_other: str = "replace", log: Callable[[str], None] = print
+    ) -> "Measurements":
         """The measurements in `out_dir`, resumed or begun afresh (see the module docstring);
         `fresh` discards any there."""
         if on_other not in ("replace", "refuse"):
@@ -119,8 +120,15 @@ class Measurements:
                 "rerun with its settings to resume it, give another --out, or --overwrite to discard them"
             )
         if _ours(folder):
-            why = ("as asked" if fresh else "of a finished benchmark" if isinstance(state, dict) and state.get("complete")
-                   else "of other settings" if isinstance(state, dict) else "unreadable")  # fmt: skip
+            why = (
+                "as asked"
+                if fresh
+                else "of a finished benchmark"
+                if isinstance(state, dict) and state.get("complete")
+                else "of other settings"
+                if isinstance(state, dict)
+                else "unreadable"
+            )
             log(f"discarding the measurements in {folder} ({why}): measuring afresh")
             for path in _ours(folder):
                 path.unlink()
@@ -198,15 +206,21 @@ class Measurements:
         return LevelResult.from_dict(body["level"]), body["run"]
 
     def save_level(self, phase: str, label: str, level: LevelResult, run: Mapping) -> None:
-        body = {"label": label, "concurrency": level.concurrency, "level": level.to_dict(), "run": dict(run),
-                "measured": time.strftime("%Y-%m-%d %H:%M:%S")}  # fmt: skip
+        body = {
+            "label": label,
+            "concurrency": level.concurrency,
+            "level": level.to_dict(),
+            "run": dict(run),
+            "measured": time.strftime("%Y-%m-%d %H:%M:%S"),
+        }
         write_json_atomic(self._path(phase, label, level.concurrency), body)
 
     def round(self, phase: str, label: str, concurrency: int, round_index: int, prompts: Sequence[int]) -> dict | None:
         """A round kept from an earlier run: its requests, wall time, speculation statistics
         (None without speculation) and its run's description; None when not kept."""
-        body = self._read(self._path(phase, label, concurrency, round_index), label=label, concurrency=concurrency,
-                          round=round_index, prompts=list(prompts))  # fmt: skip
+        body = self._read(
+            self._path(phase, label, concurrency, round_index), label=label, concurrency=concurrency, round=round_index, prompts=list(prompts)
+        )
         if body is None:
             return None
         self.kept += 1
@@ -217,9 +231,27 @@ class Measurements:
             "run": body["run"],
         }
 
-    def save_round(self, phase: str, label: str, concurrency: int, round_index: int, prompts: Sequence[int],
-                   requests: Sequence[RequestResult], wall_s: float, spec: SpecStats | None, run: Mapping) -> None:  # fmt: skip
-        body = {"label": label, "concurrency": concurrency, "round": round_index, "prompts": list(prompts),
-                "requests": [r.to_dict() for r in requests], "wall_s": wall_s, "spec": spec.to_dict() if spec else None,
-                "run": dict(run), "measured": time.strftime("%Y-%m-%d %H:%M:%S")}  # fmt: skip
+    def save_round(
+        self,
+        phase: str,
+        label: str,
+        concurrency: int,
+        round_index: int,
+        prompts: Sequence[int],
+        requests: Sequence[RequestResult],
+        wall_s: float,
+        spec: SpecStats | None,
+        run: Mapping,
+    ) -> None:
+        body = {
+            "label": label,
+            "concurrency": concurrency,
+            "round": round_index,
+            "prompts": list(prompts),
+            "requests": [r.to_dict() for r in requests],
+            "wall_s": wall_s,
+            "spec": spec.to_dict() if spec else None,
+            "run": dict(run),
+            "measured": time.strftime("%Y-%m-%d %H:%M:%S"),
+        }
         write_json_atomic(self._path(phase, label, concurrency, round_index), body)

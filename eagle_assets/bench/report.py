@@ -392,8 +392,11 @@ def to_markdown(report: BenchmarkReport, plots: Mapping[str, str] | None = None)
         k = max(len(x.per_position_acceptance) for x in (report.offline, report.served) if x)
         rows = []
         validation = report.training.validation if report.training else None
-        measured = (("training validation (held-out corpus answers, replayed)", validation),
-                    ("offline (reference decoder)", report.offline), (f"served ({report.spec_label})", report.served))  # fmt: skip
+        measured = (
+            ("training validation (held-out corpus answers, replayed)", validation),
+            ("offline (reference decoder)", report.offline),
+            (f"served ({report.spec_label})", report.served),
+        )
         for name, x in measured:
             if x is None:
                 continue
@@ -401,9 +404,12 @@ def to_markdown(report: BenchmarkReport, plots: Mapping[str, str] | None = None)
             rows.append([name, _f(x.al), _f(x.num_drafts, "{:d}") if x.num_drafts is not None else "-", *pk])
         out += [_table(["", "AL", "drafts", *[f"p_{i + 1}" for i in range(k)]], rows), ""]
         if report.training:
-            out += [f"From the drafter's training: {report.training.describe()}. It walks the corpus's own answers "
-                    "at the training K, so it reads above live decoding; far above the offline AL means these "
-                    "prompts are unlike the training data.", ""]  # fmt: skip
+            out += [
+                f"From the drafter's training: {report.training.describe()}. It walks the corpus's own answers "
+                "at the training K, so it reads above live decoding; far above the offline AL means these "
+                "prompts are unlike the training data.",
+                "",
+            ]
             if report.training.origin:
                 out += [f"The drafter served: {report.training.origin}.", ""]
     else:
@@ -412,13 +418,20 @@ def to_markdown(report: BenchmarkReport, plots: Mapping[str, str] | None = None)
         out += ["Other speculative runs, from the engine's counters: " + "; ".join(others) + ".", ""]
     if report.offline_slices:
         k = max(len(x.per_position_acceptance) for x in report.offline_slices)
-        rows = [[x.source, _f(x.al), _f(x.num_drafts, "{:d}") if x.num_drafts is not None else "-",
-                 *[_f(p) for p in x.per_position_acceptance]] for x in report.offline_slices]  # fmt: skip
-        out += ["### Offline acceptance by slice", "",
-                "Where the reference decoder's drafts fail: per prompt category, and within the target's answer "
-                "against after its end-of-answer token (the benchmark ignores EOS, so a shorter answer runs on "
-                "into text no training answer contains).", "",
-                _table(["slice", "AL", "drafts", *[f"p_{i + 1}" for i in range(k)]], rows), ""]  # fmt: skip
+        rows = [
+            [x.source, _f(x.al), _f(x.num_drafts, "{:d}") if x.num_drafts is not None else "-", *[_f(p) for p in x.per_position_acceptance]]
+            for x in report.offline_slices
+        ]
+        out += [
+            "### Offline acceptance by slice",
+            "",
+            "Where the reference decoder's drafts fail: per prompt category, and within the target's answer "
+            "against after its end-of-answer token (the benchmark ignores EOS, so a shorter answer runs on "
+            "into text no training answer contains).",
+            "",
+            _table(["slice", "AL", "drafts", *[f"p_{i + 1}" for i in range(k)]], rows),
+            "",
+        ]
     if report.parent_al is not None:
         out += [f"Parent drafter AL (warm start): {report.parent_al:.2f}", ""]
     if PLOT_ACCEPTANCE in plots:
@@ -458,24 +471,45 @@ def to_markdown(report: BenchmarkReport, plots: Mapping[str, str] | None = None)
             "",
         ]
     if drift_lines := host_drift_lines(report):
-        out += ["### Host drift", "", "No speculation was served first and again last; its tokens/s last over first:", "",
-                *[f"- {line}" for line in drift_lines], ""]  # fmt: skip
+        out += [
+            "### Host drift",
+            "",
+            "No speculation was served first and again last; its tokens/s last over first:",
+            "",
+            *[f"- {line}" for line in drift_lines],
+            "",
+        ]
     if round_lines := round_speedup_lines(report):
-        out += ["### Speedup from round to round", "",
-                "The configurations were served interleaved, in rounds of the same prompts with the order rotated, "
-                "so a change in the host's speed hits them alike; each round's speedup:", "",
-                *[f"- {line}" for line in round_lines], ""]  # fmt: skip
+        out += [
+            "### Speedup from round to round",
+            "",
+            "The configurations were served interleaved, in rounds of the same prompts with the order rotated, "
+            "so a change in the host's speed hits them alike; each round's speedup:",
+            "",
+            *[f"- {line}" for line in round_lines],
+            "",
+        ]
     if control_lines := _ratio_lines(report, CONTROL, BASELINE):
-        out += ["### Noise floor: the A/A control", "",
-                "No speculation was also served from a second server of its own, interleaved like the rest: its "
-                "tokens/s over the baseline's is how far two identical servers read apart in this run. Ratios between "
-                "configurations no further from each other than that are not told apart.", "",
-                *[f"- {line}" for line in control_lines], ""]  # fmt: skip
+        out += [
+            "### Noise floor: the A/A control",
+            "",
+            "No speculation was also served from a second server of its own, interleaved like the rest: its "
+            "tokens/s over the baseline's is how far two identical servers read apart in this run. Ratios between "
+            "configurations no further from each other than that are not told apart.",
+            "",
+            *[f"- {line}" for line in control_lines],
+            "",
+        ]
     if ngram_lines := _ratio_lines(report, report.spec_label, NGRAM):
-        out += [f"### {report.spec_label} against n-gram", "",
-                "What training the drafter bought over vLLM's n-gram speculation, which needs none: "
-                f"{report.spec_label}'s tokens/s over n-gram's in the same run.", "",
-                *[f"- {line}" for line in ngram_lines], ""]  # fmt: skip
+        out += [
+            f"### {report.spec_label} against n-gram",
+            "",
+            "What training the drafter bought over vLLM's n-gram speculation, which needs none: "
+            f"{report.spec_label}'s tokens/s over n-gram's in the same run.",
+            "",
+            *[f"- {line}" for line in ngram_lines],
+            "",
+        ]
     fastest = fastest_per_concurrency(report)
     if fastest:
         out += ["### Fastest configuration per concurrency", "", *[f"- {line}" for line in fastest], ""]
@@ -485,8 +519,16 @@ def to_markdown(report: BenchmarkReport, plots: Mapping[str, str] | None = None)
         runs = report.confirmation
         cs = sorted({lv.concurrency for r in runs for lv in r.levels})
         rows = [[str(c), *[_f(lv.tokens_per_s, "{:.1f}") if (lv := r.level(c)) else "-" for r in runs]] for c in cs]
-        out += ["### The recommended K schedule, served to confirm it", "", *[f"- {line}" for line in confirm_lines], "",
-                "Tokens/s of the confirming runs:", "", _table(["concurrency", *[r.label for r in runs]], rows), ""]  # fmt: skip
+        out += [
+            "### The recommended K schedule, served to confirm it",
+            "",
+            *[f"- {line}" for line in confirm_lines],
+            "",
+            "Tokens/s of the confirming runs:",
+            "",
+            _table(["concurrency", *[r.label for r in runs]], rows),
+            "",
+        ]
     for name, alt in ((PLOT_THROUGHPUT, "throughput"), (PLOT_SPEEDUP, "speedup")):
         if name in plots:
             out += [f"![{alt}]({plots[name]})", ""]
@@ -535,9 +577,11 @@ def host_drift_lines(report: BenchmarkReport) -> list[str]:
     for c, drift in sorted(host_drift(report.runs).items()):
         line = f"concurrency {c}: {drift:.2f}x"
         if abs(drift - 1) > DRIFT_WARNING:
-            line += (f" - the host's speed moved {abs(drift - 1):.0%} during the run: ratios between its "
-                     "configurations at this load are uncertain by about as much; rerun on a quieter host, or "
-                     "interleaved (--interleave 10, interleave_rounds: 10) where the servers fit in memory at once")  # fmt: skip
+            line += (
+                f" - the host's speed moved {abs(drift - 1):.0%} during the run: ratios between its "
+                "configurations at this load are uncertain by about as much; rerun on a quieter host, or "
+                "interleaved (--interleave 10, interleave_rounds: 10) where the servers fit in memory at once"
+            )
         lines.append(line)
     return lines
 
@@ -549,8 +593,10 @@ def round_speedup_lines(report: BenchmarkReport) -> list[str]:
     for label, by_c in round_speedups(report.runs).items():
         for c, ratios in sorted(by_c.items()):
             whole = report.speedups.get(label, {}).get(c)
-            lines.append(f"{label} at concurrency {c}: {_f(whole, '{:.2f}x')} over the level, rounds {min(ratios):.2f}x "
-                         f"to {max(ratios):.2f}x ({', '.join(f'{x:.2f}' for x in ratios)})")  # fmt: skip
+            lines.append(
+                f"{label} at concurrency {c}: {_f(whole, '{:.2f}x')} over the level, rounds {min(ratios):.2f}x "
+                f"to {max(ratios):.2f}x ({', '.join(f'{x:.2f}' for x in ratios)})"
+            )
     return lines
 
 
@@ -565,8 +611,10 @@ def _ratio_lines(report: BenchmarkReport, label: str, other: str) -> list[str]:
 
 def _ratio_summary(report: BenchmarkReport, label: str, other: str) -> str:
     """`_ratio_lines` in one line of the console summary ("" when either run is missing)."""
-    return "; ".join(f"c={c} {ratio:.2f}x" + (f" (rounds {min(rounds):.2f}-{max(rounds):.2f}x)" if rounds else "")
-                     for c, (ratio, rounds) in sorted(against(report.runs, label, other).items()))  # fmt: skip
+    return "; ".join(
+        f"c={c} {ratio:.2f}x" + (f" (rounds {min(rounds):.2f}-{max(rounds):.2f}x)" if rounds else "")
+        for c, (ratio, rounds) in sorted(against(report.runs, label, other).items())
+    )
 
 
 def fastest_per_concurrency(report: BenchmarkReport) -> list[str]:
@@ -634,9 +682,12 @@ def summary_text(report: BenchmarkReport) -> str:
     if drift_lines := host_drift_lines(report):
         lines.append("host drift (no speculation, last / first): " + "; ".join(drift_lines))
     if rounds := round_speedups(report.runs):
-        lines.append("speedup by round, lowest-highest: " + "; ".join(
-            f"{label} " + ", ".join(f"c={c} {min(v):.2f}-{max(v):.2f}x" for c, v in sorted(by_c.items()))
-            for label, by_c in rounds.items()))  # fmt: skip
+        lines.append(
+            "speedup by round, lowest-highest: "
+            + "; ".join(
+                f"{label} " + ", ".join(f"c={c} {min(v):.2f}-{max(v):.2f}x" for c, v in sorted(by_c.items())) for label, by_c in rounds.items()
+            )
+        )
     if ngram := _ratio_summary(report, report.spec_label, NGRAM):
         lines.append(f"{report.spec_label} over n-gram (tok/s): {ngram}")
     if control := _ratio_summary(report, CONTROL, BASELINE):
@@ -647,10 +698,11 @@ def summary_text(report: BenchmarkReport) -> str:
     if k_line := k_schedule_summary(report.runs, report.speedups):
         lines.append(k_line)
     if confirmation := confirm(report.confirmation):
-        lines.append(f"K schedule {confirmation.schedule.text()} served after the sweep: "
-                     f"{'confirmed' if confirmation.confirmed else 'NOT confirmed'}; "
-                     + "; ".join(f"c={lv.concurrency} K{lv.k} {lv.speedup:.2f}x ({lv.fastest} {lv.fastest_speedup:.2f}x)"
-                                 for lv in confirmation.levels))  # fmt: skip
+        lines.append(
+            f"K schedule {confirmation.schedule.text()} served after the sweep: "
+            f"{'confirmed' if confirmation.confirmed else 'NOT confirmed'}; "
+            + "; ".join(f"c={lv.concurrency} K{lv.k} {lv.speedup:.2f}x ({lv.fastest} {lv.fastest_speedup:.2f}x)" for lv in confirmation.levels)
+        )
     for ch in report.checks:
         lines.append(f"[{'pass' if ch.passed else 'FAIL'}] {ch.name}: {ch.description}")
     lines.append(

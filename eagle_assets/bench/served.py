@@ -286,8 +286,9 @@ class PromptSet:
 def mt_bench_set(n: int | None = None) -> PromptSet:
     """`mt_bench_prompts(n)` with their categories: the benchmark's default prompt set."""
     messages = mt_bench_prompts(n)
-    return PromptSet(f"MT-Bench first turns ({len(messages)} of {mt_bench_size()}, spread over its categories)",
-                     tuple(messages), tuple(mt_bench_categories(n)))  # fmt: skip
+    return PromptSet(
+        f"MT-Bench first turns ({len(messages)} of {mt_bench_size()}, spread over its categories)", tuple(messages), tuple(mt_bench_categories(n))
+    )
 
 
 def user_prompt_set(
@@ -309,7 +310,8 @@ def user_prompt_set(
     seen, too_long = set(), 0
     for prompt in load_prompt_file(url, purpose="evaluation", format=format, storage_options=storage_options):
         messages = ([{"role": "system", "content": prompt.system}] if prompt.system is not None else []) + [
-            {"role": "user", "content": prompt.turns[0]}]  # fmt: skip
+            {"role": "user", "content": prompt.turns[0]}
+        ]
         key = json.dumps(messages)
         if key in seen:
             continue
@@ -632,8 +634,9 @@ def settled_counters(base_url: str, api_key: str | None, model: str, settings: S
     return _settled_scrape(base_url, api_key, model, settings) if settings.engine == "vllm" else None
 
 
-def spec_between(before: SpecCounters | None, after: SpecCounters | None, results: Sequence[RequestResult],
-                 settings: SweepSettings) -> SpecStats | None:  # fmt: skip
+def spec_between(
+    before: SpecCounters | None, after: SpecCounters | None, results: Sequence[RequestResult], settings: SweepSettings
+) -> SpecStats | None:
     """The level's speculation statistics: vLLM's counter deltas, or SGLang's per-request details."""
     if settings.engine == "vllm":
         return spec_stats_between(before, after)

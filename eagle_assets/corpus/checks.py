@@ -31,7 +31,7 @@ def check_error_rate(store: CorpusStore, max_error_rate: float = 0.02) -> CheckR
             "summary": (
                 f"{len(failures)} of {total} samples failed ({rate:.1%}, {'within' if passed else 'above'} the "
                 f"{max_error_rate:.1%} allowed)" + (f": {commonest}" if commonest else "")
-            ),  # fmt: skip
+            ),
             "error_rate": round(rate, 6),
             "max_error_rate": max_error_rate,
             "stored": store.num_rows,

@@ -171,18 +171,21 @@ def commonest_errors(errors: Iterable[tuple[str, str]], n: int = 3) -> str:
     for kind, message in errors:
         counts[kind] += 1
         first.setdefault(kind, message)
-    return "; ".join(f"{kind} x{k}" + (f" (e.g. {first[kind][:300]})" if first[kind] != kind else "")
-                     for kind, k in counts.most_common(n)) or "none recorded"  # fmt: skip
+    return (
+        "; ".join(f"{kind} x{k}" + (f" (e.g. {first[kind][:300]})" if first[kind] != kind else "") for kind, k in counts.most_common(n))
+        or "none recorded"
+    )
 
 
-def failed_share_problem(failed: int, attempted: int, max_share: float | None, what: str,
-                         errors: Iterable[tuple[str, str]]) -> str | None:  # fmt: skip
+def failed_share_problem(failed: int, attempted: int, max_share: float | None, what: str, errors: Iterable[tuple[str, str]]) -> str | None:
     """None when `failed` of `attempted` is within `max_share` (None: no limit); else a message
     that says how many failed, against which limit, and the commonest (kind, message) errors."""
     if max_share is None or attempted == 0 or failed <= max_share * attempted:
         return None
-    return (f"{failed} of {attempted} {what} failed ({failed / attempted:.0%}, above the {max_share:.0%} allowed); "
-            f"commonest errors: {commonest_errors(errors)}")  # fmt: skip
+    return (
+        f"{failed} of {attempted} {what} failed ({failed / attempted:.0%}, above the {max_share:.0%} allowed); "
+        f"commonest errors: {commonest_errors(errors)}"
+    )
 
 
 async def _answer(client: InferenceClient, template: ChatTemplate, prompt: Prompt, sid: str, sampling: SamplingParams, target: str) -> dict:
@@ -358,8 +361,13 @@ async def generate_corpus_async(
         report()
     stored = f"{stats.succeeded + stats.already_done} samples are stored"
     if stats.aborted:
-        why = (stalled[0] if stalled else f"the server stopped answering after a sample failed ({last_error}): {gone[0]}" if gone else
-               f"{max_consecutive_failures} samples in a row failed after retries against {client.settings.base_url} (last: {last_error})")  # fmt: skip
+        why = (
+            stalled[0]
+            if stalled
+            else f"the server stopped answering after a sample failed ({last_error}): {gone[0]}"
+            if gone
+            else f"{max_consecutive_failures} samples in a row failed after retries against {client.settings.base_url} (last: {last_error})"
+        )
         raise GenerationAborted(f"stopped: {why}. {stored}; restart the server and rerun to resume.", stats)
     problem = failed_share_problem(stats.failed, stats.attempted, max_failed_share, "samples", failures)
     if problem:

@@ -84,8 +84,16 @@ PKG_SCHEME = "pkg://"
 _PARQUET = (".parquet", ".pq")
 _JSONL = (".jsonl", ".ndjson")
 _TEXT = (".txt",)
-_SHAREGPT_ROLES = {"human": "user", "user": "user", "gpt": "assistant", "chatgpt": "assistant", "bing": "assistant",
-                   "bard": "assistant", "assistant": "assistant", "system": "system"}  # fmt: skip
+_SHAREGPT_ROLES = {
+    "human": "user",
+    "user": "user",
+    "gpt": "assistant",
+    "chatgpt": "assistant",
+    "bing": "assistant",
+    "bard": "assistant",
+    "assistant": "assistant",
+    "system": "system",
+}
 _CHUNK_CHARS = 1 << 20
 MAX_RECORD_CHARS = 64 << 20
 """A JSON-array record that has not parsed within this many characters is malformed, not long."""
@@ -132,8 +140,11 @@ class ReadStats:
         return asdict(self)
 
     def as_metadata(self, prefix: str) -> dict[str, Any]:
-        out = {f"{prefix}{k}": v for k, v in (("url", self.url), ("format", self.format), ("records", self.records),
-                                               ("prompts", self.prompts)) if v != ""}  # fmt: skip
+        out = {
+            f"{prefix}{k}": v
+            for k, v in (("url", self.url), ("format", self.format), ("records", self.records), ("prompts", self.prompts))
+            if v != ""
+        }
         out.update({f"{prefix}dropped_{k}": v for k, v in sorted(self.dropped.items())})
         out.update({f"{prefix}shortened_{k}": v for k, v in sorted(self.shortened.items())})
         if self.problems:
@@ -233,8 +244,10 @@ def json_array_records(f: TextIO) -> Iterator[tuple[int, int, Any]]:
                 record, end = decoder.raw_decode(buf, pos)
             except json.JSONDecodeError as exc:
                 if len(buf) - pos > MAX_RECORD_CHARS:
-                    raise PromptFileError(f"line {start_line}: record {index + 1} does not parse within "
-                                          f"{MAX_RECORD_CHARS:,} characters ({exc.msg}): the JSON is malformed there") from None  # fmt: skip
+                    raise PromptFileError(
+                        f"line {start_line}: record {index + 1} does not parse within "
+                        f"{MAX_RECORD_CHARS:,} characters ({exc.msg}): the JSON is malformed there"
+                    ) from None
                 if more():
                     continue
                 raise FileCut(index + 1, start_line, len(buf) - pos, f"the file ends inside record {index + 1} ({exc.msg})") from None
@@ -353,19 +366,20 @@ def sharegpt_prompt(record: Mapping, where: str, lenient: bool = False, stats: R
             raise RecordProblem("invalid", f"{where}: turn {k} is not a {{from, value}} object with a string value")
         role = _SHAREGPT_ROLES.get(str(turn["from"]).lower())
         if role is None:
-            raise RecordProblem("invalid", f"{where}: turn {k} is from {turn['from']!r}; ShareGPT turns are from human, gpt or "
-                                           "a first system")  # fmt: skip
+            raise RecordProblem("invalid", f"{where}: turn {k} is from {turn['from']!r}; ShareGPT turns are from human, gpt or a first system")
         if role == "system" and any(r != "system" for r in roles):
-            raise RecordProblem("invalid", f"{where}: turn {k} is a system turn inside the conversation; only the first turns "
-                                           "may be system")  # fmt: skip
+            raise RecordProblem("invalid", f"{where}: turn {k} is a system turn inside the conversation; only the first turns may be system")
         roles.append(role)
     if "user" not in roles:
         raise RecordProblem("no_human_turn", f"{where}: the conversation has no human turn")
     opening = next(r for r in roles if r != "system")
     if opening != "user":
-        raise RecordProblem("not_opening_with_human", f"{where}: the conversation opens with an answer (a piece cut from "
-                                                      "a longer conversation, whose human turns refer to context the "
-                                                      "target would not see); drop it")  # fmt: skip
+        raise RecordProblem(
+            "not_opening_with_human",
+            f"{where}: the conversation opens with an answer (a piece cut from "
+            "a longer conversation, whose human turns refer to context the "
+            "target would not see); drop it",
+        )
     systems = [t["value"] for t, r in zip(conversation, roles) if r == "system"]
     system = "\n\n".join(systems) if systems else None
     if system is not None and not _valid_unicode(system):
@@ -381,8 +395,7 @@ def sharegpt_prompt(record: Mapping, where: str, lenient: bool = False, stats: R
             continue
         what = "is empty" if reason == "empty_turn" else "is not valid Unicode (lone surrogates)"
         if not turns:
-            raise RecordProblem("empty_first_turn" if reason == "empty_turn" else "bad_unicode",
-                                f"{where}: turn {k} (the first human turn) {what}")  # fmt: skip
+            raise RecordProblem("empty_first_turn" if reason == "empty_turn" else "bad_unicode", f"{where}: turn {k} (the first human turn) {what}")
         if not lenient:
             raise RecordProblem(reason, f"{where}: turn {k} (human) {what}; every human turn needs text")
         if stats is not None:
@@ -438,8 +451,11 @@ def _convert(record: Any, fmt: str, where: str, lenient: bool, stats: ReadStats 
         if not isinstance(record, Mapping):
             raise RecordProblem("invalid", f"{where}: expected a JSON object, got {type(record).__name__}")
         if not _has_format(record, fmt):
-            raise RecordProblem("invalid", f"{where}: the row has no {_FORMAT_KEYS[fmt]}: the file is read as {fmt} "
-                                           f"(detected from its first row, or given); its keys are {sorted(record)}")  # fmt: skip
+            raise RecordProblem(
+                "invalid",
+                f"{where}: the row has no {_FORMAT_KEYS[fmt]}: the file is read as {fmt} "
+                f"(detected from its first row, or given); its keys are {sorted(record)}",
+            )
         if fmt == "sharegpt":
             prompt = sharegpt_prompt(record, where, lenient, stats)
         elif fmt == "alpaca":
@@ -492,8 +508,9 @@ def iter_prompts(
             if cut.chars:
                 stats.drop("cut_record", f"{cut.where}: {cut.detail}")
             if not skip_bad:
-                raise PromptFileError(f"{cut.where}: {cut.detail}: the file is cut short; mend it, or skip bad rows to keep "
-                                      "the records before the cut") from None  # fmt: skip
+                raise PromptFileError(
+                    f"{cut.where}: {cut.detail}: the file is cut short; mend it, or skip bad rows to keep the records before the cut"
+                ) from None
         except PromptFileError:
             raise
         except (OSError, ValueError, ImportError) as exc:  # missing file, bad URL, corrupt Parquet
@@ -563,8 +580,12 @@ class ContextFit:
         return prompt
 
     def as_metadata(self, prefix: str) -> dict[str, int]:
-        return {f"{prefix}too_long": self.dropped, f"{prefix}turns_cut_to_fit": self.shortened,
-                f"{prefix}context_tokens": self.max_tokens, f"{prefix}answer_tokens": self.answer_tokens}  # fmt: skip
+        return {
+            f"{prefix}too_long": self.dropped,
+            f"{prefix}turns_cut_to_fit": self.shortened,
+            f"{prefix}context_tokens": self.max_tokens,
+            f"{prefix}answer_tokens": self.answer_tokens,
+        }
 
 
 def _template_ids(tokenizer: Any, messages: list[dict]) -> list[int]:
@@ -636,8 +657,9 @@ def sharegpt_prompts(
     """A reproducible sample of ShareGPT's conversations (the packaged file by default) as
     training prompts, read leniently (drops counted per reason in the stats), streamed."""
     stats = ReadStats()
-    prompts = sample_prompts(iter_prompts(url, format="sharegpt", skip_bad=True, stats=stats), num_prompts, seed,
-                             stats=stats, user_turns=user_turns, fit=fit)  # fmt: skip
+    prompts = sample_prompts(
+        iter_prompts(url, format="sharegpt", skip_bad=True, stats=stats), num_prompts, seed, stats=stats, user_turns=user_turns, fit=fit
+    )
     return [Prompt.make(p.turns, system=p.system, source="sharegpt", origin=p.origin) for p in prompts], stats
 
 

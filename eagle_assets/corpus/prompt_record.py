@@ -116,8 +116,10 @@ def unicode_problem(text: str) -> str | None:
         char = text[exc.start]
         if 0xDC80 <= ord(char) <= 0xDCFF:
             return f"is not UTF-8 text (byte {ord(char) - 0xDC00:#04x} at character {exc.start}): save the file as UTF-8"
-        return (f"holds a lone surrogate {char!r} at character {exc.start}, which is not Unicode text (a JSON escape "
-                "such as \\ud800 without its pair): fix the text or drop the row")  # fmt: skip
+        return (
+            f"holds a lone surrogate {char!r} at character {exc.start}, which is not Unicode text (a JSON escape "
+            "such as \\ud800 without its pair): fix the text or drop the row"
+        )
     return None
 
 

@@ -172,8 +172,9 @@ def benchmark_reference(
     the hidden states or the offline reference are Hugging Face's."""
     preset, path = target_of(inference_server)
     out = storage.base(preset.name) / "benchmark_reference"
-    hidden = HiddenStatesConfig(aux_layer_ids=config.aux_layer_ids, parent_drafter=config.parent_drafter,
-                                parent_numbering=config.parent_numbering, source=config.source)  # fmt: skip
+    hidden = HiddenStatesConfig(
+        aux_layer_ids=config.aux_layer_ids, parent_drafter=config.parent_drafter, parent_numbering=config.parent_numbering, source=config.source
+    )
     why_not = None
     if config.offline_reference == "hf":
         why_not = "the offline reference is Hugging Face's (offline_reference: hf)"
@@ -182,8 +183,9 @@ def benchmark_reference(
     if why_not:
         context.log.info(f"benchmark reference not captured: {why_not}")
         # A content hash of its own (the reason): a reference that is not captured is still data the benchmark reads.
-        return dg.MaterializeResult(metadata=metadata({"captured": False, "why": why_not}),
-                                    data_version=dg.DataVersion(hashlib.sha256(why_not.encode()).hexdigest()[:16]))  # fmt: skip
+        return dg.MaterializeResult(
+            metadata=metadata({"captured": False, "why": why_not}), data_version=dg.DataVersion(hashlib.sha256(why_not.encode()).hexdigest()[:16])
+        )
     k = max([config.k or config.ttt_steps or preset.ttt_steps, *config.also_k])
     tokens = config.output_len + k
     prompts_url = check_prompt_url(config.prompts_url, storage.root or None, "benchmark_report.prompts_url") if config.prompts_url else None
@@ -194,8 +196,9 @@ def benchmark_reference(
     # its answer fit the preset's context (`context_fit`).
     storage.fetch(storage.corpus(preset.name), log=context.log.info)
     with inference_server.extraction_server(ids, engine_max_model_len(preset, str(storage.corpus(preset.name))), log=context.log.info) as server:
-        reference_states.capture(server.base_url, server.model, server.api_key, prompt_set.messages[: config.num_prompts], tokens, ids, out,
-                                 log=context.log.info)  # fmt: skip
+        reference_states.capture(
+            server.base_url, server.model, server.api_key, prompt_set.messages[: config.num_prompts], tokens, ids, out, log=context.log.info
+        )
     storage.publish(out, log=context.log.info)
     return dg.MaterializeResult(
         metadata=metadata({"captured": True, "prompts": config.num_prompts, "tokens": tokens, "layer_ids": ids, "path": str(out)}),
@@ -247,15 +250,21 @@ def benchmark_report(context: dg.AssetExecutionContext, config: ReportSettings, 
     if inference_server.connected:
         # Servers of the user's: the target alone and with the drafter, one configuration each,
         # given together or one at a time (a host holding one target server: measured in turn).
-        settings = dataclasses.replace(settings, also_k=(), k_schedule=None, ngram=False, control=False, interleave_rounds=0,
-                                       baseline_again=False, confirm_schedule=False)  # fmt: skip
-        report_notes.append("served by your servers: the target alone and with the drafter (at the K it was started with), "
-                            "one configuration each; no n-gram, other K or A/A control")  # fmt: skip
+        settings = dataclasses.replace(
+            settings, also_k=(), k_schedule=None, ngram=False, control=False, interleave_rounds=0, baseline_again=False, confirm_schedule=False
+        )
+        report_notes.append(
+            "served by your servers: the target alone and with the drafter (at the K it was started with), "
+            "one configuration each; no n-gram, other K or A/A control"
+        )
 
     def serve(speculative, replica=0):
         if inference_server.connected and not (inference_server.speculative_url if speculative else inference_server.url):
-            raise ServerUnavailable("no server of the target with the drafter is given (EAGLE_ASSETS_SPECULATIVE_URL)" if speculative
-                                    else "no server of the target alone is given (EAGLE_ASSETS_SERVER_URL)")  # fmt: skip
+            raise ServerUnavailable(
+                "no server of the target with the drafter is given (EAGLE_ASSETS_SPECULATIVE_URL)"
+                if speculative
+                else "no server of the target alone is given (EAGLE_ASSETS_SERVER_URL)"
+            )
         return inference_server.serve(speculative=speculative, replica=replica, log=context.log.info)
 
     def extraction_server(layer_ids):
@@ -267,12 +276,23 @@ def benchmark_report(context: dg.AssetExecutionContext, config: ReportSettings, 
     can_extract = not inference_server.connected or bool(inference_server.extraction_url)
     try:
         report, paths = run_benchmark(
-            settings, preset.name, path, drafter_dir, serve, storage.report(preset.name),
-            target_num_layers=preset.num_layers, parent_al=config.parent_al, log=context.log.info,
-            notes=notes, training_summary=summary, why_not_at_once=inference_server.why_not_at_once,
-            extraction_server=extraction_server if can_extract else None, trust_remote_code=preset.trust_remote_code,
-            reference=reference, report_notes=report_notes,
-        )  # fmt: skip
+            settings,
+            preset.name,
+            path,
+            drafter_dir,
+            serve,
+            storage.report(preset.name),
+            target_num_layers=preset.num_layers,
+            parent_al=config.parent_al,
+            log=context.log.info,
+            notes=notes,
+            training_summary=summary,
+            why_not_at_once=inference_server.why_not_at_once,
+            extraction_server=extraction_server if can_extract else None,
+            trust_remote_code=preset.trust_remote_code,
+            reference=reference,
+            report_notes=report_notes,
+        )
     except BenchmarkIncomplete as exc:
         # Measured in parts (one target server at a time): what was measured is kept, and the
         # asset is materialised by the run that measures the rest.

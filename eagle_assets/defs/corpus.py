@@ -154,10 +154,10 @@ def prompts(
     for source, n in counts.items():
         if source == "file":
             read = ReadStats()
-            whole = load_prompt_file(file_url, purpose="training", format=config.file_format,
-                                     skip_bad_rows=config.skip_bad_rows, stats=read)  # fmt: skip
-            parts[source] = sample_prompts(whole, n if config.source == "mix" else None, config.seed, stats=read,
-                                           user_turns=config.user_turns, fit=fit)  # fmt: skip
+            whole = load_prompt_file(file_url, purpose="training", format=config.file_format, skip_bad_rows=config.skip_bad_rows, stats=read)
+            parts[source] = sample_prompts(
+                whole, n if config.source == "mix" else None, config.seed, stats=read, user_turns=config.user_turns, fit=fit
+            )
             stats.update(read.as_metadata("file_"))
         elif source == "sharegpt":
             parts[source], read = sharegpt_prompts(n, config.seed, config.user_turns, fit)
@@ -178,8 +178,9 @@ def prompts(
                 errors = [(e.split(": ", 1)[-1],) * 2 for e in magpie.errors]  # without "candidate N: "; the message is the kind
                 problem = failed_share_problem(magpie.failed, magpie.requested, config.max_error_rate, "Magpie requests", errors)
                 if problem:  # raised inside the block: a server that died is named, with its log
-                    raise RuntimeError(f"{problem}. No prompts were written; fix the cause and rerun (prompts.max_error_rate "
-                                       "sets the share allowed).")  # fmt: skip
+                    raise RuntimeError(
+                        f"{problem}. No prompts were written; fix the cause and rerun (prompts.max_error_rate sets the share allowed)."
+                    )
             stats.update({f"magpie_{k}": v for k, v in magpie.as_dict().items()})
         if source != "file" and len(parts[source]) < n:
             context.log.warning(f"{source}: {len(parts[source])} prompts, short of the {n} asked for (it offers no more)")
@@ -289,9 +290,17 @@ def synthetic_corpus(
 
         try:
             stats = generate_corpus(
-                items, store, client, tokenizer, target=fingerprint, sampling=sampling,
-                progress=progress, show_progress_bar=True, max_failed_share=config.max_error_rate, log=context.log.warning,
-            )  # fmt: skip
+                items,
+                store,
+                client,
+                tokenizer,
+                target=fingerprint,
+                sampling=sampling,
+                progress=progress,
+                show_progress_bar=True,
+                max_failed_share=config.max_error_rate,
+                log=context.log.warning,
+            )
         finally:
             store.close()
             storage.publish(storage.corpus(preset.name), log=context.log.info)  # a failed run's samples too: a rerun elsewhere resumes

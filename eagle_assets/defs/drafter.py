@@ -50,7 +50,7 @@ class DrafterAssetConfig(dg.Config):
     drafter_intermediate_size: Optional[int] = _TRAINER["drafter_intermediate_size"]
     """MLP width of the drafter; default: the target's. Wider accepts a little more but makes
     every draft step dearer: where the target is small next to the drafter (SmolLM2 on CPU), the
-    target's width serves faster (benchmarks/results/quality_ablations_h200+cpu2_2026-12-01.md)."""
+    target's width serves faster."""
     epochs: int = _TRAINER["epochs"]
     max_steps: Optional[int] = _TRAINER["max_steps"]
     lr: float = _TRAINER["lr"]
@@ -77,8 +77,8 @@ class DrafterAssetConfig(dg.Config):
     """Set: train the drafter for vLLM's parallel drafting (P-EAGLE): draft steps after the first
     are mask slots that read this token's embedding and a learned state, all drafted in one
     forward. vLLM only. A round then costs less than a step-by-step one, but the drafts after
-    the first accept less, and on SmolLM2 it served level with a chain drafter at best
-    (benchmarks/results/parallel_drafting_cpu2+h200_2026-12-02.md). None: step by step (EAGLE-3)."""
+    the first accept less, and on SmolLM2 it served level with a chain drafter at best. None:
+    step by step (EAGLE-3)."""
     seed: int = _TRAINER["seed"]
     min_finetune_samples: int = _TRAINER["min_finetune_samples"]
     """A warm start with fewer training samples than this ships its parent unchanged, measured on
@@ -283,13 +283,13 @@ def _trained(inference_server: InferenceServerResource, storage: StorageResource
             blocking=True,
             automation_condition=after_its_asset(),
             description="The vLLM export loads in the real vLLM server and its greedy output equals the run without speculation.",
-        ),  # fmt: skip
+        ),
         dg.AssetCheckSpec(
             "samples_under_speculation",
             asset="drafter_checkpoint",
             automation_condition=after_its_asset(),
             description="Requests sampled at temperature 1e-4 with the drafter write the greedy answer: the engine gives every draft position the request's sampling settings. A fault of the engine, not the drafter: it warns and does not block.",
-        ),  # fmt: skip
+        ),
     ],
 )
 def drafter_serves(context: dg.AssetCheckExecutionContext, inference_server: InferenceServerResource, storage: StorageResource):
@@ -302,24 +302,31 @@ def drafter_serves(context: dg.AssetCheckExecutionContext, inference_server: Inf
         # so the graph finishes; the message says how to serve it and check again.
         context.log.warning(NEEDS_DRAFTER_SERVER)
         for name in ("serves_in_vllm", "samples_under_speculation"):
-            yield check_result(False, {"not_checked": NEEDS_DRAFTER_SERVER}, blocking_severity=dg.AssetCheckSeverity.WARN,
-                               check_name=name, asset_key=DRAFTER_KEY)  # fmt: skip
+            yield check_result(
+                False, {"not_checked": NEEDS_DRAFTER_SERVER}, blocking_severity=dg.AssetCheckSeverity.WARN, check_name=name, asset_key=DRAFTER_KEY
+            )
         return
     with inference_server.serve(drafter=out / "drafter-vllm", k=summary["ttt_steps"], log=context.log.info) as spec:
         got = [chat_once(spec, p) for p in SMOKE_PROMPTS]
         samples_ok, sampling = cold_sampling_check(spec, SMOKE_PROMPTS, got)
     with inference_server.serve(log=context.log.info) as plain:
         expected = [chat_once(plain, p) for p in SMOKE_PROMPTS]
-    yield check_result(got == expected, {"prompts": SMOKE_PROMPTS, "plain": expected, "speculative": got},
-                       check_name="serves_in_vllm", asset_key=DRAFTER_KEY)  # fmt: skip
+    yield check_result(
+        got == expected, {"prompts": SMOKE_PROMPTS, "plain": expected, "speculative": got}, check_name="serves_in_vllm", asset_key=DRAFTER_KEY
+    )
     if not samples_ok:
         context.log.warning(f"samples_under_speculation: {sampling['cause']}")
-    yield check_result(samples_ok, sampling, blocking_severity=dg.AssetCheckSeverity.WARN, check_name="samples_under_speculation",
-                       asset_key=DRAFTER_KEY)  # fmt: skip
+    yield check_result(
+        samples_ok, sampling, blocking_severity=dg.AssetCheckSeverity.WARN, check_name="samples_under_speculation", asset_key=DRAFTER_KEY
+    )
 
 
-@dg.asset_check(asset=drafter_checkpoint, blocking=True, automation_condition=after_its_asset(),
-                description="Every weight name of the SGLang export is one SGLang's loader recognises (it drops unknown names silently).")  # fmt: skip
+@dg.asset_check(
+    asset=drafter_checkpoint,
+    blocking=True,
+    automation_condition=after_its_asset(),
+    description="Every weight name of the SGLang export is one SGLang's loader recognises (it drops unknown names silently).",
+)
 def sglang_names(inference_server: InferenceServerResource, storage: StorageResource) -> dg.AssetCheckResult:
     preset, out, summary = _trained(inference_server, storage)
     if "sglang" not in summary["exports"]:
@@ -330,9 +337,13 @@ def sglang_names(inference_server: InferenceServerResource, storage: StorageReso
     return check_result(not dropped, {"unrecognised_names": dropped})
 
 
-@dg.asset_check(asset=drafter_checkpoint, blocking=True, automation_condition=after_its_asset(),
-                description="On a warm start, the fine-tune is not clearly worse than its parent on the same held-out samples "
-                            "(a paired comparison beyond their sampling error); the exports hold whichever measured higher.")  # fmt: skip
+@dg.asset_check(
+    asset=drafter_checkpoint,
+    blocking=True,
+    automation_condition=after_its_asset(),
+    description="On a warm start, the fine-tune is not clearly worse than its parent on the same held-out samples "
+    "(a paired comparison beyond their sampling error); the exports hold whichever measured higher.",
+)
 def not_worse_than_parent(inference_server: InferenceServerResource, storage: StorageResource) -> dg.AssetCheckResult:
     _, _, summary = _trained(inference_server, storage)
     if not summary.get("warm_start"):

@@ -125,8 +125,9 @@ def hidden_state_shards(
         # The drafter trains online: its states never touch the disk, so none are extracted here.
         reason = f"not built: the drafter trains online, its states from the {training} (drafter_checkpoint's hidden_states)"
         context.log.info(reason)
-        yield dg.MaterializeResult(metadata=metadata({"built": False, "reason": reason, "path": str(out)}),
-                                   data_version=dg.DataVersion(f"online-{training}"))  # fmt: skip
+        yield dg.MaterializeResult(
+            metadata=metadata({"built": False, "reason": reason, "path": str(out)}), data_version=dg.DataVersion(f"online-{training}")
+        )
         yield check_result(True, {"note": reason}, check_name="matches_corpus")
         return
     settings = extraction_settings(config, preset)
@@ -142,16 +143,22 @@ def hidden_state_shards(
             ids = engine_layer_ids(settings, preset)
             with inference_server.extraction_server(ids, engine_max_model_len(preset, corpus), log=context.log.info) as server:
                 client = EngineStateClient(server.base_url, server.model, ids, api_key=server.api_key, concurrency=config.engine_concurrency)
-                with closing(client), EngineExtractor(client, settings, preset.num_layers, preset.hidden_size, preset.vocab_size,
-                                                      final_norm_of(path)) as extractor:  # fmt: skip
+                with (
+                    closing(client),
+                    EngineExtractor(client, settings, preset.num_layers, preset.hidden_size, preset.vocab_size, final_norm_of(path)) as extractor,
+                ):
                     results = extract_all(extractor, corpus, out, settings, target_fingerprint=fingerprint)
         else:
             device = extraction_device(config.device)
             # CPUs without bf16 matrix units run a bf16 forward several times slower than fp32; the
             # states are stored as bf16 either way.
-            model, tokenizer = load_target(path, device=device, dtype=torch.float32 if device == "cpu" else torch.bfloat16,
-                                           max_memory_per_device=config.max_memory_per_device,
-                                           trust_remote_code=preset.trust_remote_code)  # fmt: skip
+            model, tokenizer = load_target(
+                path,
+                device=device,
+                dtype=torch.float32 if device == "cpu" else torch.bfloat16,
+                max_memory_per_device=config.max_memory_per_device,
+                trust_remote_code=preset.trust_remote_code,
+            )
             results = extract_all(model, corpus, out, settings, tokenizer=tokenizer, target_fingerprint=fingerprint)
     finally:  # a failed run's finished shards too: a rerun elsewhere keeps them
         storage.publish(out, log=context.log.info)

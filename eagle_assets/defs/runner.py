@@ -98,8 +98,15 @@ def missing_upstream(instance: dg.DagsterInstance, assets: Sequence[str]) -> lis
     return sorted(missing, key=GRAPH.index)
 
 
-def materialize(preset: str, log: Callable[[str], None] = print, parts: Sequence[str] | None = None, stale_only: bool = False,
-                run_file: str | None = None, target: str | None = None, home: Path | None = None) -> list[dg.DagsterRun]:  # fmt: skip
+def materialize(
+    preset: str,
+    log: Callable[[str], None] = print,
+    parts: Sequence[str] | None = None,
+    stale_only: bool = False,
+    run_file: str | None = None,
+    target: str | None = None,
+    home: Path | None = None,
+) -> list[dg.DagsterRun]:
     """Materialise the assets of `parts` (all for None; only the stale and missing ones with
     `stale_only`) in a session whose code location has `preset`, `run_file`'s settings and
     `target`; returns the finished runs (none when nothing was stale). Parts whose upstream the
@@ -112,8 +119,10 @@ def materialize(preset: str, log: Callable[[str], None] = print, parts: Sequence
         missing = missing_upstream(instance, assets)
     if missing:
         needed = [part for part, names in PARTS.items() if set(names) & set(missing)]
-        raise ValueError(f"--part {' --part '.join(parts or ())} reads {', '.join(missing)}, which this instance ({home}) "
-                         f"has never materialised: run --part {' --part '.join(needed)} first (or the whole graph)")  # fmt: skip
+        raise ValueError(
+            f"--part {' --part '.join(parts or ())} reads {', '.join(missing)}, which this instance ({home}) "
+            f"has never materialised: run --part {' --part '.join(needed)} first (or the whole graph)"
+        )
     env = session_environment(preset, run_file, target)
     # Only this command's runs write its data folder while it runs: no automation in its session.
     env["EAGLE_ASSETS_AUTOMATION"] = "0"
@@ -134,8 +143,10 @@ def materialize(preset: str, log: Callable[[str], None] = print, parts: Sequence
                 log(f"{a}: {status[a][0].lower()}" + (f" ({'; '.join(status[a][1])})" if status[a][1] else ""))
             again = sorted(set(todo) & rebuilt)
             if again:
-                raise RuntimeError(f"{', '.join(again)} still stale after it was rebuilt in this run: its data version or "
-                                   "code version does not settle; check that the asset returns a content hash as its data version")  # fmt: skip
+                raise RuntimeError(
+                    f"{', '.join(again)} still stale after it was rebuilt in this run: its data version or "
+                    "code version does not settle; check that the asset returns a content hash as its data version"
+                )
             rebuilt.update(todo)
             runs.append(session.wait(session.launch(todo, tags)))
         if not runs:

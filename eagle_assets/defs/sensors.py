@@ -136,9 +136,12 @@ def with_automation(assets: Sequence[dg.AssetsDefinition]) -> list[dg.AssetsDefi
 def automation_sensor(name: str = "eagle3_automation") -> dg.AutomationConditionSensorDefinition:
     """Evaluates the automation conditions of every asset; running from the start."""
     return dg.AutomationConditionSensorDefinition(
-        name, target=dg.AssetSelection.all(), default_status=dg.DefaultSensorStatus.RUNNING, minimum_interval_seconds=30,
+        name,
+        target=dg.AssetSelection.all(),
+        default_status=dg.DefaultSensorStatus.RUNNING,
+        minimum_interval_seconds=30,
         run_tags=AUTOMATION_RUN_TAGS,
-    )  # fmt: skip
+    )
 
 
 AUTOMATION_ENV = "EAGLE_ASSETS_AUTOMATION"

@@ -165,9 +165,18 @@ class DagsterSession:
     `env` is added to the session's environment (the code location's settings: defs/settings.py);
     `data_folder` is locked beside the instance; `port` None picks a free one."""
 
-    def __init__(self, home: Path | None = None, data_folder: Path | None = None, env: dict[str, str] | None = None,
-                 port: int | None = None, host: str = "127.0.0.1", workspace: Path = WORKSPACE_FILE,
-                 log: Callable[[str], None] = print, command: str | None = None, poll_s: float = 1.0):  # fmt: skip
+    def __init__(
+        self,
+        home: Path | None = None,
+        data_folder: Path | None = None,
+        env: dict[str, str] | None = None,
+        port: int | None = None,
+        host: str = "127.0.0.1",
+        workspace: Path = WORKSPACE_FILE,
+        log: Callable[[str], None] = print,
+        command: str | None = None,
+        poll_s: float = 1.0,
+    ):
         self.home = Path(home or os.environ["DAGSTER_HOME"]).resolve()
         self.data_folder = Path(data_folder).resolve() if data_folder else None
         self.env, self.host, self.workspace, self.log, self.poll_s = dict(env or {}), host, Path(workspace), log, poll_s
@@ -220,8 +229,19 @@ class DagsterSession:
         folder.mkdir(parents=True, exist_ok=True)
         self.log_file = folder / f"session-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}.log"
         env = {**os.environ, **self.env, "DAGSTER_HOME": str(self.home)}
-        cmd = [sys.executable, "-m", "eagle_assets.defs.session", "--workspace", str(self.workspace), "--host", self.host,
-               "--port", str(self.port), "--log", str(self.log_file)]  # fmt: skip
+        cmd = [
+            sys.executable,
+            "-m",
+            "eagle_assets.defs.session",
+            "--workspace",
+            str(self.workspace),
+            "--host",
+            self.host,
+            "--port",
+            str(self.port),
+            "--log",
+            str(self.log_file),
+        ]
         # Its own process group: a Ctrl-C in this terminal reaches this command alone, which then
         # closes the pipe; the supervisor stops the group as its last act.
         self.supervisor = subprocess.Popen(cmd, cwd=PROJECT_ROOT, env=env, stdin=subprocess.PIPE, start_new_session=True)
@@ -298,7 +318,7 @@ class DagsterSession:
                 "pipelineName": ASSET_JOB,
                 "assetSelection": [{"path": [a]} for a in assets],
                 "assetCheckSelection": checks,
-            },  # fmt: skip
+            },
             "runConfigData": {},
             "mode": "default",
             "executionMetadata": {"tags": [{"key": k, "value": v} for k, v in (tags or {}).items()]},
@@ -403,8 +423,10 @@ def run_error(instance: dg.DagsterInstance, run: dg.DagsterRun) -> str:
         return "failed: " + "; ".join(dict.fromkeys(steps))
     if worker is not None and not _alive(worker):
         said = "; ".join(dict.fromkeys(r for r in other if r))
-        return (f"failed: its run worker (pid {worker}) was killed: it ended without reporting an error (a SIGKILL, "
-                f"the out-of-memory killer, a lost host)" + (f"; Dagster says: {said}" if said else ""))  # fmt: skip
+        return (
+            f"failed: its run worker (pid {worker}) was killed: it ended without reporting an error (a SIGKILL, "
+            f"the out-of-memory killer, a lost host)" + (f"; Dagster says: {said}" if said else "")
+        )
     reasons = [r for r in other if r] or [f"ended {run.status.value} without an error in its event log"]
     return "failed: " + "; ".join(dict.fromkeys(reasons))
 
@@ -474,8 +496,10 @@ def fail_killed_runs(instance: dg.DagsterInstance, log: Callable[[str], None]) -
         now = instance.get_run_by_id(run.run_id)
         if now is None or now.status != dg.DagsterRunStatus.STARTED:
             continue  # it finished as it exited
-        message = (f"its run worker (pid {pid}) was killed: it ended without reporting an error or its end "
-                   "(a SIGKILL, the out-of-memory killer); what its steps had finished is kept")  # fmt: skip
+        message = (
+            f"its run worker (pid {pid}) was killed: it ended without reporting an error or its end "
+            "(a SIGKILL, the out-of-memory killer); what its steps had finished is kept"
+        )
         log(f"run {run.run_id}: {message}")
         instance.report_run_failed(now, message)
         failed.append(run.run_id)

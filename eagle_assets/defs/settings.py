@@ -98,8 +98,10 @@ def with_defaults(config: type, asset: str, settings: LocationSettings | None = 
         raise ValueError(f"{where}: {asset} has no setting {', '.join(unknown)}; known: {', '.join(config.model_fields)}")
     if not values:
         return config
-    fields = {name: (config.model_fields[name].annotation, pydantic.Field(default=value, description=config.model_fields[name].description))
-              for name, value in values.items()}  # fmt: skip
+    fields = {
+        name: (config.model_fields[name].annotation, pydantic.Field(default=value, description=config.model_fields[name].description))
+        for name, value in values.items()
+    }
     try:
         config(**values)  # the defaults must fit the fields' types and checks (pydantic never checks a default)
     except pydantic.ValidationError as exc:

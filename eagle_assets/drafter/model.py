@@ -403,24 +403,28 @@ def exported_shapes(config: DrafterConfig) -> dict[str, tuple[int, ...]]:
     shapes: dict[str, tuple[int, ...]] = {"fc.weight": (H, config.fc_in_features)}
     for i in range(config.num_hidden_layers):
         width = 2 * H if i == 0 else H
-        shapes.update({
-            f"layers.{i}.input_layernorm.weight": (H,),
-            **({f"layers.{i}.hidden_norm.weight": (H,)} if i == 0 else {}),
-            f"layers.{i}.self_attn.q_proj.weight": (Q, width),
-            f"layers.{i}.self_attn.k_proj.weight": (KV, width),
-            f"layers.{i}.self_attn.v_proj.weight": (KV, width),
-            f"layers.{i}.self_attn.o_proj.weight": (H, Q),
-            f"layers.{i}.post_attention_layernorm.weight": (H,),
-            f"layers.{i}.mlp.gate_proj.weight": (I, H),
-            f"layers.{i}.mlp.up_proj.weight": (I, H),
-            f"layers.{i}.mlp.down_proj.weight": (H, I),
-        })  # fmt: skip
-    shapes.update({
-        "norm.weight": (H,),
-        "lm_head.weight": (config.draft_vocab_size, H),
-        "d2t": (config.draft_vocab_size,),
-        "t2d": (config.vocab_size,),
-    })  # fmt: skip
+        shapes.update(
+            {
+                f"layers.{i}.input_layernorm.weight": (H,),
+                **({f"layers.{i}.hidden_norm.weight": (H,)} if i == 0 else {}),
+                f"layers.{i}.self_attn.q_proj.weight": (Q, width),
+                f"layers.{i}.self_attn.k_proj.weight": (KV, width),
+                f"layers.{i}.self_attn.v_proj.weight": (KV, width),
+                f"layers.{i}.self_attn.o_proj.weight": (H, Q),
+                f"layers.{i}.post_attention_layernorm.weight": (H,),
+                f"layers.{i}.mlp.gate_proj.weight": (I, H),
+                f"layers.{i}.mlp.up_proj.weight": (I, H),
+                f"layers.{i}.mlp.down_proj.weight": (H, I),
+            }
+        )
+    shapes.update(
+        {
+            "norm.weight": (H,),
+            "lm_head.weight": (config.draft_vocab_size, H),
+            "d2t": (config.draft_vocab_size,),
+            "t2d": (config.vocab_size,),
+        }
+    )
     if config.ptd_token_id is not None:
         shapes["mask_hidden"] = (config.fc_in_features,)
     return shapes

@@ -52,9 +52,13 @@ def model_card(summary: Mapping[str, Any], cfg: Any, engine: str) -> str:
     base = hub_id or Path(cfg.target).name
     accept = summary.get("val_accept") or []
     al = summary.get("val_al")
-    measured = (f"validation acceptance length {al:.3f} at K={summary.get('ttt_steps')} (per position "
-                f"{' / '.join(f'{p:.2f}' for p in accept)}), replayed along {summary.get('val_samples')} held-out "
-                "answers of the same corpus" if al is not None else "no validation samples: no acceptance measured")  # fmt: skip
+    measured = (
+        f"validation acceptance length {al:.3f} at K={summary.get('ttt_steps')} (per position "
+        f"{' / '.join(f'{p:.2f}' for p in accept)}), replayed along {summary.get('val_samples')} held-out "
+        "answers of the same corpus"
+        if al is not None
+        else "no validation samples: no acceptance measured"
+    )
     parent = getattr(cfg, "warm_start", None)
     lines = [
         "---",

@@ -44,8 +44,9 @@ class TrainObjective(nn.Module):
         self.unreached_weight = unreached_weight
         self.draftable = DraftableCache()
 
-    def forward(self, batch: dict[str, torch.Tensor], target_head: torch.Tensor, outside_head: torch.Tensor | None = None,
-                with_correct_rows: bool = False):  # fmt: skip
+    def forward(
+        self, batch: dict[str, torch.Tensor], target_head: torch.Tensor, outside_head: torch.Tensor | None = None, with_correct_rows: bool = False
+    ):
         """batch: the `ttt_loss` layout, optionally `positions`; target_head (N, Ht); outside_head (V-N, Ht) or None."""
         positions, width = batch.get("positions"), batch["input_ids"].shape[1]
         cached = outside_head is not None and positions is not None  # no outside head: every position drafts
@@ -53,9 +54,17 @@ class TrainObjective(nn.Module):
         if cached and lengths is None:  # built only when absent: dict.get's default would build it every batch
             lengths = torch.full_like(positions, width)
         known = self.draftable.lookup(positions, lengths, width) if cached else None
-        out = ttt_loss(self.drafter, batch, target_head, self.ttt_steps, outside_head=None if known is not None else outside_head,
-                       with_correct_rows=with_correct_rows, target_temperature=self.target_temperature,
-                       unreached_weight=self.unreached_weight, in_draft=known)  # fmt: skip
+        out = ttt_loss(
+            self.drafter,
+            batch,
+            target_head,
+            self.ttt_steps,
+            outside_head=None if known is not None else outside_head,
+            with_correct_rows=with_correct_rows,
+            target_temperature=self.target_temperature,
+            unreached_weight=self.unreached_weight,
+            in_draft=known,
+        )
         if cached and known is None:
             self.draftable.store(positions, lengths, out.in_draft)
         return out

@@ -237,9 +237,13 @@ def resolve_drafter_config(cfg: TrainConfig, target_config: dict, aux_layer_ids,
                 "rope_theta": p.rope_theta,
                 "max_position_embeddings": p.max_position_embeddings,
             }
-        config = DrafterConfig.from_target_config(target_config, aux_layer_ids=aux_layer_ids, draft_vocab_size=draft_vocab_size,
-                                                  intermediate_size=cfg.drafter_intermediate_size,
-                                                  num_hidden_layers=cfg.drafter_num_layers)  # fmt: skip
+        config = DrafterConfig.from_target_config(
+            target_config,
+            aux_layer_ids=aux_layer_ids,
+            draft_vocab_size=draft_vocab_size,
+            intermediate_size=cfg.drafter_intermediate_size,
+            num_hidden_layers=cfg.drafter_num_layers,
+        )
     if cfg.drafter_shape and not isinstance(cfg.drafter, dict):
         config = replace(config, **cfg.drafter_shape)
     return replace(config, ptd_token_id=cfg.ptd_token_id) if cfg.ptd_token_id is not None else config
@@ -589,8 +593,10 @@ class Trainer:
             if self.env.is_main:
                 _write_json(kept, self.numbering)
         accept = ", ".join(f"{r} {al:.3f}" for r, al in (self.numbering.get("val_al") or {}).items())
-        self.log(f"parent drafter's layer ids read as {self.numbering['reading']}-numbered: {self.numbering['aux_layer_ids']} "
-                 f"({self.numbering['how']}{': held-out AL ' + accept if accept else ''})")  # fmt: skip
+        self.log(
+            f"parent drafter's layer ids read as {self.numbering['reading']}-numbered: {self.numbering['aux_layer_ids']} "
+            f"({self.numbering['how']}{': held-out AL ' + accept if accept else ''})"
+        )
         ids = tuple(self.numbering["aux_layer_ids"])
         if cfg.aux_layer_ids is not None and tuple(cfg.aux_layer_ids) != ids:
             raise ValueError(
@@ -619,8 +625,12 @@ class Trainer:
         target = json.loads((Path(cfg.target) / "config.json").read_text())
         head = draft_head(lm_head, mapping.d2t).to(device, torch.float32)
         outside = outside_head(lm_head, mapping.t2d).to(device, torch.float32) if cfg.mask_undraftable else None
-        spec = BatchingSpec(micro_batch_tokens=cfg.micro_batch_tokens, micro_batch_samples=cfg.micro_batch_samples,
-                            batches_per_step=1, length_window=cfg.length_window)  # fmt: skip
+        spec = BatchingSpec(
+            micro_batch_tokens=cfg.micro_batch_tokens,
+            micro_batch_samples=cfg.micro_batch_samples,
+            batches_per_step=1,
+            length_window=cfg.length_window,
+        )
         al = {}
         for reading, ids in held.items():
             ds = ShardDataset(cfg.shard_dirs, cfg.max_seq_len, aux_layer_ids=ids)

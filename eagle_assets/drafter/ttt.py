@@ -264,8 +264,22 @@ class _FusedSoftCE(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, h, weight, tgt_logits, tgt_lse, tgt_argmax, tgt_index, row_mask, row_step, step_weight, chunk_rows,
-                row_pos=None, num_positions=0, unreached_weight=1.0):  # fmt: skip
+    def forward(
+        ctx,
+        h,
+        weight,
+        tgt_logits,
+        tgt_lse,
+        tgt_argmax,
+        tgt_index,
+        row_mask,
+        row_step,
+        step_weight,
+        chunk_rows,
+        row_pos=None,
+        num_positions=0,
+        unreached_weight=1.0,
+    ):
         # h (M, H) compute dtype; weight (N, H); tgt_* indexed by tgt_index (M,); row_mask (M,) fp32 0/1;
         # row_step (M,) long, ascending; step_weight (K,) fp32. row_pos (M,) long: each row's sequence
         # position b * T + t, of num_positions (B * T); needed when unreached_weight < 1 (see `ttt_loss`).

@@ -156,8 +156,10 @@ def _build(venv: Path, device: str) -> None:
     _run([sys.executable, "-m", "venv", str(venv)], f"creating {venv}")
     py = str(venv / "bin" / "python")
     if device in LOCKS:
-        _run([py, "-m", "pip", "install", "--quiet", "--require-hashes", "--no-deps", "-r", str(LOCKS[device])],
-             f"installing {' '.join(REQUIREMENTS[device])} from {LOCKS[device].name}, every package hash-checked (a few minutes)")  # fmt: skip
+        _run(
+            [py, "-m", "pip", "install", "--quiet", "--require-hashes", "--no-deps", "-r", str(LOCKS[device])],
+            f"installing {' '.join(REQUIREMENTS[device])} from {LOCKS[device].name}, every package hash-checked (a few minutes)",
+        )
     else:
         _run([py, "-m", "pip", "install", "--quiet", *REQUIREMENTS[device]], f"installing {' '.join(REQUIREMENTS[device])} (a few minutes)")
     if REMOVE_AFTER[device] and device not in LOCKS:
@@ -209,8 +211,23 @@ def write_lock(device: str, venv: Path | None = None, out: Path | None = None) -
     pins = [line for line in freeze.splitlines() if "==" in line and not line.startswith("#")]
     with tempfile.TemporaryDirectory() as tmp:
         (Path(tmp) / "pins.txt").write_text("\n".join(pins) + "\n")
-        _run([sys.executable, "-m", "pip", "install", "--dry-run", "--quiet", "--ignore-installed", "--no-deps",
-              "--report", str(Path(tmp) / "report.json"), "-r", str(Path(tmp) / "pins.txt")], "resolving the hash of every package")  # fmt: skip
+        _run(
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "install",
+                "--dry-run",
+                "--quiet",
+                "--ignore-installed",
+                "--no-deps",
+                "--report",
+                str(Path(tmp) / "report.json"),
+                "-r",
+                str(Path(tmp) / "pins.txt"),
+            ],
+            "resolving the hash of every package",
+        )
         report = json.loads((Path(tmp) / "report.json").read_text())
     lines = [
         f"# The engine environment for {device} hosts: {' '.join(REQUIREMENTS[device])} and every package it installs,",

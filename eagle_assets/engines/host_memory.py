@@ -57,8 +57,7 @@ def why_not_at_once(footprints: Sequence[int], available: int | None, device: st
     needed = sum(footprints) + HEADROOM_BYTES
     if not footprints or available is None or needed <= available:
         return None
-    return (f"{len(footprints)} more servers at once need ~{needed / GIB:.1f} GiB with headroom, "
-            f"and {available / GIB:.1f} GiB is available")  # fmt: skip
+    return f"{len(footprints)} more servers at once need ~{needed / GIB:.1f} GiB with headroom, and {available / GIB:.1f} GiB is available"
 
 
 def _float32_bytes(folder: Path) -> int:

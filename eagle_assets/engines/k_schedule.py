@@ -45,8 +45,10 @@ class KSchedule:
             if expected_first > OPEN_END:
                 problems.append(f"the range {_span(first, last)} follows an open range, which takes every batch size from its start up")
             elif first != expected_first:
-                problems.append(f"the range {_span(first, last)} starts at {first}, not {expected_first}: "
-                                "ranges start at batch size 1 and follow each other without gaps or overlaps")  # fmt: skip
+                problems.append(
+                    f"the range {_span(first, last)} starts at {first}, not {expected_first}: "
+                    "ranges start at batch size 1 and follow each other without gaps or overlaps"
+                )
             if last < first:
                 problems.append(f"the range {first}-{last} ends before it starts")
             if k < 0:

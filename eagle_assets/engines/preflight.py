@@ -109,14 +109,23 @@ def check_drafter(target_cfg: dict, drafter: Path, report: PreflightReport, engi
         return
     for key in ("torch_dtype", "dtype"):
         if cfg.get(key) is not None and cfg[key] not in DRAFTER_DTYPES:
-            report.add("error", "drafter_dtype", f"{cfg_path}: `{key}` is {cfg[key]!r}, not a dtype the engines load "
-                                                 f"({', '.join(DRAFTER_DTYPES[:3])}): {DRAFTER_CONFIG_FIX}")  # fmt: skip
-    if "KimiK25ForConditionalGeneration" in (target_cfg.get("architectures") or []) and "media_placeholder_token_id" not in target_cfg \
-            and engine in (None, "vllm"):  # fmt: skip
-        report.add("error", "kimi_media_placeholder",
-                   "the target's config.json has no media_placeholder_token_id: vLLM's EAGLE-3 proposer reads it from a "
-                   "Kimi-K2.5 target and its worker fails at start without it. Copy the field from the hub's config.json "
-                   "(the image placeholder's id, 163605 for Kimi-K2.5; the same as image_token_id)")  # fmt: skip
+            report.add(
+                "error",
+                "drafter_dtype",
+                f"{cfg_path}: `{key}` is {cfg[key]!r}, not a dtype the engines load ({', '.join(DRAFTER_DTYPES[:3])}): {DRAFTER_CONFIG_FIX}",
+            )
+    if (
+        "KimiK25ForConditionalGeneration" in (target_cfg.get("architectures") or [])
+        and "media_placeholder_token_id" not in target_cfg
+        and engine in (None, "vllm")
+    ):
+        report.add(
+            "error",
+            "kimi_media_placeholder",
+            "the target's config.json has no media_placeholder_token_id: vLLM's EAGLE-3 proposer reads it from a "
+            "Kimi-K2.5 target and its worker fails at start without it. Copy the field from the hub's config.json "
+            "(the image placeholder's id, 163605 for Kimi-K2.5; the same as image_token_id)",
+        )
     wrong_engine = wrong_engine_export(cfg, cfg_path, engine) if engine in ENGINE_NAMES else None
     if wrong_engine:
         report.add("error", "drafter_numbering", wrong_engine)
@@ -251,8 +260,11 @@ def run_engine_preflight(
     env["VLLM_LOGGING_LEVEL"] = "WARNING"
     proc = subprocess.run(
         [str(py), str(ENGINE_SCRIPTS / "vllm_preflight.py"), json.dumps(request)],
-        capture_output=True, text=True, timeout=timeout_s, env=env,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+        env=env,
+    )
     last = proc.stdout.strip().splitlines()[-1:] or [""]
     try:
         return json.loads(last[0])
@@ -345,11 +357,12 @@ def _check_sglang_layers(drafter: Path, report: PreflightReport) -> None:
     layers = folder_num_layers(drafter)
     if layers > 1:
         report.add(
-            "error", "sglang_layers",
+            "error",
+            "sglang_layers",
             f"the drafter has {layers} decoder layers: SGLang's layers after the first restart the residual "
             "stream from the previous layer's MLP output (vLLM carries it), so it would draft with another "
             "function than the one trained. Serve it with vLLM, or train one layer for SGLang.",
-        )  # fmt: skip
+        )
 
 
 def engine_args_for(preset, device: str = "cpu") -> dict:

@@ -583,8 +583,7 @@ class ServerProcess:
         parts.append(f"full log: {self.log_path}")
         return ServerFailed("\n".join(parts), self.log_path, tail[-40:])
 
-    def watch(self, health_url: str | None = None, interval_s: float = 0.5, health_every_s: float = 5.0,
-              health_failures: int = 3) -> ServerFailed:  # fmt: skip
+    def watch(self, health_url: str | None = None, interval_s: float = 0.5, health_every_s: float = 5.0, health_failures: int = 3) -> ServerFailed:
         """Wait until the server fails and return why: its process exits (seen within
         `interval_s`), or `health_url` fails `health_failures` times in a row (asked every
         `health_every_s`; one slow answer under load is not a failure)."""
@@ -727,8 +726,10 @@ def stop_recorded(record_dir: Path, port: int) -> str:
     recorded = _shm_from_json(info.get("shm"))
     if not _alive(pid):
         removed = remove_shm(recorded)
-        return (f"no server of ours was running on port {port}: the record was stale (pid {pid} is gone) and "
-                f"{_remove_record(record)}{_shm_words(removed)}")  # fmt: skip
+        return (
+            f"no server of ours was running on port {port}: the record was stale (pid {pid} is gone) and "
+            f"{_remove_record(record)}{_shm_words(removed)}"
+        )
     if not _runs_recorded_command(info):
         running = " ".join(_argv(pid) or ["(command line not visible)"])[:200]
         removed = remove_shm(recorded)

@@ -101,8 +101,9 @@ def connect(url: str, model: str | None = None, api_key: str | None = None, time
     try:
         models = [m["id"] for m in json.loads(resp.content)["data"]]
     except (ValueError, KeyError, TypeError) as exc:  # answered, but not with an OpenAI model list
-        raise ConnectionError(f"the server at {base} answered /v1/models with no OpenAI model list ({exc!r}): "
-                              "is it an OpenAI-compatible server? Fix the URL") from None  # fmt: skip
+        raise ConnectionError(
+            f"the server at {base} answered /v1/models with no OpenAI model list ({exc!r}): is it an OpenAI-compatible server? Fix the URL"
+        ) from None
     if not models:
         raise ConnectionError(f"the server at {base} serves no model yet: wait for it to finish loading, or fix the URL")
     if model is None:
@@ -195,8 +196,9 @@ def launch_vllm(
 
 
 @contextmanager
-def launch_extraction_server(target: str | Path, layer_ids, max_model_len: int | None = None, spool: Path | None = None,
-                             **launch) -> Iterator[InferenceServer]:  # fmt: skip
+def launch_extraction_server(
+    target: str | Path, layer_ids, max_model_len: int | None = None, spool: Path | None = None, **launch
+) -> Iterator[InferenceServer]:
     """Launch vLLM capturing the residual stream after each of `layer_ids` decoder layers for
     every prompt token (`hidden_states/engine_extract.py` reads it), writing into `spool` (default:
     a folder of its own under the runs folder, removed with the server)."""
@@ -210,8 +212,9 @@ def launch_extraction_server(target: str | Path, layer_ids, max_model_len: int |
         (runs_dir() / "hidden-states").mkdir(parents=True, exist_ok=True)
         spool = Path(tempfile.mkdtemp(prefix="spool-", dir=runs_dir() / "hidden-states"))
     try:
-        with launch_vllm(target, speculative=extraction_config(layer_ids), kv_transfer=hidden_states_transfer(spool),
-                         max_model_len=max_model_len, **launch) as server:  # fmt: skip
+        with launch_vllm(
+            target, speculative=extraction_config(layer_ids), kv_transfer=hidden_states_transfer(spool), max_model_len=max_model_len, **launch
+        ) as server:
             yield server
     finally:
         if own:

@@ -46,12 +46,17 @@ def launch_command(python: Path, model: Path, port: int, drafter: Path | None, s
     cmd = [str(python), "-m", "sglang.launch_server", "--model-path", str(model), "--port", str(port), "--tp", str(tp)]
     if drafter:
         cmd += [
-            "--speculative-algorithm", "EAGLE3",
-            "--speculative-draft-model-path", str(drafter),
-            "--speculative-num-steps", str(steps),
-            "--speculative-eagle-topk", "1",
-            "--speculative-num-draft-tokens", str(steps + 1),
-        ]  # fmt: skip
+            "--speculative-algorithm",
+            "EAGLE3",
+            "--speculative-draft-model-path",
+            str(drafter),
+            "--speculative-num-steps",
+            str(steps),
+            "--speculative-eagle-topk",
+            "1",
+            "--speculative-num-draft-tokens",
+            str(steps + 1),
+        ]
     return cmd + list(extra or [])
 
 

@@ -134,13 +134,19 @@ class VllmLaunch:
 
     def command(self, python: Path) -> list[str]:
         cmd = [
-            str(python), "-m", API_SERVER_MODULE,
-            "--model", str(self.model),
-            "--served-model-name", self.served_model_name,
-            "--host", self.host,
-            "--port", str(self.port),
+            str(python),
+            "-m",
+            API_SERVER_MODULE,
+            "--model",
+            str(self.model),
+            "--served-model-name",
+            self.served_model_name,
+            "--host",
+            self.host,
+            "--port",
+            str(self.port),
             *self.preset.engine_args(max_model_len=self.max_model_len),
-        ]  # fmt: skip
+        ]
         if self.device == "cpu":
             if not self.compiled:
                 cmd += ["--enforce-eager", "--compilation-config", json.dumps({"mode": 0})]
@@ -244,16 +250,53 @@ ENGINE_SITE = Path(__file__).resolve().parent / "engine_site"
 # path, home, locale, time zone, temporary folder, certificates, proxies) and the settings of the
 # engine and its libraries. Nothing else: the pipeline's own secrets (its database password, cloud
 # credentials, the API keys of other services) stay out of a process that serves the network.
-ENGINE_ENV_NAMES = frozenset({
-    "PATH", "HOME", "USER", "LOGNAME", "LANG", "LANGUAGE", "TZ", "TMPDIR", "TERM",
-    "HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY", "ALL_PROXY", "http_proxy", "https_proxy", "no_proxy", "all_proxy",
-    "SSL_CERT_FILE", "SSL_CERT_DIR", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE",
-    "LD_LIBRARY_PATH", "LD_PRELOAD", "CC", "CXX",
-})  # fmt: skip
+ENGINE_ENV_NAMES = frozenset(
+    {
+        "PATH",
+        "HOME",
+        "USER",
+        "LOGNAME",
+        "LANG",
+        "LANGUAGE",
+        "TZ",
+        "TMPDIR",
+        "TERM",
+        "HTTP_PROXY",
+        "HTTPS_PROXY",
+        "NO_PROXY",
+        "ALL_PROXY",
+        "http_proxy",
+        "https_proxy",
+        "no_proxy",
+        "all_proxy",
+        "SSL_CERT_FILE",
+        "SSL_CERT_DIR",
+        "REQUESTS_CA_BUNDLE",
+        "CURL_CA_BUNDLE",
+        "LD_LIBRARY_PATH",
+        "LD_PRELOAD",
+        "CC",
+        "CXX",
+    }
+)
 ENGINE_ENV_PREFIXES = (
-    "LC_", "XDG_", "CUDA_", "NVIDIA_", "NCCL_", "VLLM_", "HF_", "TRANSFORMERS_", "OMP_", "KMP_", "MKL_",
-    "NUMBA_", "TORCH", "PYTORCH_", "TRITON_", "GLOO_",
-)  # fmt: skip
+    "LC_",
+    "XDG_",
+    "CUDA_",
+    "NVIDIA_",
+    "NCCL_",
+    "VLLM_",
+    "HF_",
+    "TRANSFORMERS_",
+    "OMP_",
+    "KMP_",
+    "MKL_",
+    "NUMBA_",
+    "TORCH",
+    "PYTORCH_",
+    "TRITON_",
+    "GLOO_",
+)
 # Secrets under those prefixes stay out too (HF_TOKEN: the engine is offline). VLLM_API_KEY would
 # lock a launched server with a key its clients here do not send: it reaches an engine only as
 # engine_environment's `api_key`.
@@ -269,8 +312,9 @@ def inherited_environment(base: dict[str, str]) -> dict[str, str]:
     }
 
 
-def engine_environment(venv: Path, device: str = "cpu", kv_cache_gib: int = DEFAULT_KV_CACHE_GIB, base: dict | None = None,
-                       api_key: str | None = None) -> dict[str, str]:  # fmt: skip
+def engine_environment(
+    venv: Path, device: str = "cpu", kv_cache_gib: int = DEFAULT_KV_CACHE_GIB, base: dict | None = None, api_key: str | None = None
+) -> dict[str, str]:
     """The engine process's environment, built from an allow-list of `base` (default os.environ;
     `inherited_environment`): offline hub, our vLLM plugin, CPU KV cache size and thread binding,
     Intel OpenMP and numba's threading layer; with `api_key`, the key vLLM then requires of every

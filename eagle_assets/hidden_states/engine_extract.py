@@ -52,9 +52,18 @@ log = logging.getLogger(__name__)
 # Model families whose final norm is a plain RMSNorm, w * x / rms(x): the derivation of the normed
 # final state from r_L holds for them. Another family is refused rather than derived wrongly.
 RMS_NORM_MODEL_TYPES = (
-    "llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "deepseek_v2", "deepseek_v3",
-    "kimi_k2", "kimi_k25",
-)  # fmt: skip
+    "llama",
+    "mistral",
+    "mixtral",
+    "qwen2",
+    "qwen2_moe",
+    "qwen3",
+    "qwen3_moe",
+    "deepseek_v2",
+    "deepseek_v3",
+    "kimi_k2",
+    "kimi_k25",
+)
 
 # Where the final norm's weight lives, by checkpoint layout (plain causal LM; Kimi-K2.5's wrapper).
 FINAL_NORM_NAMES = ("model.norm.weight", "language_model.model.norm.weight", "model.language_model.norm.weight")
@@ -261,8 +270,16 @@ class EngineExtractor(ShardExtractor):
 
     source = "vllm extract_hidden_states"
 
-    def __init__(self, client: EngineStateClient, settings: ExtractSettings, num_layers: int, hidden_size: int,
-                 vocab_size: int, final_norm: FinalNorm, model_dtype: str = "engine"):  # fmt: skip
+    def __init__(
+        self,
+        client: EngineStateClient,
+        settings: ExtractSettings,
+        num_layers: int,
+        hidden_size: int,
+        vocab_size: int,
+        final_norm: FinalNorm,
+        model_dtype: str = "engine",
+    ):
         super().__init__(settings, num_layers, hidden_size, vocab_size)
         needed = sorted(set(self.aux_ids) | {num_layers})
         if list(client.layer_ids) != needed:

@@ -435,9 +435,13 @@ class ShardExtractor:
         flat_mask = np.concatenate(samples.loss_mask) if counts else np.zeros(0, np.uint8)
         log.info(
             "shard %d: %d samples, %d tokens in %d batches -> %s (%.2f GB)",
-            shard_index, len(counts), layout.num_tokens, len(batches), out_dir / shard_name(shard_index),
+            shard_index,
+            len(counts),
+            layout.num_tokens,
+            len(batches),
+            out_dir / shard_name(shard_index),
             layout.file_bytes() / 1e9,
-        )  # fmt: skip
+        )
         try:
             writer = ShardWriter(out_dir, shard_index, layout, offsets, flat_ids, flat_mask)
         except BaseException:
@@ -502,8 +506,9 @@ class Extractor(ShardExtractor):
 
     def __init__(self, model: nn.Module, settings: ExtractSettings):
         self.parts = target_parts(model)
-        super().__init__(settings, self.parts.num_layers, self.parts.hidden_size, self.parts.vocab_size,
-                         pin_buffers=self.parts.output_device.type == "cuda")  # fmt: skip
+        super().__init__(
+            settings, self.parts.num_layers, self.parts.hidden_size, self.parts.vocab_size, pin_buffers=self.parts.output_device.type == "cuda"
+        )
         self.model_dtype = str(next(self.parts.base.parameters()).dtype).removeprefix("torch.")
 
     @torch.inference_mode()
@@ -620,9 +625,14 @@ def extract_shard(
 
 
 def shard_status(
-    out_dir: str | Path, shard_index: int, expected: dict[str, int], settings: ExtractSettings,
-    aux_ids: tuple[int, ...], hidden_size: int, target_fingerprint: str,
-) -> str:  # fmt: skip
+    out_dir: str | Path,
+    shard_index: int,
+    expected: dict[str, int],
+    settings: ExtractSettings,
+    aux_ids: tuple[int, ...],
+    hidden_size: int,
+    target_fingerprint: str,
+) -> str:
     """ "complete" when the shard exists, passes its checks and matches the corpus and settings,
     else why not ("missing", "corrupt: ...", "stale: ..."): anything but "complete" is rebuilt.
 

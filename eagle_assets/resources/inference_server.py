@@ -42,7 +42,7 @@ from eagle_assets.paths import runs_dir
 from eagle_assets.targets import EMBEDDED_TARGET
 
 # The drafter's check serves plain and speculative, then the benchmark serves both again: two
-# warm servers save a vLLM start-up in every run of the graph (benchmarks/results/serving_memory_*).
+# warm servers save a vLLM start-up in every run of the graph (docs/serving.md, "Warm servers and memory").
 WARM_SERVERS_ON_CPU = 2
 
 
@@ -90,7 +90,7 @@ class InferenceServerResource(dg.ConfigurableResource):
     configuration: on a CPU host the last two (the drafter's check and the benchmark both want
     the plain and the speculative server), on a GPU the last one (each vLLM takes most of its
     memory). A server only ever serves one stage at a time; an idle one keeps its memory and
-    a sliver of a core (benchmarks/results/serving_memory_*). A benchmark interleaving its configurations holds all of their servers at
+    a sliver of a core. A benchmark interleaving its configurations holds all of their servers at
     once; none is stopped while a block still uses it, and the warm ones are trimmed back to
     the limit after."""
 
@@ -271,8 +271,7 @@ class InferenceServerResource(dg.ConfigurableResource):
         except BaseException as exc:
             stack.close()
             if key in self._deaths and isinstance(exc, ServerFailed):  # the one restart failed
-                raise ServerFailed(f"the server died ({self._deaths[key]}), and starting it again failed too: {exc}",
-                                   exc.log_path, exc.tail) from exc  # fmt: skip
+                raise ServerFailed(f"the server died ({self._deaths[key]}), and starting it again failed too: {exc}", exc.log_path, exc.tail) from exc
             raise
         if not self.keep_warm:
             with self._serving(key, server, stack.close):
@@ -298,8 +297,9 @@ class InferenceServerResource(dg.ConfigurableResource):
         failure = server.failure(problem)
         self._stop(key)
         if key in self._deaths:
-            raise ServerFailed(f"{failure}\n(it had been started again once already after it died: {self._deaths[key]})",
-                               failure.log_path, failure.tail) from None  # fmt: skip
+            raise ServerFailed(
+                f"{failure}\n(it had been started again once already after it died: {self._deaths[key]})", failure.log_path, failure.tail
+            ) from None
         self._deaths[key] = f"{problem}; log {server.log_path}"
         log(f"not reusing the warm server at {server.base_url}: {problem} (log {server.log_path}); starting it again")
         return False

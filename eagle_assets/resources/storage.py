@@ -207,8 +207,10 @@ class StorageResource(dg.ConfigurableResource):
             fs.get_file(_join(unit, rel), str(part))
             if part.stat().st_size != size:
                 part.unlink()
-                raise RuntimeError(f"{_join(unit, rel)} has changed since its publish (size {size} expected): "
-                                   "another node is publishing it now; rerun once that run is done")  # fmt: skip
+                raise RuntimeError(
+                    f"{_join(unit, rel)} has changed since its publish (size {size} expected): "
+                    "another node is publishing it now; rerun once that run is done"
+                )
             os.utime(part, ns=(mtime_ns, mtime_ns))  # the published time: an unchanged file is not uploaded again
             replace_durably(part, local)
         return str(self.remote(local_unit / only if only else local_unit))

@@ -87,8 +87,16 @@ class TrainerResource(dg.ConfigurableResource):
         """The torchrun command line this node runs (every node runs it with its own node_rank)."""
         cmd = [self.python or sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(self.nproc_per_node)]
         if self.nnodes > 1:
-            cmd += ["--nnodes", str(self.nnodes), "--node_rank", str(self.node_rank),
-                    "--rdzv-backend", self.rdzv_backend, "--rdzv-endpoint", str(self.rdzv_endpoint)]  # fmt: skip
+            cmd += [
+                "--nnodes",
+                str(self.nnodes),
+                "--node_rank",
+                str(self.node_rank),
+                "--rdzv-backend",
+                self.rdzv_backend,
+                "--rdzv-endpoint",
+                str(self.rdzv_endpoint),
+            ]
         else:
             cmd += ["--standalone"]
         return cmd + ["-m", "eagle_assets.drafter.train", "--config", str(config_path)]

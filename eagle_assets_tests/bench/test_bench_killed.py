@@ -29,8 +29,28 @@ CLI = str(ROOT / ".venv" / "bin" / "eagle-assets")
 
 
 def bench_args(drafter: Path, out: Path, output_len: int = 24) -> list[str]:
-    return [CLI, "bench", "--drafter", str(drafter), "--out", str(out), "--num-prompts", "4", "--output-len", str(output_len),
-            "--concurrency", "1", "--concurrency", "2", "-k", "2", "--no-ngram", "--baseline-once", "--interleave", "0"]  # fmt: skip
+    return [
+        CLI,
+        "bench",
+        "--drafter",
+        str(drafter),
+        "--out",
+        str(out),
+        "--num-prompts",
+        "4",
+        "--output-len",
+        str(output_len),
+        "--concurrency",
+        "1",
+        "--concurrency",
+        "2",
+        "-k",
+        "2",
+        "--no-ngram",
+        "--baseline-once",
+        "--interleave",
+        "0",
+    ]
 
 
 def test_a_benchmark_whose_server_is_killed_says_so_keeps_what_it_measured_and_resumes(smollm2_config, engine_python, tmp_path):
@@ -50,8 +70,9 @@ def test_a_benchmark_whose_server_is_killed_says_so_keeps_what_it_measured_and_r
         killed["files"], killed["tree"] = shm_held_by(tree), tree
         killed["at"] = kill_group(root)
 
-    proc = subprocess.Popen(bench_args(drafter, out), cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)  # fmt: skip
+    proc = subprocess.Popen(
+        bench_args(drafter, out), cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+    )
     killer = threading.Thread(target=kill_after_the_first_level, daemon=True)
     killer.start()
     try:
@@ -77,8 +98,9 @@ def test_a_benchmark_whose_server_is_killed_says_so_keeps_what_it_measured_and_r
     # Other settings in the same folder are refused, before anything is loaded or served.
     other = subprocess.run(bench_args(drafter, out, output_len=16), cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert other.returncode == 1
-    assert (f"{measurements} holds the measurements of an unfinished benchmark with other settings "
-            "(settings.output_len 24 there, 16 now)") in other.stderr  # fmt: skip
+    assert (
+        f"{measurements} holds the measurements of an unfinished benchmark with other settings (settings.output_len 24 there, 16 now)"
+    ) in other.stderr
     assert json.loads(first_level.read_text()) == kept  # nothing discarded
 
     # The same command again resumes: the offline reference and the kept level are read back.

@@ -18,8 +18,7 @@ from eagle_assets.bench.served import ServerGone, SweepSettings, as_messages, ru
 from eagle_assets_tests.bench.sse_stub import StreamingServer
 
 PROMPTS = [f"prompt {i}" for i in range(8)]
-SETTINGS = SweepSettings(output_len=6, concurrencies=(1, 2), warmup_requests=1, progress=False, retry_backoff_s=0.05,
-                         metrics_settle_s=0.2)  # fmt: skip
+SETTINGS = SweepSettings(output_len=6, concurrencies=(1, 2), warmup_requests=1, progress=False, retry_backoff_s=0.05, metrics_settle_s=0.2)
 FINGERPRINT = {"settings": {"output_len": 6, "concurrencies": [1, 2]}, "drafter_files": "abc"}
 
 

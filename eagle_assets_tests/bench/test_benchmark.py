@@ -46,16 +46,23 @@ def test_a_k_schedule_is_served_as_one_more_configuration_of_the_same_drafter():
     schedule = KSchedule.parse("1-2:4,3-:0")
     configs = served_configs(BenchmarkSettings(k=3, k_schedule=schedule), DRAFTER)
     assert [label for label, _ in configs] == ["baseline", "eagle3", "eagle3 k=1-2:4,3-:0", "ngram", "baseline (end)"]
-    assert dict(configs)["eagle3 k=1-2:4,3-:0"] == {"method": "eagle3", "model": str(DRAFTER), "num_speculative_tokens": 4,
-                                                     "num_speculative_tokens_per_batch_size": [[1, 2, 4], [3, 4096, 0]]}  # fmt: skip
+    assert dict(configs)["eagle3 k=1-2:4,3-:0"] == {
+        "method": "eagle3",
+        "model": str(DRAFTER),
+        "num_speculative_tokens": 4,
+        "num_speculative_tokens_per_batch_size": [[1, 2, 4], [3, 4096, 0]],
+    }
 
 
-@pytest.mark.parametrize(("k", "also_k", "message"), [
-    (3, (2, 3), "repeat a K"),
-    (3, (2, 2), "repeat a K"),
-    (0, (), "at least 1"),
-    (3, (0,), "at least 1"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("k", "also_k", "message"),
+    [
+        (3, (2, 3), "repeat a K"),
+        (3, (2, 2), "repeat a K"),
+        (0, (), "at least 1"),
+        (3, (0,), "at least 1"),
+    ],
+)
 def test_settings_refuse_a_k_that_cannot_be_served_or_is_given_twice(k, also_k, message):
     with pytest.raises(ValueError, match=message):
         BenchmarkSettings(k=k, also_k=also_k)
@@ -80,8 +87,9 @@ def test_servers_that_do_not_fit_at_once_are_served_one_after_another_and_the_re
     why = "3 more servers at once need ~12.0 GiB with headroom, and 6.0 GiB is available"
     settings, note = interleaving(BenchmarkSettings(k=3), DRAFTER, lambda specs: why)
     assert settings.interleave_rounds == 0
-    assert note == ("configurations served one after another, not interleaved: " + why
-                    + "; the baseline is served again at the end, to measure the host's drift")  # fmt: skip
+    assert note == (
+        "configurations served one after another, not interleaved: " + why + "; the baseline is served again at the end, to measure the host's drift"
+    )
     assert served_configs(settings, DRAFTER)[-1][0] == "baseline (end)"
 
 
@@ -133,9 +141,11 @@ def test_an_aa_control_is_a_second_server_without_speculation_served_interleaved
 def test_the_recommended_schedule_is_served_after_the_sweep_beside_no_speculation_and_its_fixed_k(monkeypatch, tmp_path):
     # The sweep: K=3 above no speculation at 1 and 4, below it at 8; K=2 slower everywhere.
     k3, k2 = speculative_config(DRAFTER, 3), speculative_config(DRAFTER, 2)
-    sweep = [_served_with(_run("baseline", {1: 50.0, 4: 160.0, 8: 240.0}), None),
-             _served_with(_run("eagle3", {1: 80.0, 4: 200.0, 8: 216.0}), k3),
-             _served_with(_run("eagle3 k=2", {1: 70.0, 4: 170.0, 8: 230.0}), k2)]  # fmt: skip
+    sweep = [
+        _served_with(_run("baseline", {1: 50.0, 4: 160.0, 8: 240.0}), None),
+        _served_with(_run("eagle3", {1: 80.0, 4: 200.0, 8: 216.0}), k3),
+        _served_with(_run("eagle3 k=2", {1: 70.0, 4: 170.0, 8: 230.0}), k2),
+    ]
     asked = []
 
     @contextlib.contextmanager

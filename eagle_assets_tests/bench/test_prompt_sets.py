@@ -16,13 +16,24 @@ from eagle_assets.corpus.prompt_record import MT_BENCH_PATH, PromptFileError
 from eagle_assets_tests.bench.test_report import OFFLINE, RUNS
 
 TRAFFIC = [
-    {"conversations": [{"from": "system", "value": "You are terse."}, {"from": "human", "value": "Reverse a list in Python?"},
-                       {"from": "gpt", "value": "xs[::-1]"}, {"from": "human", "value": "And in place?"}]},
+    {
+        "conversations": [
+            {"from": "system", "value": "You are terse."},
+            {"from": "human", "value": "Reverse a list in Python?"},
+            {"from": "gpt", "value": "xs[::-1]"},
+            {"from": "human", "value": "And in place?"},
+        ]
+    },
     {"conversations": [{"from": "human", "value": "Plan a day in Lisbon."}]},
     {"conversations": [{"from": "human", "value": "Reverse a list in Python?"}]},  # same first turn, no system: another prompt
-    {"conversations": [{"from": "human", "value": "Plan a day in Lisbon."}, {"from": "gpt", "value": "..."},
-                       {"from": "human", "value": "And a second day?"}]},  # the same first turn as row 2: sent once
-]  # fmt: skip
+    {
+        "conversations": [
+            {"from": "human", "value": "Plan a day in Lisbon."},
+            {"from": "gpt", "value": "..."},
+            {"from": "human", "value": "And a second day?"},
+        ]
+    },  # the same first turn as row 2: sent once
+]
 
 
 def test_a_users_file_gives_the_first_user_turn_of_each_distinct_prompt_in_file_order(tmp_path):

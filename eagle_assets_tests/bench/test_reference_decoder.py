@@ -327,8 +327,7 @@ def smollm2(smollm2_path):
 
 
 def _chat(tok, prompt: str) -> dict:
-    return tok.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
-                                   return_tensors="pt", return_dict=True)  # fmt: skip
+    return tok.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True, return_tensors="pt", return_dict=True)
 
 
 def test_smollm2_speculative_equals_greedy(smollm2):

@@ -67,8 +67,9 @@ RUNS = [
     _run("ngram", {1: 55.0, 4: 168.0, 8: 240.0}, NGRAM),
 ]
 OFFLINE = AcceptanceNumbers(2.55, (0.72, 0.52, 0.31), 600, "offline reference")
-TRAINING = TrainingFacts.from_summary({"val_al": 2.7, "val_accept": [0.74, 0.55, 0.42], "epochs": 18, "train_samples": 15680,
-                                       "train_tokens": 4_900_000})  # fmt: skip
+TRAINING = TrainingFacts.from_summary(
+    {"val_al": 2.7, "val_accept": [0.74, 0.55, 0.42], "epochs": 18, "train_samples": 15680, "train_tokens": 4_900_000}
+)
 
 
 def test_speedup_is_tokens_per_s_with_over_without():
@@ -150,8 +151,7 @@ def test_the_drafter_is_set_against_ngram_per_level_and_per_round(tmp_path):
 
 def test_an_aa_control_gives_the_noise_floor_and_is_never_the_fastest(tmp_path):
     # The second server without speculation read faster than the first and than the drafter.
-    runs = [_interleaved("baseline", (40.0, 80.0)), _interleaved("baseline (control)", (44.0, 76.0)),
-            _interleaved("eagle3", (42.0, 80.0), EAGLE)]  # fmt: skip
+    runs = [_interleaved("baseline", (40.0, 80.0)), _interleaved("baseline (control)", (44.0, 76.0)), _interleaved("eagle3", (42.0, 80.0), EAGLE)]
     report = build_report("smollm2-135m-instruct", "d", runs, offline=OFFLINE)
     level = (8 * 64 / (256 / 44 + 256 / 76)) / (8 * 64 / (256 / 40 + 256 / 80))
     text = summary_text(report)
@@ -192,8 +192,9 @@ def test_written_report_is_complete_and_reads_back(tmp_path):
         AcceptanceNumbers(2.1, (0.6, 0.3, 0.2), 40, "category writing"),
         AcceptanceNumbers(1.5, (0.3, 0.1, 0.1), 9, "after the end of the answer"),
     )
-    report = build_report("smollm2-135m-instruct", "/drafters/smollm2-eagle3", RUNS, offline=OFFLINE, offline_slices=slices, parent_al=2.4,
-                          training=TRAINING)  # fmt: skip
+    report = build_report(
+        "smollm2-135m-instruct", "/drafters/smollm2-eagle3", RUNS, offline=OFFLINE, offline_slices=slices, parent_al=2.4, training=TRAINING
+    )
     paths = write_report(report, tmp_path / "out")
 
     assert set(paths.plots) == {PLOT_ACCEPTANCE, PLOT_THROUGHPUT, PLOT_SPEEDUP}
@@ -345,9 +346,11 @@ K3_SPEC = {"method": "eagle3", "num_speculative_tokens": 3}
 
 def _confirming(scheduled: dict[int, float]) -> list[ServedRun]:
     """The runs that confirm `1-4:3,5-:0`: no speculation, K=3 and the schedule at these tokens/s."""
-    return [_served_with(_run("baseline", {1: 50.0, 4: 160.0, 8: 240.0}), None),
-            _served_with(_run("eagle3", {1: 78.0, 4: 196.0, 8: 220.0}, EAGLE), K3_SPEC),
-            _served_with(_run("eagle3 k=1-4:3,5-:0", scheduled, EAGLE), SCHEDULE_SPEC)]  # fmt: skip
+    return [
+        _served_with(_run("baseline", {1: 50.0, 4: 160.0, 8: 240.0}), None),
+        _served_with(_run("eagle3", {1: 78.0, 4: 196.0, 8: 220.0}, EAGLE), K3_SPEC),
+        _served_with(_run("eagle3 k=1-4:3,5-:0", scheduled, EAGLE), SCHEDULE_SPEC),
+    ]
 
 
 def test_a_schedule_served_after_the_sweep_is_confirmed_where_it_keeps_up_with_the_fastest(tmp_path):
@@ -399,8 +402,7 @@ def test_the_speedup_check_needs_a_speedup_strictly_above_the_threshold():
     even = [RUNS[0], _run("eagle3", {1: 50.0, 4: 160.0, 8: 240.0}, EAGLE)]
     check = speedup_check(even)
     assert not check.passed and check.metadata["speedup"] == 1.0
-    assert check.description == ("eagle3 runs at 1.00x the baseline's output tokens/s at concurrency 1 "
-                                 "(not above 1x)")  # fmt: skip
+    assert check.description == ("eagle3 runs at 1.00x the baseline's output tokens/s at concurrency 1 (not above 1x)")
     # 60 / 50 is 1.2 exactly: at a threshold of 1.2 it fails, just below it passes.
     faster = [RUNS[0], _run("eagle3", {1: 60.0, 4: 160.0, 8: 240.0}, EAGLE)]
     assert speedup_check(faster, min_speedup=1.2).name == "speedup_above_1.2_at_concurrency_1"
@@ -432,19 +434,34 @@ def test_a_schedule_with_two_ks_is_confirmed_against_the_fastest_of_every_fixed_
         ("baseline", None),
         ("eagle3 k=2", {"method": "eagle3", "model": "d", "num_speculative_tokens": 2}),
         ("eagle3", {"method": "eagle3", "model": "d", "num_speculative_tokens": 3}),
-        ("eagle3 k=1:2,2-4:3,5-:0", {"method": "eagle3", "model": "d", "num_speculative_tokens": 3,
-                                     "num_speculative_tokens_per_batch_size": [[1, 1, 2], [2, 4, 3], [5, 4096, 0]]}),
+        (
+            "eagle3 k=1:2,2-4:3,5-:0",
+            {
+                "method": "eagle3",
+                "model": "d",
+                "num_speculative_tokens": 3,
+                "num_speculative_tokens_per_batch_size": [[1, 1, 2], [2, 4, 3], [5, 4096, 0]],
+            },
+        ),
         ("baseline (end)", None),
-    ]  # fmt: skip
+    ]
     assert [label for label, _ in confirmation_configs(schedule, 3, "d", baseline_again=False)] == [
-        "baseline", "eagle3 k=2", "eagle3", "eagle3 k=1:2,2-4:3,5-:0"]  # fmt: skip
+        "baseline",
+        "eagle3 k=2",
+        "eagle3",
+        "eagle3 k=1:2,2-4:3,5-:0",
+    ]
     assert [label for label, _ in confirmation_configs(schedule, 2, "d", baseline_again=False)][1:3] == ["eagle3", "eagle3 k=3"]
 
     # Served as configured. At 1 the schedule drafts 2 but K=3 served fastest; at 4 it drafts 3 but
     # K=2 served fastest: each level's rival is the fastest of every fixed K, not the K it drafts.
-    tokens_per_s = {"baseline": {1: 50.0, 4: 160.0, 8: 240.0}, "eagle3 k=2": {1: 80.0, 4: 200.0, 8: 230.0},
-                    "eagle3": {1: 85.0, 4: 190.0, 8: 220.0}, "eagle3 k=1:2,2-4:3,5-:0": {1: 82.0, 4: 188.0, 8: 236.0},
-                    "baseline (end)": {1: 50.0, 4: 160.0, 8: 240.0}}  # fmt: skip
+    tokens_per_s = {
+        "baseline": {1: 50.0, 4: 160.0, 8: 240.0},
+        "eagle3 k=2": {1: 80.0, 4: 200.0, 8: 230.0},
+        "eagle3": {1: 85.0, 4: 190.0, 8: 220.0},
+        "eagle3 k=1:2,2-4:3,5-:0": {1: 82.0, 4: 188.0, 8: 236.0},
+        "baseline (end)": {1: 50.0, 4: 160.0, 8: 240.0},
+    }
     runs = [_served_with(_run(label, tokens_per_s[label], EAGLE if spec else None), spec) for label, spec in configs]
     confirmation = confirm(runs)
     assert confirmation.schedule == schedule

@@ -102,8 +102,10 @@ def test_sweep_measures_every_level_with_exact_token_counts(ngram_server):
 def test_two_configurations_served_interleaved_keep_their_own_requests_and_counters(vllm_server, ngram_server):
     # The session's plain server and the n-gram one, up together: 4 prompts in 2 rounds per level.
     settings = SweepSettings(output_len=16, concurrencies=(1, 2), warmup_requests=1, progress=False)
-    targets = [ServedTarget("baseline", vllm_server.base_url, MODEL),
-               ServedTarget("ngram", ngram_server, MODEL, config={"speculative_config": NGRAM})]  # fmt: skip
+    targets = [
+        ServedTarget("baseline", vllm_server.base_url, MODEL),
+        ServedTarget("ngram", ngram_server, MODEL, config={"speculative_config": NGRAM}),
+    ]
     lines = []
     base, ngram = run_interleaved(targets, PROMPTS * 2, settings, rounds=2, progress=lines.append)
 
@@ -124,8 +126,11 @@ def test_two_configurations_served_interleaved_keep_their_own_requests_and_count
     assert set(round_speedups([base, ngram])["ngram"]) == {1, 2}
     assert ServedRun.from_dict(ngram.to_dict()) == ngram
     assert [line.split(":")[0] for line in lines] == [
-        "concurrency 1, round 1/2 (2 prompts)", "concurrency 1, round 2/2 (2 prompts)",
-        "concurrency 2, round 1/2 (2 prompts)", "concurrency 2, round 2/2 (2 prompts)"]  # fmt: skip
+        "concurrency 1, round 1/2 (2 prompts)",
+        "concurrency 1, round 2/2 (2 prompts)",
+        "concurrency 2, round 1/2 (2 prompts)",
+        "concurrency 2, round 2/2 (2 prompts)",
+    ]
     assert "baseline" in lines[0] and lines[0].endswith(" tok/s")
 
 

@@ -23,8 +23,10 @@ from eagle_assets.corpus.store import CorpusStore
 from eagle_assets_tests.http_stub import JsonHandler, StubServer
 
 ROOT = Path(__file__).resolve().parents[2]
-OK = {"choices": [{"message": {"role": "assistant", "content": "Paris."}, "finish_reason": "stop"}],
-      "usage": {"prompt_tokens": 9, "completion_tokens": 3}}  # fmt: skip
+OK = {
+    "choices": [{"message": {"role": "assistant", "content": "Paris."}, "finish_reason": "stop"}],
+    "usage": {"prompt_tokens": 9, "completion_tokens": 3},
+}
 
 
 class Server(StubServer):
@@ -80,8 +82,7 @@ def test_a_failed_share_above_the_limit_fails_the_run_and_keeps_the_rest(server,
 
     # The same share within a limit that allows it: the run passes, the failures still recorded.
     with CorpusStore(str(tmp_path / "b"), shard_size=4) as store:
-        stats = generate_corpus(prompts(20, refused=2), store, settings, tokenizer, target=target, show_progress_bar=False,
-                                max_failed_share=0.1)  # fmt: skip
+        stats = generate_corpus(prompts(20, refused=2), store, settings, tokenizer, target=target, show_progress_bar=False, max_failed_share=0.1)
     assert (stats.succeeded, stats.failed) == (18, 2)
 
 
@@ -90,8 +91,7 @@ def test_an_engine_failing_every_request_while_its_server_answers_stops_after_a_
     try:
         settings = ClientSettings(stub.url, "m", concurrency=1, max_retries=1, backoff_s=0.01)
         with CorpusStore(str(tmp_path), shard_size=4) as store, pytest.raises(GenerationAborted) as aborted:
-            generate_corpus(prompts(30, refused=0), store, settings, tokenizer, target=target, show_progress_bar=False,
-                            max_consecutive_failures=4)  # fmt: skip
+            generate_corpus(prompts(30, refused=0), store, settings, tokenizer, target=target, show_progress_bar=False, max_consecutive_failures=4)
     finally:
         stub.close()
     assert f"4 samples in a row failed after retries against {stub.url}" in str(aborted.value)
@@ -102,8 +102,23 @@ def test_an_engine_failing_every_request_while_its_server_answers_stops_after_a_
 def test_the_generator_command_exits_1_naming_the_failed_share(server, smollm2_path, tmp_path):
     # The review's case: most samples failed, and the command still said success.
     write_prompts(prompts(12, refused=8), str(tmp_path / "prompts.jsonl"))
-    cmd = [sys.executable, "-m", "eagle_assets.cli", "corpus", "generate", "--prompts", str(tmp_path / "prompts.jsonl"),
-           "--out", str(tmp_path / "corpus"), "--server", server.url, "--model", "m", "--tokenizer", str(smollm2_path)]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "eagle_assets.cli",
+        "corpus",
+        "generate",
+        "--prompts",
+        str(tmp_path / "prompts.jsonl"),
+        "--out",
+        str(tmp_path / "corpus"),
+        "--server",
+        server.url,
+        "--model",
+        "m",
+        "--tokenizer",
+        str(smollm2_path),
+    ]
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 1, proc.stderr[-2000:]
     assert "corpus generation failed: 8 of 12 samples failed (67%, above the 5% allowed)" in proc.stderr

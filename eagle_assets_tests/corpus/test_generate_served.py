@@ -70,10 +70,30 @@ def killed_and_resumed(vllm_server, tokenizer, target, magpie, smollm2_path, tmp
     write_prompts(prompts, str(work / "prompts.jsonl"))
     out = work / "corpus"
     cmd = [
-        sys.executable, "-m", "eagle_assets.cli", "corpus", "generate", "--prompts", str(work / "prompts.jsonl"), "--out", str(out),
-        "--server", vllm_server.base_url, "--model", vllm_server.model, "--tokenizer", str(smollm2_path),
-        "--max-tokens", "48", "--concurrency", "4", "--shard-size", "3", "--retries", "1",
-    ]  # fmt: skip
+        sys.executable,
+        "-m",
+        "eagle_assets.cli",
+        "corpus",
+        "generate",
+        "--prompts",
+        str(work / "prompts.jsonl"),
+        "--out",
+        str(out),
+        "--server",
+        vllm_server.base_url,
+        "--model",
+        vllm_server.model,
+        "--tokenizer",
+        str(smollm2_path),
+        "--max-tokens",
+        "48",
+        "--concurrency",
+        "4",
+        "--shard-size",
+        "3",
+        "--retries",
+        "1",
+    ]
     log = work / "generate.log"
     with open(log, "wb") as sink:
         proc = subprocess.Popen(cmd, cwd=ROOT, stdout=sink, stderr=subprocess.STDOUT, start_new_session=True)
@@ -195,9 +215,15 @@ def test_a_server_dying_mid_run_stops_it_within_seconds_loses_nothing_and_a_reru
         killer.start()
         with CorpusStore(str(out), shard_size=2) as store, pytest.raises(GenerationAborted) as aborted:
             generate_corpus(
-                prompts, store, server_settings(doomed, concurrency=2), tokenizer, target=target, sampling=SAMPLING,
-                show_progress_bar=False, max_consecutive_failures=None,
-            )  # fmt: skip
+                prompts,
+                store,
+                server_settings(doomed, concurrency=2),
+                tokenizer,
+                target=target,
+                sampling=SAMPLING,
+                show_progress_bar=False,
+                max_consecutive_failures=None,
+            )
         stopped_after = time.monotonic() - killed["at"]
         killer.join(timeout=5)
 

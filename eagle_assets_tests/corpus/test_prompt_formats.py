@@ -27,15 +27,29 @@ from eagle_assets_tests.corpus.conftest import write_jsonl
 # One conversation and one single question, as each format writes them.
 SYSTEM, Q1, A1, Q2, Q3 = "Answer briefly.", "What is a monad?", "A monoid in...", "Give an example in Python.", "Name a prime."
 SHAREGPT = [
-    {"id": "a_0", "conversations": [{"from": "system", "value": SYSTEM}, {"from": "human", "value": Q1}, {"from": "gpt", "value": A1},
-                                    {"from": "human", "value": Q2}, {"from": "gpt", "value": "an answer"}]},
+    {
+        "id": "a_0",
+        "conversations": [
+            {"from": "system", "value": SYSTEM},
+            {"from": "human", "value": Q1},
+            {"from": "gpt", "value": A1},
+            {"from": "human", "value": Q2},
+            {"from": "gpt", "value": "an answer"},
+        ],
+    },
     {"id": "b_0", "conversations": [{"from": "human", "value": Q3}, {"from": "gpt", "value": "7"}]},
-]  # fmt: skip
+]
 OPENAI = [
-    {"messages": [{"role": "system", "content": SYSTEM}, {"role": "user", "content": Q1}, {"role": "assistant", "content": A1},
-                  {"role": "user", "content": Q2}]},
+    {
+        "messages": [
+            {"role": "system", "content": SYSTEM},
+            {"role": "user", "content": Q1},
+            {"role": "assistant", "content": A1},
+            {"role": "user", "content": Q2},
+        ]
+    },
     {"messages": [{"role": "user", "content": Q3}]},
-]  # fmt: skip
+]
 EXPECTED = [((Q1, Q2), SYSTEM), ((Q3,), None)]
 
 
@@ -62,16 +76,26 @@ def test_sharegpt_and_openai_files_give_the_same_prompts_in_every_container(tmp_
 
 
 def test_alpaca_text_and_role_aliases(tmp_path):
-    alpaca = [{"instruction": "Translate to French.", "input": "Good morning", "output": "Bonjour"},
-              {"instruction": "  Name a prime.  ", "input": "", "output": "7"}]  # fmt: skip
+    alpaca = [
+        {"instruction": "Translate to French.", "input": "Good morning", "output": "Bonjour"},
+        {"instruction": "  Name a prime.  ", "input": "", "output": "7"},
+    ]
     (tmp_path / "a.json").write_text(json.dumps(alpaca))
     assert read(tmp_path / "a.json") == [(("Translate to French.\n\nGood morning",), None), (("Name a prime.",), None)]
     (tmp_path / "t.txt").write_text("First prompt\n\n  Second prompt  \nFirst prompt\n")
     assert read(tmp_path / "t.txt") == [(("First prompt",), None), (("Second prompt",), None)]  # blank skipped, duplicate dropped
     (tmp_path / "strings.json").write_text(json.dumps(["one", "two"]))  # an array of strings: text prompts
     assert read(tmp_path / "strings.json") == [(("one",), None), (("two",), None)]
-    aliases = [{"conversations": [{"from": "user", "value": "hi"}, {"from": "chatgpt", "value": "x"}, {"from": "human", "value": "more"},
-                                  {"from": "bard", "value": "y"}]}]  # fmt: skip
+    aliases = [
+        {
+            "conversations": [
+                {"from": "user", "value": "hi"},
+                {"from": "chatgpt", "value": "x"},
+                {"from": "human", "value": "more"},
+                {"from": "bard", "value": "y"},
+            ]
+        }
+    ]
     write_jsonl(tmp_path / "aliases.jsonl", aliases)
     assert read(tmp_path / "aliases.jsonl") == [(("hi", "more"), None)]
 
@@ -101,8 +125,11 @@ def _record_lines(text: str) -> list[int]:
 
 
 def test_a_bad_row_names_its_line(tmp_path):
-    records = [SHAREGPT[1], SHAREGPT[0], {"id": "c_1", "conversations": [{"from": "gpt", "value": "...continued"},
-                                                                           {"from": "human", "value": "and then?"}]}]  # fmt: skip
+    records = [
+        SHAREGPT[1],
+        SHAREGPT[0],
+        {"id": "c_1", "conversations": [{"from": "gpt", "value": "...continued"}, {"from": "human", "value": "and then?"}]},
+    ]
     text = json.dumps(records, indent=2)
     (tmp_path / "s.json").write_text(text)
     line = _record_lines(text)[2]
@@ -110,12 +137,14 @@ def test_a_bad_row_names_its_line(tmp_path):
         load_prompt_file(str(tmp_path / "s.json"))
     cases = {
         "role": ([SHAREGPT[1], {"conversations": [{"from": "tool", "value": "x"}]}], r"line 2: turn 0 is from 'tool'"),
-        "empty": ([{"conversations": [{"from": "human", "value": "ok"}, {"from": "gpt", "value": "a"}, {"from": "human", "value": " "}]}],
-                  r"line 1: turn 2 \(human\) is empty"),
+        "empty": (
+            [{"conversations": [{"from": "human", "value": "ok"}, {"from": "gpt", "value": "a"}, {"from": "human", "value": " "}]}],
+            r"line 1: turn 2 \(human\) is empty",
+        ),
         "mixed": ([SHAREGPT[1], {"instruction": "x"}], r"line 2: the row has no `conversations`: the file is read as sharegpt"),
         "alpaca": ([{"instruction": "x"}, {"instruction": ""}], r"line 2: `instruction` is empty"),
         "unicode": ([{"prompt": "fine"}, {"prompt": "cut emoji \ud83d"}], r"line 2: `prompt` holds a lone surrogate"),
-    }  # fmt: skip
+    }
     for name, (rows, message) in cases.items():
         path = tmp_path / f"{name}.jsonl"
         path.write_text("".join(json.dumps(r) + "\n" for r in rows))
@@ -153,8 +182,14 @@ def test_skipping_bad_rows_counts_each_reason_and_keeps_the_turns_before_a_blank
         prompts = load_prompt_file(str(tmp_path / name), skip_bad_rows=True, stats=stats)
         assert [p.turns for p in prompts] == [("kept whole", "second"), ("kept up to the blank",), ("kept whole",)]
         assert stats.records == 9 and stats.prompts == 3
-        assert stats.dropped == {"not_opening_with_human": 1, "no_human_turn": 2, "empty_first_turn": 1, "bad_unicode": 1, "invalid": 1,
-                                 **({"cut_record": 1} if cut else {})}  # fmt: skip
+        assert stats.dropped == {
+            "not_opening_with_human": 1,
+            "no_human_turn": 2,
+            "empty_first_turn": 1,
+            "bad_unicode": 1,
+            "invalid": 1,
+            **({"cut_record": 1} if cut else {}),
+        }
         assert stats.shortened == {"empty_turn": 1}
 
 
@@ -192,7 +227,8 @@ def test_mt_bench_is_refused_as_training_data_in_every_format(tmp_path, kind):
 def test_package_urls_resolve_through_importlib_resources():
     assert len(load_prompt_file("pkg://eagle_assets/data/mt_bench_questions.jsonl", purpose="evaluation")) == 80
     assert [p.turns for p in load_prompt_file("pkg://eagle_assets/data/mt_bench_questions.jsonl", purpose="evaluation")] == [
-        p.turns for p in load_mt_bench()]  # fmt: skip
+        p.turns for p in load_mt_bench()
+    ]
     with pytest.raises(PromptFileError, match=r"pkg://eagle_assets/data/nope\.json: package 'eagle_assets' has no file 'data/nope\.json'"):
         load_prompt_file("pkg://eagle_assets/data/nope.json")
     with pytest.raises(PromptFileError, match=r"pkg://no_such_package/x\.json: no installed package 'no_such_package'"):

@@ -167,8 +167,12 @@ def test_random_sigkills_resume_to_the_uninterrupted_corpus(tmp_path):
     rng = random.Random(1)
     kills = 0
     for _ in range(6):
-        child = subprocess.Popen([sys.executable, "-m", "eagle_assets_tests.corpus.store_child", url, str(n), str(shard_size)],
-                                 cwd=PROJECT_ROOT, stdout=subprocess.PIPE, text=True)  # fmt: skip
+        child = subprocess.Popen(
+            [sys.executable, "-m", "eagle_assets_tests.corpus.store_child", url, str(n), str(shard_size)],
+            cwd=PROJECT_ROOT,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
         stop_after = rng.randint(1, 7)  # rows appended by this run before the kill
         try:
             for count, line in enumerate(child.stdout, 1):
@@ -181,8 +185,12 @@ def test_random_sigkills_resume_to_the_uninterrupted_corpus(tmp_path):
             child.kill()
             child.wait()
     assert kills >= 5
-    final = subprocess.run([sys.executable, "-m", "eagle_assets_tests.corpus.store_child", url, str(n), str(shard_size)],
-                           cwd=PROJECT_ROOT, capture_output=True, text=True)  # fmt: skip
+    final = subprocess.run(
+        [sys.executable, "-m", "eagle_assets_tests.corpus.store_child", url, str(n), str(shard_size)],
+        cwd=PROJECT_ROOT,
+        capture_output=True,
+        text=True,
+    )
     assert final.returncode == 0 and final.stdout.splitlines()[-1] == "done", final.stderr[-2000:]
 
     reader = CorpusStore(url, mode="r")

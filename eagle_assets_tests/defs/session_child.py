@@ -15,8 +15,9 @@ from eagle_assets.defs.session import DagsterSession, RunFailed
 
 def main() -> None:
     workspace = Path(sys.argv[1])
-    with DagsterSession(Path(os.environ["DAGSTER_HOME"]), Path(os.environ["EAGLE_TOY_DATA"]), workspace=workspace,
-                        log=lambda m: None, command="session_child") as session:  # fmt: skip
+    with DagsterSession(
+        Path(os.environ["DAGSTER_HOME"]), Path(os.environ["EAGLE_TOY_DATA"]), workspace=workspace, log=lambda m: None, command="session_child"
+    ) as session:
         for _ in range(2):
             run_id = session.launch(["a", "b", "c0", "c1", "d"])
             print(f"RUN {run_id}", flush=True)

@@ -87,8 +87,18 @@ def celery_worker(toy_location, redis_url, monkeypatch, tmp_path):
     config = tmp_path / "celery.yaml"  # the executor's config block, as dagster-celery's worker reads it
     config.write_text(f"execution:\n  config:\n    broker: {redis_url}/0\n    backend: {redis_url}/1\n")
     log = tmp_path / "celery-worker.log"
-    cmd = [str(Path(sys.executable).with_name("dagster-celery")), "worker", "start", "-A", "dagster_celery.app", "-y", str(config),
-           "--", "--concurrency=2", "--pool=prefork"]  # fmt: skip
+    cmd = [
+        str(Path(sys.executable).with_name("dagster-celery")),
+        "worker",
+        "start",
+        "-A",
+        "dagster_celery.app",
+        "-y",
+        str(config),
+        "--",
+        "--concurrency=2",
+        "--pool=prefork",
+    ]
     with open(log, "wb") as out:
         proc = subprocess.Popen(cmd, env=dict(os.environ), stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     try:

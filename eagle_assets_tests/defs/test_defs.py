@@ -64,8 +64,9 @@ def test_resource_fields_from_the_environment_are_env_vars_read_when_a_run_start
     monkeypatch.setenv("EAGLE_ASSETS_NPROC_PER_NODE", "2")
     repo = build_definitions(automation=False).get_repository_def()
     # The UI's list of the variables the resources use: each one set, but the one with blanks.
-    assert repo.get_env_vars_by_top_level_resource() == {name: {resource} for resource, variables in RESOURCE_VARIABLES.items()
-                                                         for name in variables if name != "EAGLE_ASSETS_EXTRACTION_URL"}  # fmt: skip
+    assert repo.get_env_vars_by_top_level_resource() == {
+        name: {resource} for resource, variables in RESOURCE_VARIABLES.items() for name in variables if name != "EAGLE_ASSETS_EXTRACTION_URL"
+    }
     assert default_resources()["inference_server"].url == "http://127.0.0.1:9"  # values, for code that reads them here
 
     resources = default_resources(deferred=True)
@@ -77,8 +78,14 @@ def test_resource_fields_from_the_environment_are_env_vars_read_when_a_run_start
         return s.target, s.url, s.speculative_url, s.extraction_url, storage.root, trainer.nproc_per_node
 
     result = dg.materialize([seen], resources=resources)
-    assert result.output_for_node("seen") == ("smollm2-135m-instruct", "http://127.0.0.1:8", "http://127.0.0.1:10",
-                                              "http://127.0.0.1:11", str(tmp_path.resolve()), 2)  # fmt: skip
+    assert result.output_for_node("seen") == (
+        "smollm2-135m-instruct",
+        "http://127.0.0.1:8",
+        "http://127.0.0.1:10",
+        "http://127.0.0.1:11",
+        str(tmp_path.resolve()),
+        2,
+    )
 
     monkeypatch.setenv("EAGLE_ASSETS_SERVER_URL", "localhost:8000")  # the check still runs as the definitions load
     with pytest.raises(ValueError, match="EAGLE_ASSETS_SERVER_URL='localhost:8000' is not an http:// or https:// URL"):

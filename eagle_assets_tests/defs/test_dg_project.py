@@ -29,8 +29,7 @@ def dg(*args: str, **settings: str) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("EAGLE_ASSETS_", "DAGSTER_"))}
     # The interpreter's environment is the active one (dg warns when the project's differs), and
     # the project folder comes first on the path, so the definitions under test are this copy's.
-    env.update(PATH=f"{BIN}{os.pathsep}{env.get('PATH', '')}", VIRTUAL_ENV=sys.prefix, PYTHONPATH=str(PROJECT_ROOT),
-               NO_COLOR="1", **settings)  # fmt: skip
+    env.update(PATH=f"{BIN}{os.pathsep}{env.get('PATH', '')}", VIRTUAL_ENV=sys.prefix, PYTHONPATH=str(PROJECT_ROOT), NO_COLOR="1", **settings)
     return subprocess.run([exe, *args], cwd=PROJECT_ROOT, env=env, capture_output=True, text=True, timeout=120)
 
 

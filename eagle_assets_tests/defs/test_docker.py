@@ -42,8 +42,10 @@ def _compose() -> list[str]:
         pytest.skip("no docker client on this machine: `docker compose config` cannot run")
     probe = subprocess.run([docker, "compose", "version"], capture_output=True, text=True)
     if probe.returncode != 0:
-        pytest.skip("the docker client has no compose plugin (`docker compose`); install docker-compose-plugin "
-                    "or link a Compose v2 binary into ~/.docker/cli-plugins/docker-compose")  # fmt: skip
+        pytest.skip(
+            "the docker client has no compose plugin (`docker compose`); install docker-compose-plugin "
+            "or link a Compose v2 binary into ~/.docker/cli-plugins/docker-compose"
+        )
     return [docker, "compose", "-f", str(DOCKER / "docker-compose.yaml")]
 
 
@@ -184,16 +186,31 @@ def test_images_pin_the_versions_pyproject_pins():
 ENGINE_SERVE = DOCKER / "engine_serve.py"
 # Config files alone, matched to their presets by shape (targets.py): SmolLM2, which runs its own
 # code, and Kimi-K2.5, whose preset asks for trust_remote_code.
-SMOLLM2_SHAPE = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "num_hidden_layers": 30, "hidden_size": 576,
-                 "vocab_size": 49152, "num_attention_heads": 9, "num_key_value_heads": 3, "intermediate_size": 1536}  # fmt: skip
-KIMI_SHAPE = {"architectures": ["DeepseekV3ForCausalLM"], "model_type": "kimi_k2", "num_hidden_layers": 61, "hidden_size": 7168,
-              "vocab_size": 163840, "num_attention_heads": 64, "num_key_value_heads": 64, "intermediate_size": 18432}  # fmt: skip
+SMOLLM2_SHAPE = {
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "num_hidden_layers": 30,
+    "hidden_size": 576,
+    "vocab_size": 49152,
+    "num_attention_heads": 9,
+    "num_key_value_heads": 3,
+    "intermediate_size": 1536,
+}
+KIMI_SHAPE = {
+    "architectures": ["DeepseekV3ForCausalLM"],
+    "model_type": "kimi_k2",
+    "num_hidden_layers": 61,
+    "hidden_size": 7168,
+    "vocab_size": 163840,
+    "num_attention_heads": 64,
+    "num_key_value_heads": 64,
+    "intermediate_size": 18432,
+}
 
 
 def engine_serve(engine: str, target: Path, **variables: str) -> subprocess.CompletedProcess:
     """docker/engine_serve.py --dry-run, as the engine image runs it (the command it would exec is printed)."""
-    env = {"PATH": "/usr/bin:/bin", "HOME": str(target.parent), "PYTHONPATH": str(PROJECT_ROOT),
-           "EAGLE_ASSETS_TARGET_PATH": str(target), **variables}  # fmt: skip
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(target.parent), "PYTHONPATH": str(PROJECT_ROOT), "EAGLE_ASSETS_TARGET_PATH": str(target), **variables}
     return subprocess.run([sys.executable, str(ENGINE_SERVE), engine, "--dry-run"], capture_output=True, text=True, env=env, timeout=120)
 
 

@@ -106,14 +106,30 @@ def test_cli_prints_sizes_and_hours_and_takes_measured_rates():
     assert "3 target loads of 22 min" in out.output and "total:        6.75 h" in out.output
     assert "note: generation: the reference run's 760 corpus tok/s" in out.output
 
-    out = runner.invoke(app, ["plan", "--preset", "kimi-k2.5", "--samples", "40000", "--tokens-per-sample", "1450",
-                              "--replicas", "4", "--extraction", "hf", "--json"])  # fmt: skip
+    out = runner.invoke(
+        app, ["plan", "--preset", "kimi-k2.5", "--samples", "40000", "--tokens-per-sample", "1450", "--replicas", "4", "--extraction", "hf", "--json"]
+    )
     body = json.loads(out.output)
     assert body["replicas"] == 4 and body["gpus"] == 32 and body["extraction"] == "hf"
     assert body["generation_hours"] == pytest.approx(5.3)
 
-    out = runner.invoke(app, ["plan", "--preset", "kimi-k2.5", "--samples", "10000", "--tokens-per-sample", "1450",
-                              "--extraction-tok-s", "6330", "--num-aux", "3", "--json"])  # fmt: skip
+    out = runner.invoke(
+        app,
+        [
+            "plan",
+            "--preset",
+            "kimi-k2.5",
+            "--samples",
+            "10000",
+            "--tokens-per-sample",
+            "1450",
+            "--extraction-tok-s",
+            "6330",
+            "--num-aux",
+            "3",
+            "--json",
+        ],
+    )
     body = json.loads(out.output)
     assert body["extraction_hours"] == pytest.approx(14_500_000 / 6_330 / 3600)
     assert body["sizes"]["hidden_state_bytes"] == plan("kimi-k2.5", **SEEDS).hidden_state_bytes

@@ -39,8 +39,12 @@ def test_sharegpt_source_samples_the_packaged_conversations_and_counts_what_it_d
     assert m["user_turns"] == sum(len(p.turns) for p in items) and m["multi_turn"] == sum(len(p.turns) > 1 for p in items) > 0
     # The reader's counts, whole file: every complete record and what was dropped, per reason.
     assert (m["sharegpt_records"], m["sharegpt_prompts"]) == (17671, 11168)
-    assert (m["sharegpt_dropped_cut_record"], m["sharegpt_dropped_no_human_turn"], m["sharegpt_dropped_not_opening_with_human"],
-            m["sharegpt_dropped_empty_first_turn"]) == (1, 274, 6222, 7)  # fmt: skip
+    assert (
+        m["sharegpt_dropped_cut_record"],
+        m["sharegpt_dropped_no_human_turn"],
+        m["sharegpt_dropped_not_opening_with_human"],
+        m["sharegpt_dropped_empty_first_turn"],
+    ) == (1, 274, 6222, 7)
     assert m["fit_context_tokens"] == 2048 and m["fit_answer_tokens"] == 256
     # The same seed gives the same prompts; first turns only, when asked.
     again, written_again = materialize(tmp_path / "again", {"source": "sharegpt", "num_prompts": 40, "seed": 5, "user_turns": "first"})

@@ -80,8 +80,12 @@ def test_publish_then_fetch_round_trips_a_tree_and_a_publish_that_stopped_is_not
     (corpus / "nested" / "deeper" / "x.bin").write_bytes(os.urandom(3))
     (corpus / "manifest.json").write_text('{"shards": 1}')
     assert node_a.publish(corpus) == [f"{ROOT}/t/corpus"]
-    assert sorted(s3.find("bucket/eagle")) == ["bucket/eagle/t/corpus.synced.json", "bucket/eagle/t/corpus/manifest.json",
-                                               "bucket/eagle/t/corpus/nested/deeper/x.bin", "bucket/eagle/t/corpus/shard-00000.parquet"]  # fmt: skip
+    assert sorted(s3.find("bucket/eagle")) == [
+        "bucket/eagle/t/corpus.synced.json",
+        "bucket/eagle/t/corpus/manifest.json",
+        "bucket/eagle/t/corpus/nested/deeper/x.bin",
+        "bucket/eagle/t/corpus/shard-00000.parquet",
+    ]
 
     node_b = StorageResource(root=ROOT, mirror=str(tmp_path / "b"))
     assert node_b.fetch(node_b.corpus("t")) == [f"{ROOT}/t/corpus"]
@@ -189,8 +193,9 @@ def test_the_prompts_asset_writes_into_the_bucket_and_another_node_finds_them(s3
     node_b = StorageResource(root=ROOT, mirror=str(tmp_path / "b"))
     assert not node_b.prompts(EMBEDDED_TARGET).exists()
     node_b.fetch(node_b.prompts(EMBEDDED_TARGET))
-    assert [p.turns for p in load_prompt_file(str(node_b.prompts(EMBEDDED_TARGET) / PROMPTS_FILE))] == \
-        [p.turns for p in load_prompt_file(str(local))] and len(load_prompt_file(str(local))) == 8  # fmt: skip
+    assert [p.turns for p in load_prompt_file(str(node_b.prompts(EMBEDDED_TARGET) / PROMPTS_FILE))] == [
+        p.turns for p in load_prompt_file(str(local))
+    ] and len(load_prompt_file(str(local))) == 8
 
 
 @pytest.mark.engine

@@ -60,8 +60,10 @@ def test_a_dead_warm_server_is_started_again_once_and_a_second_death_names_both_
     with resource.serve(log=logs.append) as second:
         assert "Paris" in chat_once(second, SMOKE_PROMPTS[0])
     warned = [line for line in logs if line.startswith("not reusing")]
-    assert warned == [f"not reusing the warm server at {first.base_url}: vLLM server on port {port_of(first)} was killed by "
-                      f"SIGKILL (log {first.log_path}); starting it again"]  # fmt: skip
+    assert warned == [
+        f"not reusing the warm server at {first.base_url}: vLLM server on port {port_of(first)} was killed by "
+        f"SIGKILL (log {first.log_path}); starting it again"
+    ]
     assert not any(line.startswith("reusing the running server") for line in logs)
     assert still_there(files) == [], "the dead server's shared memory was left in /dev/shm"
 
@@ -106,8 +108,10 @@ def test_a_restart_that_fails_too_is_a_clear_failure_naming_both_logs(smollm2_pa
     killer.join(timeout=5)
     message = str(info.value)
     assert noticed < 5, f"the killed restart was noticed {noticed:.1f} s after"
-    assert message.startswith(f"the server died (vLLM server on port {port_of(first)} was killed by SIGKILL; log {first.log_path}), "
-                              "and starting it again failed too: vLLM server on port ")  # fmt: skip
+    assert message.startswith(
+        f"the server died (vLLM server on port {port_of(first)} was killed by SIGKILL; log {first.log_path}), "
+        "and starting it again failed too: vLLM server on port "
+    )
     assert "was killed by SIGKILL during start-up" in message and message.count("full log: ") == 1
     restart_log = message.split("full log: ")[1].split()[0]
     assert restart_log != str(first.log_path) and restart_log.startswith(str(runs / "servers"))

@@ -61,8 +61,14 @@ def _started(instance: dg.DagsterInstance, run_id: str) -> int:
 def test_one_session_per_folder_a_killed_worker_is_named_and_a_killed_command_leaves_nothing(toy_location, monkeypatch):
     monkeypatch.setenv("EAGLE_TOY_C_SECONDS", "600")
     instance, home, data = toy_location.instance, toy_location.home, toy_location.data
-    proc = subprocess.Popen([sys.executable, "-m", "eagle_assets_tests.defs.session_child", str(toy_location.workspace)], cwd=PROJECT_ROOT,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=dict(os.environ))  # fmt: skip
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "eagle_assets_tests.defs.session_child", str(toy_location.workspace)],
+        cwd=PROJECT_ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=dict(os.environ),
+    )
     try:
         lines = _lines(proc)
         first = _next(lines, "RUN", proc)

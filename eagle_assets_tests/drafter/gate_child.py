@@ -23,8 +23,7 @@ def weights(export: str) -> dict[str, torch.Tensor]:
 
 def main(out: Path) -> None:
     torch.set_num_threads(1)
-    parent_cfg = write_tiny_run(out, num_samples=32, num_shards=1, max_steps=40, lr=1e-2, warmup_steps=3, val_fraction=0.5,
-                                export_engines=("vllm",))  # fmt: skip
+    parent_cfg = write_tiny_run(out, num_samples=32, num_shards=1, max_steps=40, lr=1e-2, warmup_steps=3, val_fraction=0.5, export_engines=("vllm",))
     parent = train(parent_cfg)["exports"]["vllm"]
     results = {}
     fine_tunes = {
@@ -37,8 +36,12 @@ def main(out: Path) -> None:
         summary = train(cfg)
         exported = weights(summary["exports"]["vllm"])
         same = all(torch.equal(exported[k], v) for k, v in weights(parent).items() if k in exported)
-        results[name] = {"comparison": summary["parent_comparison"], "exported": summary["exported"], "parent_weights": same,
-                         "val_al": summary["val_al"]}  # fmt: skip
+        results[name] = {
+            "comparison": summary["parent_comparison"],
+            "exported": summary["exported"],
+            "parent_weights": same,
+            "val_al": summary["val_al"],
+        }
     print(json.dumps({"aten": torch.backends.cpu.get_cpu_capability(), **results}))
 
 

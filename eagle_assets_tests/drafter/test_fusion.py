@@ -100,9 +100,16 @@ def _cases(device):
         "row_dot": (out, q),
         "diagonal_backward": (q, k, v, out, r(B, nh, T, dtype=torch.float32), lse, r(B, nh, T, D, dtype=torch.float32), 0.125),
         "logit_stats": (r(C, N),),
-        "soft_ce_chunk": (r(C, N), tgt, torch.randperm(C + 4, device=device)[:C], r(C + 4, dtype=torch.float32) + 8,
-                          torch.randint(0, N, (C + 4,), device=device), r(C, dtype=torch.float32), True),
-    }  # fmt: skip
+        "soft_ce_chunk": (
+            r(C, N),
+            tgt,
+            torch.randperm(C + 4, device=device)[:C],
+            r(C + 4, dtype=torch.float32) + 8,
+            torch.randint(0, N, (C + 4,), device=device),
+            r(C, dtype=torch.float32),
+            True,
+        ),
+    }
 
 
 @cuda

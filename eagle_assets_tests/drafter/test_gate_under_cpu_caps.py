@@ -17,8 +17,9 @@ from eagle_assets_tests.cpu_caps import ATEN_CAPABILITY, CAPS, capped_environmen
 @pytest.mark.parametrize("cap", CAPS)
 def test_the_gate_keeps_the_better_drafter_under_every_cpu_cap(cap, tmp_path):
     env = capped_environment(cap) | {"OMP_NUM_THREADS": "1"}
-    done = subprocess.run([sys.executable, "-m", "eagle_assets_tests.drafter.gate_child", str(tmp_path)], env=env,
-                          capture_output=True, text=True, timeout=600)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-m", "eagle_assets_tests.drafter.gate_child", str(tmp_path)], env=env, capture_output=True, text=True, timeout=600
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads(done.stdout.splitlines()[-1])
     assert result["aten"] == ATEN_CAPABILITY[cap]

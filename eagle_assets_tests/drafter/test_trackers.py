@@ -83,11 +83,24 @@ def mlflow_server(tmp_path_factory):
     pytest.importorskip("mlflow", reason="MLflow is an optional extra: pip install -e '.[mlflow]'")
     root = tmp_path_factory.mktemp("mlflow")
     port = free_port()
-    command = [str(Path(sys.executable).with_name("mlflow")), "server", "--backend-store-uri", f"sqlite:///{root}/mlflow.db",
-               "--default-artifact-root", str(root / "artifacts"), "--host", "127.0.0.1", "--port", str(port), "--workers", "1"]  # fmt: skip
+    command = [
+        str(Path(sys.executable).with_name("mlflow")),
+        "server",
+        "--backend-store-uri",
+        f"sqlite:///{root}/mlflow.db",
+        "--default-artifact-root",
+        str(root / "artifacts"),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--workers",
+        "1",
+    ]
     log = open(root / "server.log", "wb")
-    proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-                            env={**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"})  # fmt: skip
+    proc = subprocess.Popen(
+        command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env={**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
+    )
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 90
@@ -111,8 +124,18 @@ def test_mlflow_server_holds_what_metrics_jsonl_holds_and_a_resume_goes_on_in_th
 
     from eagle_assets.drafter.train import train
 
-    cfg = write_tiny_run(tmp_path, num_samples=8, num_shards=1, max_steps=3, val_fraction=0.25, val_interval=2, checkpoint_every=3,
-                         tracker="mlflow", tracker_uri=mlflow_server, tracker_project="tiny")  # fmt: skip
+    cfg = write_tiny_run(
+        tmp_path,
+        num_samples=8,
+        num_shards=1,
+        max_steps=3,
+        val_fraction=0.25,
+        val_interval=2,
+        checkpoint_every=3,
+        tracker="mlflow",
+        tracker_uri=mlflow_server,
+        tracker_project="tiny",
+    )
     train(cfg)
     record = read_record(cfg.out_dir)
     assert record["kind"] == "mlflow" and record["tracking_uri"] == mlflow_server and record["experiment"] == "tiny"
@@ -172,12 +195,18 @@ def test_wandb_offline_run_files_hold_what_metrics_jsonl_holds(tmp_path, one_thr
 
     from eagle_assets.drafter.train import train
 
-    for name, value in {"WANDB_MODE": "offline", "WANDB_SILENT": "true", "WANDB_CONFIG_DIR": str(tmp_path / "wandb-config"),
-                        "WANDB_CACHE_DIR": str(tmp_path / "wandb-cache"), "WANDB_DATA_DIR": str(tmp_path / "wandb-data")}.items():  # fmt: skip
+    for name, value in {
+        "WANDB_MODE": "offline",
+        "WANDB_SILENT": "true",
+        "WANDB_CONFIG_DIR": str(tmp_path / "wandb-config"),
+        "WANDB_CACHE_DIR": str(tmp_path / "wandb-cache"),
+        "WANDB_DATA_DIR": str(tmp_path / "wandb-data"),
+    }.items():
         monkeypatch.setenv(name, value)
     monkeypatch.delenv("WANDB_API_KEY", raising=False)
-    cfg = write_tiny_run(tmp_path, num_samples=8, num_shards=1, max_steps=3, val_fraction=0.25, val_interval=2, tracker="wandb",
-                         tracker_project="tiny")  # fmt: skip
+    cfg = write_tiny_run(
+        tmp_path, num_samples=8, num_shards=1, max_steps=3, val_fraction=0.25, val_interval=2, tracker="wandb", tracker_project="tiny"
+    )
     summary = train(cfg)
     record = read_record(cfg.out_dir)
     assert record == {"kind": "wandb", "project": "tiny", "run_id": record["run_id"], "dir": cfg.out_dir}

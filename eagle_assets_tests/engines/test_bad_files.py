@@ -72,8 +72,11 @@ def errors(report: PreflightReport) -> dict[str, str]:
 
 
 def files_under(folder: Path) -> dict[str, tuple[str, int]]:
-    return {str(p.relative_to(folder)): (hashlib.sha256(p.read_bytes()).hexdigest(), p.stat().st_mtime_ns)
-            for p in sorted(folder.rglob("*")) if p.is_file()}  # fmt: skip
+    return {
+        str(p.relative_to(folder)): (hashlib.sha256(p.read_bytes()).hexdigest(), p.stat().st_mtime_ns)
+        for p in sorted(folder.rglob("*"))
+        if p.is_file()
+    }
 
 
 @contextmanager
@@ -96,8 +99,7 @@ def test_the_sglang_export_is_refused_for_vllm_and_the_vllm_export_names_the_fix
             speculative_config(sglang, 3)  # `eagle-assets bench` serves without preflight
         with pytest.raises(ValueError) as read_for_vllm:
             vllm_drafter_config(sglang)
-    expected = (f"{sglang}/config.json is the SGLang export (layer ids numbered for SGLang); "
-                f"vLLM would read the wrong target layers: pass {vllm}")  # fmt: skip
+    expected = f"{sglang}/config.json is the SGLang export (layer ids numbered for SGLang); vLLM would read the wrong target layers: pass {vllm}"
     assert not report.ok and errors(report)["drafter_numbering"] == expected
     assert str(launch.value) == expected and str(read_for_vllm.value) == expected
 

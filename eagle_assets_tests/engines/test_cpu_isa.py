@@ -69,8 +69,10 @@ def test_the_engine_processes_see_the_cap_and_log_their_kernels(tmp_path, monkey
     """sitecustomize.py lowers torch.cpu's feature checks in the engine's own interpreter, and the
     plugin's kernel library follows them; the pipeline reads the lines the plugin logs."""
     python = engine_venv("vllm") / "bin" / "python"
-    probe = ("import torch.cpu as c, eagle_assets_vllm_fixes as f; "
-             "print(c._is_amx_tile_supported(), c._is_avx512_bf16_supported(), c._is_avx512_supported(), f.kernel_library())")  # fmt: skip
+    probe = (
+        "import torch.cpu as c, eagle_assets_vllm_fixes as f; "
+        "print(c._is_amx_tile_supported(), c._is_avx512_bf16_supported(), c._is_avx512_supported(), f.kernel_library())"
+    )
     want = {"avx512_bf16": "False True True _C", "avx512": "False False True _C_AVX512", "avx2": "False False False _C_AVX2"}
     for cap in caps_for(host_cpu().native)[1:]:
         monkeypatch.setenv("EAGLE_ASSETS_CPU_ISA", cap)

@@ -120,8 +120,12 @@ def test_a_second_setup_waits_for_the_build_under_way_then_finds_it_ready(tmp_pa
     with FileLock(lock_file):
         venv.mkdir()
         (venv / STAMP).write_text("incomplete build\n")  # as `_build` leaves it while pip runs
-        second = subprocess.Popen([sys.executable, "-c", SECOND_SETUP, str(venv)], stdout=open(log, "w"), stderr=subprocess.STDOUT,
-                                  env=os.environ | {"PYTHONUNBUFFERED": "1"})  # fmt: skip
+        second = subprocess.Popen(
+            [sys.executable, "-c", SECOND_SETUP, str(venv)],
+            stdout=open(log, "w"),
+            stderr=subprocess.STDOUT,
+            env=os.environ | {"PYTHONUNBUFFERED": "1"},
+        )
         deadline = time.monotonic() + 60
         while "waiting for another run" not in log.read_text():
             assert time.monotonic() < deadline and second.poll() is None, log.read_text()

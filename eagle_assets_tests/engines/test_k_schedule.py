@@ -17,8 +17,12 @@ def test_schedule_reads_writes_and_gives_vllm_its_entries():
     assert schedule.max_k == 4
     config = speculative_config("/d", 3, schedule)
     # num_speculative_tokens caps every K of the schedule in vLLM, so it is the largest.
-    assert config == {"method": "eagle3", "model": "/d", "num_speculative_tokens": 4,
-                      "num_speculative_tokens_per_batch_size": [[1, 1, 4], [2, 4, 3], [5, OPEN_END, 0]]}  # fmt: skip
+    assert config == {
+        "method": "eagle3",
+        "model": "/d",
+        "num_speculative_tokens": 4,
+        "num_speculative_tokens_per_batch_size": [[1, 1, 4], [2, 4, 3], [5, OPEN_END, 0]],
+    }
     assert KSchedule.of_config(config) == schedule and KSchedule.of_config(speculative_config("/d", 3)) is None
     assert KSchedule.parse("1-8:2").k_at(9) == 2  # past a closed last range its K carries on, as in vLLM
 

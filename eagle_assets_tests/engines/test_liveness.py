@@ -27,8 +27,9 @@ CLI = str(ROOT / ".venv" / "bin" / "eagle-assets")
 
 def start_serve(port: int, runs: Path) -> subprocess.Popen:
     env = {**os.environ, "EAGLE_ASSETS_RUNS": str(runs)}
-    return subprocess.Popen([CLI, "serve", "--port", str(port)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=env, start_new_session=True)  # fmt: skip
+    return subprocess.Popen(
+        [CLI, "serve", "--port", str(port)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, start_new_session=True
+    )
 
 
 def wait_serving(proc: subprocess.Popen) -> None:

@@ -75,8 +75,17 @@ def test_architecture_without_eagle3_is_refused_first_before_any_weights(smollm2
     # vLLM has no EAGLE-3 for GPT-2, the one fact no drafter fixes: it comes first.
     target = tmp_path / "tiny-gpt2"
     target.mkdir()
-    cfg = {"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2", "n_layer": 2, "n_embd": 64, "n_head": 2,
-           "n_positions": 512, "vocab_size": 49152, "bos_token_id": 1, "eos_token_id": 2}  # fmt: skip
+    cfg = {
+        "architectures": ["GPT2LMHeadModel"],
+        "model_type": "gpt2",
+        "n_layer": 2,
+        "n_embd": 64,
+        "n_head": 2,
+        "n_positions": 512,
+        "vocab_size": 49152,
+        "bos_token_id": 1,
+        "eos_token_id": 2,
+    }
     (target / "config.json").write_text(json.dumps(cfg))
     for f in ("tokenizer.json", "tokenizer_config.json"):
         (target / f).write_bytes((smollm2_path / f).read_bytes())

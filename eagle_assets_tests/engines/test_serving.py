@@ -169,8 +169,7 @@ def test_ngram_proposals_leave_the_model_worker_its_threads(tmp_path):
 
     def threads_before_and_after(**extra) -> list[str]:
         env = {**engine_environment(venv, base=dict(os.environ)), **worker, **extra}
-        proc = subprocess.run([str(engine_python(venv)), "-c", NGRAM_PROPOSAL], env=env, cwd=tmp_path,
-                              capture_output=True, text=True, timeout=300)  # fmt: skip
+        proc = subprocess.run([str(engine_python(venv)), "-c", NGRAM_PROPOSAL], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300)
         assert proc.returncode == 0, proc.stderr[-2000:]
         return proc.stdout.strip().split(maxsplit=2)
 
@@ -209,8 +208,9 @@ def test_cli_serve_answers_and_ctrl_c_leaves_nothing_running(smollm2_path, engin
     shm_before = shm_entries()
     # Started as a script's background job is: SIGINT inherited as ignored, which Python keeps.
     ignore_sigint = lambda: signal.signal(signal.SIGINT, signal.SIG_IGN)  # noqa: E731
-    proc = subprocess.Popen([CLI, "serve", "--port", str(port)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            preexec_fn=ignore_sigint)  # fmt: skip
+    proc = subprocess.Popen(
+        [CLI, "serve", "--port", str(port)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, preexec_fn=ignore_sigint
+    )
     lines = []
     try:
         for line in proc.stdout:
@@ -305,8 +305,14 @@ def _as_a_shell_starts_it():
 
 def test_a_killed_script_takes_its_server_down_with_it(tmp_path):
     # `kill PID` of a script that started a server (no handler of its own): the server goes too.
-    script = subprocess.Popen([sys.executable, "-c", KILLED_SCRIPT, str(tmp_path / "server.log")], cwd=ROOT,
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=_as_a_shell_starts_it)  # fmt: skip
+    script = subprocess.Popen(
+        [sys.executable, "-c", KILLED_SCRIPT, str(tmp_path / "server.log")],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=_as_a_shell_starts_it,
+    )
     server_pid, port = map(int, script.stdout.readline().split())
     try:
         assert _alive(server_pid) and port_in_use(port)
@@ -364,8 +370,14 @@ def test_busy_port_names_the_holder_and_a_stale_server_of_ours(tmp_path):
             ServerProcess([sys.executable, "-c", "pass"], dict(os.environ), tmp_path / "x.log", port).start()
     # A server of ours whose parent died: its record remains, and the message says so.
     records = tmp_path / "records"
-    stale = ServerProcess([sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1"], dict(os.environ),
-                          tmp_path / "stale.log", port, name="test server", record_dir=records)  # fmt: skip
+    stale = ServerProcess(
+        [sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1"],
+        dict(os.environ),
+        tmp_path / "stale.log",
+        port,
+        name="test server",
+        record_dir=records,
+    )
     stale.start()
     try:
         stale.wait_ready([f"http://127.0.0.1:{port}/"], 30)

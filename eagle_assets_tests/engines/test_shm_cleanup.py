@@ -75,8 +75,9 @@ def test_a_server_started_on_the_port_of_a_dead_one_removes_what_that_one_left(s
     port = free_port()
     command = [sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1"]
     record = tmp_path / f"port-{port}.json"
-    record.write_text(json.dumps({"pid": dead_pid(), "pgid": 4242, "port": port, "command": command,
-                                  "shm": [{"path": left, "dev": key[0], "ino": key[1]}]}))  # fmt: skip
+    record.write_text(
+        json.dumps({"pid": dead_pid(), "pgid": 4242, "port": port, "command": command, "shm": [{"path": left, "dev": key[0], "ino": key[1]}]})
+    )
     with ServerProcess(command, dict(os.environ), tmp_path / "server.log", port, name="test server", record_dir=tmp_path) as server:
         server.start()
         server.wait_ready([f"http://127.0.0.1:{port}/"], 30)

@@ -36,26 +36,48 @@ def test_the_engine_sees_our_plugin_and_nothing_else_of_the_pipeline(tmp_path):
     env = engine_environment(tmp_path, base={"PYTHONPATH": "/somewhere/the/pipeline/lives"})
     assert env["PYTHONPATH"] == str(ENGINE_SITE)
     assert sorted(p.name for p in ENGINE_SITE.iterdir() if p.name != "__pycache__") == [
-        "eagle_assets_hidden_states.py", "eagle_assets_tokenizer_compat.py", "eagle_assets_vllm_fixes-1.0.dist-info", "eagle_assets_vllm_fixes.py",
+        "eagle_assets_hidden_states.py",
+        "eagle_assets_tokenizer_compat.py",
+        "eagle_assets_vllm_fixes-1.0.dist-info",
+        "eagle_assets_vllm_fixes.py",
         "sitecustomize.py",
-    ]  # fmt: skip
+    ]
     (dist,) = importlib.metadata.distributions(path=[str(ENGINE_SITE)])
     assert sorted((e.group, e.value) for e in dist.entry_points) == [
-        ("vllm.general_plugins", "eagle_assets_tokenizer_compat:register"), ("vllm.general_plugins", "eagle_assets_vllm_fixes:register"),
-    ]  # fmt: skip
+        ("vllm.general_plugins", "eagle_assets_tokenizer_compat:register"),
+        ("vllm.general_plugins", "eagle_assets_vllm_fixes:register"),
+    ]
 
 
 def test_the_engine_inherits_an_allow_list_of_the_environment_and_no_secret(tmp_path):
     needed = {
-        "PATH": "/usr/bin", "HOME": "/home/eagle", "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8", "TZ": "UTC",
-        "HTTPS_PROXY": "http://proxy:3128", "no_proxy": "localhost", "CUDA_VISIBLE_DEVICES": "0,1", "NVIDIA_VISIBLE_DEVICES": "all",
-        "NCCL_DEBUG": "INFO", "VLLM_LOGGING_LEVEL": "DEBUG", "VLLM_PLUGINS": "", "HF_HOME": "/hf", "OMP_NUM_THREADS": "2",
-        "KMP_AFFINITY": "compact", "NUMBA_THREADING_LAYER": "omp", "TORCHINDUCTOR_CACHE_DIR": "/tmp/inductor",
-    }  # fmt: skip
+        "PATH": "/usr/bin",
+        "HOME": "/home/eagle",
+        "LANG": "C.UTF-8",
+        "LC_ALL": "C.UTF-8",
+        "TZ": "UTC",
+        "HTTPS_PROXY": "http://proxy:3128",
+        "no_proxy": "localhost",
+        "CUDA_VISIBLE_DEVICES": "0,1",
+        "NVIDIA_VISIBLE_DEVICES": "all",
+        "NCCL_DEBUG": "INFO",
+        "VLLM_LOGGING_LEVEL": "DEBUG",
+        "VLLM_PLUGINS": "",
+        "HF_HOME": "/hf",
+        "OMP_NUM_THREADS": "2",
+        "KMP_AFFINITY": "compact",
+        "NUMBA_THREADING_LAYER": "omp",
+        "TORCHINDUCTOR_CACHE_DIR": "/tmp/inductor",
+    }
     secrets = {
-        "DAGSTER_POSTGRES_PASSWORD": "pg", "AWS_SECRET_ACCESS_KEY": "aws", "EAGLE_ASSETS_SERVER_API_KEY": "ours",
-        "OPENAI_API_KEY": "openai", "HF_TOKEN": "hf_token", "HUGGING_FACE_HUB_TOKEN": "hf_token2", "VLLM_API_KEY": "stray",
-    }  # fmt: skip
+        "DAGSTER_POSTGRES_PASSWORD": "pg",
+        "AWS_SECRET_ACCESS_KEY": "aws",
+        "EAGLE_ASSETS_SERVER_API_KEY": "ours",
+        "OPENAI_API_KEY": "openai",
+        "HF_TOKEN": "hf_token",
+        "HUGGING_FACE_HUB_TOKEN": "hf_token2",
+        "VLLM_API_KEY": "stray",
+    }
     unrelated = {"PYTHONHOME": "/elsewhere", "DAGSTER_HOME": "/dagster", "EAGLE_ASSETS_DATA": "/data", "GOOGLE_APPLICATION_CREDENTIALS": "/k.json"}
     env = engine_environment(tmp_path, base={**needed, **secrets, **unrelated})
     assert {k: env[k] for k in needed if k != "PATH"} == {k: v for k, v in needed.items() if k != "PATH"}

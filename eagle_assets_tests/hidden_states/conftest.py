@@ -94,14 +94,24 @@ def corpus_row(sample_id: str, msgs, ids, mask, target: str) -> dict:
 
 SCHEMA = pa.schema(
     [
-        ("sample_id", pa.string()), ("prompt_id", pa.string()), ("source", pa.string()),
-        ("messages", pa.string()), ("input_ids", pa.list_(pa.int32())), ("loss_mask", pa.list_(pa.uint8())),
-        ("num_tokens", pa.int32()), ("num_turns", pa.int32()), ("finish_reason", pa.string()),
-        ("truncated", pa.bool_()), ("reasoning_captured", pa.bool_()), ("prompt_tokens", pa.int32()),
-        ("completion_tokens", pa.int32()), ("latency_s", pa.float64()), ("sampling", pa.string()),
+        ("sample_id", pa.string()),
+        ("prompt_id", pa.string()),
+        ("source", pa.string()),
+        ("messages", pa.string()),
+        ("input_ids", pa.list_(pa.int32())),
+        ("loss_mask", pa.list_(pa.uint8())),
+        ("num_tokens", pa.int32()),
+        ("num_turns", pa.int32()),
+        ("finish_reason", pa.string()),
+        ("truncated", pa.bool_()),
+        ("reasoning_captured", pa.bool_()),
+        ("prompt_tokens", pa.int32()),
+        ("completion_tokens", pa.int32()),
+        ("latency_s", pa.float64()),
+        ("sampling", pa.string()),
         ("target", pa.string()),
     ]
-)  # fmt: skip
+)
 assert tuple(SCHEMA.names) == CORPUS_COLUMNS
 
 
@@ -156,9 +166,15 @@ def tiny_llama(seed: int = 0, dtype=torch.bfloat16):
 
     torch.manual_seed(seed)
     config = LlamaConfig(
-        hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4,
-        num_key_value_heads=2, vocab_size=49152, max_position_embeddings=1024, tie_word_embeddings=True,
-    )  # fmt: skip
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=49152,
+        max_position_embeddings=1024,
+        tie_word_embeddings=True,
+    )
     return LlamaForCausalLM(config).to(dtype).eval()
 
 

@@ -20,8 +20,11 @@ def test_sigkill_mid_shard_leaves_no_partial_shard_and_rerun_completes(corpus_di
     out = tmp_path / "hs"
     child = subprocess.Popen(
         [sys.executable, "-m", "eagle_assets_tests.hidden_states.extract_child", str(corpus_dir), str(out), fingerprint],
-        cwd=PROJECT_ROOT, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
-    )  # fmt: skip
+        cwd=PROJECT_ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
     try:
         for line in child.stdout:  # "shard batch num_batches"
             shard, batch, _ = map(int, line.split())

@@ -124,8 +124,9 @@ def deepseek_states_against_hugging_faces(folder, chat_rows, spool) -> tuple[dic
 
     hf = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
     ids_captured = (*STANDIN_AUX, STANDIN_LAYERS)
-    with launch_vllm(DEEPSEEK_STANDIN, speculative=extraction_config(ids_captured), kv_transfer=hidden_states_transfer(spool),
-                     log=lambda m: None) as server:  # fmt: skip
+    with launch_vllm(
+        DEEPSEEK_STANDIN, speculative=extraction_config(ids_captured), kv_transfer=hidden_states_transfer(spool), log=lambda m: None
+    ) as server:
         client = EngineStateClient(server.base_url, server.model, ids_captured)
         errors = state_errors(client, hf, final_norm_of(folder), chat_rows[:3], STANDIN_AUX, STANDIN_LAYERS)
         kernels = engine_kernels(server.log_path)

@@ -144,8 +144,7 @@ def test_tokenizer_that_differs_from_the_corpus_names_both(tiny_model, smol_toke
     from transformers import PreTrainedTokenizerFast
 
     # A real, different tokenizer: SmolLM2's vocabulary with one added token.
-    other = PreTrainedTokenizerFast(tokenizer_object=smol_tokenizer.backend_tokenizer.__class__.from_str(
-        smol_tokenizer.backend_tokenizer.to_str()))  # fmt: skip
+    other = PreTrainedTokenizerFast(tokenizer_object=smol_tokenizer.backend_tokenizer.__class__.from_str(smol_tokenizer.backend_tokenizer.to_str()))
     other.add_tokens(["<extra_token_for_test>"])
     from eagle_assets.hidden_states.corpus_io import tokenizer_fingerprint
 

@@ -36,9 +36,15 @@ def test_layers_split_across_two_gpus_give_the_same_states(corpus_dir, fingerpri
     one = tiny_llama().cuda()
     extract_all(one, str(corpus_dir), tmp_path / "one", settings(), target_fingerprint=fingerprint)
     device_map = {
-        "model.embed_tokens": 0, "model.rotary_emb": 0, "lm_head": 0, "model.layers.0": 0,
-        "model.layers.1": 0, "model.layers.2": 1, "model.layers.3": 1, "model.norm": 1,
-    }  # fmt: skip
+        "model.embed_tokens": 0,
+        "model.rotary_emb": 0,
+        "lm_head": 0,
+        "model.layers.0": 0,
+        "model.layers.1": 0,
+        "model.layers.2": 1,
+        "model.layers.3": 1,
+        "model.norm": 1,
+    }
     split = dispatch_model(tiny_llama(), device_map=device_map)
     extract_all(split, str(corpus_dir), tmp_path / "split", settings(), target_fingerprint=fingerprint)
     for a, b in zip(open_shards(tmp_path / "one"), open_shards(tmp_path / "split"), strict=True):

@@ -148,10 +148,13 @@ def test_non_finite_rebuild_keeps_the_old_shard_byte_for_byte(chat_rows, fingerp
 
 
 def test_empty_or_repeated_aux_ids_are_refused_before_anything_is_written(corpus_dir, fingerprint, tmp_path):
-    with pytest.raises(ValueError, match=re.escape(
-        "aux_layer_ids is empty; EAGLE-3 needs at least one aux state (id k = HF hidden_states[k]: "
-        "0 = embeddings, 4 = the last layer's output before the final norm;"
-    )):  # fmt: skip
+    with pytest.raises(
+        ValueError,
+        match=re.escape(
+            "aux_layer_ids is empty; EAGLE-3 needs at least one aux state (id k = HF hidden_states[k]: "
+            "0 = embeddings, 4 = the last layer's output before the final norm;"
+        ),
+    ):
         validate_aux_layer_ids((), 4)
     for ids in ((2, 2), (0, 3, 0)):
         with pytest.raises(ValueError, match=re.escape(f"aux_layer_ids={list(ids)} repeats an id; each state is saved once")):
@@ -282,9 +285,15 @@ def test_a_lowered_shard_count_removes_the_shards_beyond_it(chat_rows, fingerpri
 N_AUX, T = 3, 6
 LAYOUT = ShardLayout(num_samples=2, num_tokens=T, num_aux=N_AUX, hidden_size=H, aux_layer_ids=(0, 1, 2))
 MANIFEST = ShardManifest(
-    shard=0, num_shards=1, sample_ids=["a", "b"], token_counts=[4, 2], aux_layer_ids=[0, 1, 2],
-    hidden_size=H, target_fingerprint="t", corpus_fingerprint="c",
-)  # fmt: skip
+    shard=0,
+    num_shards=1,
+    sample_ids=["a", "b"],
+    token_counts=[4, 2],
+    aux_layer_ids=[0, 1, 2],
+    hidden_size=H,
+    target_fingerprint="t",
+    corpus_fingerprint="c",
+)
 
 
 def new_writer(out) -> ShardWriter:
