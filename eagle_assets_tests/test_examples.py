@@ -10,7 +10,7 @@ import pytest
 
 from eagle_assets.defs.benchmark import BenchmarkConfig
 from eagle_assets.defs.corpus import CorpusConfig, PromptsConfig
-from eagle_assets.defs.drafter import DrafterConfig
+from eagle_assets.defs.drafter import DrafterAssetConfig
 from eagle_assets.defs.hidden_states import HiddenStatesConfig, VocabConfig
 from eagle_assets.defs.run_file import read_run_file
 from eagle_assets.defs.settings import LocationSettings, with_defaults
@@ -23,7 +23,7 @@ CONFIGS = {
     "synthetic_corpus": CorpusConfig,
     "vocab_mapping": VocabConfig,
     "hidden_state_shards": HiddenStatesConfig,
-    "drafter_checkpoint": DrafterConfig,
+    "drafter_checkpoint": DrafterAssetConfig,
     "benchmark_report": BenchmarkConfig,
 }
 FAMILIES = {

@@ -7,7 +7,7 @@ import pytest
 
 from eagle_assets.defs.benchmark import BenchmarkConfig
 from eagle_assets.defs.corpus import CorpusConfig, PromptsConfig
-from eagle_assets.defs.drafter import DrafterConfig
+from eagle_assets.defs.drafter import DrafterAssetConfig
 from eagle_assets_tests.scripts import load_script
 
 SCRIPT = Path(__file__).resolve().parent.parent / "benchmarks" / "quality_drafter.py"
@@ -20,7 +20,7 @@ def script():
 
 @pytest.mark.parametrize(
     "asset, config",
-    [("prompts", PromptsConfig), ("synthetic_corpus", CorpusConfig), ("drafter_checkpoint", DrafterConfig), ("benchmark_report", BenchmarkConfig)],
+    [("prompts", PromptsConfig), ("synthetic_corpus", CorpusConfig), ("drafter_checkpoint", DrafterAssetConfig), ("benchmark_report", BenchmarkConfig)],
 )
 def test_script_defaults_are_the_asset_config_defaults(script, asset, config):
     fields = config.model_fields

@@ -233,13 +233,13 @@ def test_wandb_offline_run_files_hold_what_metrics_jsonl_holds(tmp_path, one_thr
 def test_a_tracker_or_a_push_setting_makes_nothing_stale():
     from eagle_assets.defs.benchmark import BenchmarkConfig
     from eagle_assets.defs.code_versions import code_version
-    from eagle_assets.defs.drafter import DrafterConfig
+    from eagle_assets.defs.drafter import DrafterAssetConfig
     from eagle_assets.defs.settings import LocationSettings, with_defaults
 
     def versions(changes: dict) -> tuple[str, str]:
         settings = LocationSettings("smollm2-default", changes)
         return (
-            code_version("drafter_checkpoint", with_defaults(DrafterConfig, "drafter_checkpoint", settings)),
+            code_version("drafter_checkpoint", with_defaults(DrafterAssetConfig, "drafter_checkpoint", settings)),
             code_version("benchmark_report", with_defaults(BenchmarkConfig, "benchmark_report", settings)),
         )
 
