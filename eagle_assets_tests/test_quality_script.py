@@ -20,7 +20,12 @@ def script():
 
 @pytest.mark.parametrize(
     "asset, config",
-    [("prompts", PromptsConfig), ("synthetic_corpus", CorpusConfig), ("drafter_checkpoint", DrafterAssetConfig), ("benchmark_report", BenchmarkConfig)],
+    [
+        ("prompts", PromptsConfig),
+        ("synthetic_corpus", CorpusConfig),
+        ("drafter_checkpoint", DrafterAssetConfig),
+        ("benchmark_report", BenchmarkConfig),
+    ],
 )
 def test_script_defaults_are_the_asset_config_defaults(script, asset, config):
     fields = config.model_fields
