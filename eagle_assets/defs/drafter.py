@@ -275,92 +275,100 @@ def _trained(inference_server: InferenceServerResource, storage: StorageResource
     return preset, out, summary
 
 
-@dg.multi_asset_check(
-    specs=[
-        dg.AssetCheckSpec(
-            "serves_in_vllm",
-            asset="drafter_checkpoint",
-            blocking=True,
-            automation_condition=after_its_asset(),
-            description="The vLLM export loads in the real vLLM server and its greedy output equals the run without speculation.",
-        ),
-        dg.AssetCheckSpec(
-            "samples_under_speculation",
-            asset="drafter_checkpoint",
-            automation_condition=after_its_asset(),
-            description="Requests sampled at temperature 1e-4 with the drafter write the greedy answer: the engine gives every draft position the request's sampling settings. A fault of the engine, not the drafter: it warns and does not block.",
-        ),
-    ],
-)
-def drafter_serves(context: dg.AssetCheckExecutionContext, inference_server: InferenceServerResource, storage: StorageResource):
-    """The vLLM export served at its training K beside the target alone: the same greedy answers.
-    Both servers stay warm for the benchmark of the same run (two on a CPU host; on a GPU the
-    plain one, started second, for the benchmark's baseline)."""
-    _, out, summary = _trained(inference_server, storage)
-    if inference_server.connected and not (inference_server.url and inference_server.speculative_url):
-        # Connected to a server of the user's, which cannot load this drafter: said, not failed,
-        # so the graph finishes; the message says how to serve it and check again.
-        context.log.warning(NEEDS_DRAFTER_SERVER)
-        for name in ("serves_in_vllm", "samples_under_speculation"):
-            yield check_result(
-                False, {"not_checked": NEEDS_DRAFTER_SERVER}, blocking_severity=dg.AssetCheckSeverity.WARN, check_name=name, asset_key=DRAFTER_KEY
-            )
-        return
-    with inference_server.serve(drafter=out / "drafter-vllm", k=summary["ttt_steps"], log=context.log.info) as spec:
-        got = [chat_once(spec, p) for p in SMOKE_PROMPTS]
-        samples_ok, sampling = cold_sampling_check(spec, SMOKE_PROMPTS, got)
-    with inference_server.serve(log=context.log.info) as plain:
-        expected = [chat_once(plain, p) for p in SMOKE_PROMPTS]
-    yield check_result(
-        got == expected, {"prompts": SMOKE_PROMPTS, "plain": expected, "speculative": got}, check_name="serves_in_vllm", asset_key=DRAFTER_KEY
+def drafter_checks(automation: bool = False) -> list:
+    """The drafter's checks, definitions of their own beside the asset (not its step). With
+    `automation`, each runs once the automation rebuilds the drafter (`after_its_asset`); without
+    it they carry no condition, since any condition on a check makes Dagster add an automation
+    sensor of its own, and automation off must mean off."""
+    condition = after_its_asset() if automation else None
+
+    @dg.multi_asset_check(
+        specs=[
+            dg.AssetCheckSpec(
+                "serves_in_vllm",
+                asset="drafter_checkpoint",
+                blocking=True,
+                automation_condition=condition,
+                description="The vLLM export loads in the real vLLM server and its greedy output equals the run without speculation.",
+            ),
+            dg.AssetCheckSpec(
+                "samples_under_speculation",
+                asset="drafter_checkpoint",
+                automation_condition=condition,
+                description="Requests sampled at temperature 1e-4 with the drafter write the greedy answer: the engine gives every draft position the request's sampling settings. A fault of the engine, not the drafter: it warns and does not block.",
+            ),
+        ],
     )
-    if not samples_ok:
-        context.log.warning(f"samples_under_speculation: {sampling['cause']}")
-    yield check_result(
-        samples_ok, sampling, blocking_severity=dg.AssetCheckSeverity.WARN, check_name="samples_under_speculation", asset_key=DRAFTER_KEY
+    def drafter_serves(context: dg.AssetCheckExecutionContext, inference_server: InferenceServerResource, storage: StorageResource):
+        """The vLLM export served at its training K beside the target alone: the same greedy answers.
+        Both servers stay warm for the benchmark of the same run (two on a CPU host; on a GPU the
+        plain one, started second, for the benchmark's baseline)."""
+        _, out, summary = _trained(inference_server, storage)
+        if inference_server.connected and not (inference_server.url and inference_server.speculative_url):
+            # Connected to a server of the user's, which cannot load this drafter: said, not failed,
+            # so the graph finishes; the message says how to serve it and check again.
+            context.log.warning(NEEDS_DRAFTER_SERVER)
+            for name in ("serves_in_vllm", "samples_under_speculation"):
+                yield check_result(
+                    False, {"not_checked": NEEDS_DRAFTER_SERVER}, blocking_severity=dg.AssetCheckSeverity.WARN, check_name=name, asset_key=DRAFTER_KEY
+                )
+            return
+        with inference_server.serve(drafter=out / "drafter-vllm", k=summary["ttt_steps"], log=context.log.info) as spec:
+            got = [chat_once(spec, p) for p in SMOKE_PROMPTS]
+            samples_ok, sampling = cold_sampling_check(spec, SMOKE_PROMPTS, got)
+        with inference_server.serve(log=context.log.info) as plain:
+            expected = [chat_once(plain, p) for p in SMOKE_PROMPTS]
+        yield check_result(
+            got == expected, {"prompts": SMOKE_PROMPTS, "plain": expected, "speculative": got}, check_name="serves_in_vllm", asset_key=DRAFTER_KEY
+        )
+        if not samples_ok:
+            context.log.warning(f"samples_under_speculation: {sampling['cause']}")
+        yield check_result(
+            samples_ok, sampling, blocking_severity=dg.AssetCheckSeverity.WARN, check_name="samples_under_speculation", asset_key=DRAFTER_KEY
+        )
+
+    @dg.asset_check(
+        asset=drafter_checkpoint,
+        blocking=True,
+        automation_condition=condition,
+        description="Every weight name of the SGLang export is one SGLang's loader recognises (it drops unknown names silently).",
     )
+    def sglang_names(inference_server: InferenceServerResource, storage: StorageResource) -> dg.AssetCheckResult:
+        preset, out, summary = _trained(inference_server, storage)
+        if "sglang" not in summary["exports"]:
+            vllm_dir = out / "drafter-vllm"
+            note = vllm_only_reason(folder_num_layers(vllm_dir), summary["aux_layer_ids"], preset.num_layers, folder_drafts_in_parallel(vllm_dir))
+            return check_result(True, {"note": note or "exported for vLLM only"})
+        dropped = check_sglang_names(list(read_drafter_tensors(out / "drafter-sglang")))
+        return check_result(not dropped, {"unrecognised_names": dropped})
+
+    @dg.asset_check(
+        asset=drafter_checkpoint,
+        blocking=True,
+        automation_condition=condition,
+        description="On a warm start, the fine-tune is not clearly worse than its parent on the same held-out samples "
+        "(a paired comparison beyond their sampling error); the exports hold whichever measured higher.",
+    )
+    def not_worse_than_parent(inference_server: InferenceServerResource, storage: StorageResource) -> dg.AssetCheckResult:
+        _, _, summary = _trained(inference_server, storage)
+        if not summary.get("warm_start"):
+            return check_result(True, {"note": "trained from scratch: no parent to compare with"})
+        if summary.get("finetune_skipped"):
+            return check_result(True, {"note": summary["finetune_skipped"], "parent_val_al": summary.get("parent_val_al")})
+        comparison = summary.get("parent_comparison")
+        if comparison is not None:
+            keys = ("verdict", "kept", "parent_al", "finetuned_al", "difference", "low", "high", "samples", "sentence")
+            return check_result(comparison["verdict"] != "worse", {k: comparison[k] for k in keys} | {"parent": summary["warm_start"]})
+        # A summary written before the trainer compared per sample: equal counts summed in another
+        # order differ in the eighth digit, and equal is not worse.
+        parent_al, val_al = summary.get("parent_val_al"), summary.get("val_al")
+        passed = parent_al is not None and val_al is not None and val_al >= parent_al - AL_ROUNDING
+        return check_result(passed, {"val_al": val_al, "parent_val_al": parent_al, "parent": summary["warm_start"]})
+
+    return [drafter_serves, sglang_names, not_worse_than_parent]
 
 
-@dg.asset_check(
-    asset=drafter_checkpoint,
-    blocking=True,
-    automation_condition=after_its_asset(),
-    description="Every weight name of the SGLang export is one SGLang's loader recognises (it drops unknown names silently).",
-)
-def sglang_names(inference_server: InferenceServerResource, storage: StorageResource) -> dg.AssetCheckResult:
-    preset, out, summary = _trained(inference_server, storage)
-    if "sglang" not in summary["exports"]:
-        vllm_dir = out / "drafter-vllm"
-        note = vllm_only_reason(folder_num_layers(vllm_dir), summary["aux_layer_ids"], preset.num_layers, folder_drafts_in_parallel(vllm_dir))
-        return check_result(True, {"note": note or "exported for vLLM only"})
-    dropped = check_sglang_names(list(read_drafter_tensors(out / "drafter-sglang")))
-    return check_result(not dropped, {"unrecognised_names": dropped})
-
-
-@dg.asset_check(
-    asset=drafter_checkpoint,
-    blocking=True,
-    automation_condition=after_its_asset(),
-    description="On a warm start, the fine-tune is not clearly worse than its parent on the same held-out samples "
-    "(a paired comparison beyond their sampling error); the exports hold whichever measured higher.",
-)
-def not_worse_than_parent(inference_server: InferenceServerResource, storage: StorageResource) -> dg.AssetCheckResult:
-    _, _, summary = _trained(inference_server, storage)
-    if not summary.get("warm_start"):
-        return check_result(True, {"note": "trained from scratch: no parent to compare with"})
-    if summary.get("finetune_skipped"):
-        return check_result(True, {"note": summary["finetune_skipped"], "parent_val_al": summary.get("parent_val_al")})
-    comparison = summary.get("parent_comparison")
-    if comparison is not None:
-        keys = ("verdict", "kept", "parent_al", "finetuned_al", "difference", "low", "high", "samples", "sentence")
-        return check_result(comparison["verdict"] != "worse", {k: comparison[k] for k in keys} | {"parent": summary["warm_start"]})
-    # A summary written before the trainer compared per sample: equal counts summed in another
-    # order differ in the eighth digit, and equal is not worse.
-    parent_al, val_al = summary.get("parent_val_al"), summary.get("val_al")
-    passed = parent_al is not None and val_al is not None and val_al >= parent_al - AL_ROUNDING
-    return check_result(passed, {"val_al": val_al, "parent_val_al": parent_al, "parent": summary["warm_start"]})
-
-
-DRAFTER_CHECKS = [drafter_serves, sglang_names, not_worse_than_parent]
+DRAFTER_CHECKS = drafter_checks()
+"""The checks as `eagle-assets check` and the tests run them (no automation condition)."""
 DRAFTER_CHECK_NAMES = ("serves_in_vllm", "samples_under_speculation", "sglang_names", "not_worse_than_parent")
 """Their names, in the order they run and are listed."""

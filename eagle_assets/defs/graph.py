@@ -6,7 +6,7 @@ import dagster as dg
 
 from eagle_assets.defs.benchmark import benchmark_reference, benchmark_report
 from eagle_assets.defs.corpus import prompts, synthetic_corpus
-from eagle_assets.defs.drafter import DRAFTER_CHECKS, drafter_checkpoint
+from eagle_assets.defs.drafter import drafter_checkpoint, drafter_checks
 from eagle_assets.defs.hidden_states import hidden_state_shards, vocab_mapping
 from eagle_assets.defs.jobs import executor_from_env
 from eagle_assets.defs.resources import default_resources
@@ -25,7 +25,7 @@ def build_definitions(automation: bool | None = None) -> dg.Definitions:
     automation = automation_enabled() if automation is None else automation
     return dg.Definitions(
         assets=with_automation(ASSETS) if automation else ASSETS,
-        asset_checks=DRAFTER_CHECKS,
+        asset_checks=drafter_checks(automation),
         executor=executor_from_env(),
         sensors=default_sensors(automation),
         resources=default_resources(deferred=True),

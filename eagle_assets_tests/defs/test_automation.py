@@ -95,6 +95,9 @@ def test_project_definitions_carry_automation_by_default_and_no_schedule_or_part
     assert sorted(s.name for s in auto.sensor_defs) == ["eagle3_automation", "new_prompt_files"]
     assert {a.automation_conditions_by_key[k].get_label() for k, a in auto.assets_defs_by_key.items()} == {stale_condition().get_label()}
     assert not any(auto.asset_graph.get(k).is_partitioned for k in auto.asset_graph.get_all_asset_keys())
+    checks = {key: auto.asset_graph.get(key).automation_condition for key in auto.asset_graph.asset_check_keys}
+    drafter = {key: c for key, c in checks.items() if key.asset_key.to_user_string() == "drafter_checkpoint"}
+    assert drafter and {c.get_label() for c in drafter.values()} == {"after its asset"}, checks
 
     plain = build_definitions(automation=False).get_repository_def()
     assert [s.name for s in plain.sensor_defs] == ["new_prompt_files"]

@@ -93,6 +93,7 @@ def test_the_drafter_asset_trains_from_the_target_without_shards(tmp_path, monke
 
     settings = {
         "hidden_states": "target",
+        "warm_start": None,  # a drafter of its own shape, not the code location's warm start
         "epochs": 1,
         "micro_batch_tokens": 256,
         "drafter_intermediate_size": 128,
