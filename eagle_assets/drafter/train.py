@@ -602,7 +602,7 @@ class Trainer:
             raise ValueError(
                 f"aux_layer_ids {list(cfg.aux_layer_ids)} are not the parent drafter's {list(ids)} (read as {self.numbering['reading']})"
             )
-        return replace(cfg, parent_numbering=self.numbering["reading"], aux_layer_ids=ids)
+        return cfg.replace(parent_numbering=self.numbering["reading"], aux_layer_ids=ids)
 
     def _measure_readings(self, cfg: TrainConfig, readings: dict, mapping, embedding: torch.Tensor, lm_head: torch.Tensor) -> dict:
         """The parent's held-out AL at each reading the shards hold (chain drafting replayed
