@@ -220,10 +220,12 @@ class TrainConfig(BaseModel):
     @classmethod
     def _no_text_for_numbers(cls, value: Any, info: ValidationInfo) -> Any:
         """Text where the field takes no text is refused (pydantic would read "1e-4" as a number);
-        paths become text, and one shard folder a tuple of one."""
+        paths (any field that takes text) become text, and one shard folder a tuple of one."""
         if info.field_name == "shard_dirs" and isinstance(value, (str, os.PathLike)):
             return (str(value),)
-        if info.field_name in ("vocab_mapping", "target", "out_dir") and isinstance(value, os.PathLike):
+        if info.field_name == "shard_dirs" and isinstance(value, (list, tuple)):
+            return tuple(str(v) if isinstance(v, os.PathLike) else v for v in value)
+        if isinstance(value, os.PathLike) and _takes_text(cls.model_fields[info.field_name].annotation):
             return str(value)
         if isinstance(value, str) and not _takes_text(cls.model_fields[info.field_name].annotation):
             raise ValueError(f"{info.field_name}={value!r} should be {_kind(cls.model_fields[info.field_name].annotation)}")
