@@ -98,3 +98,24 @@ def test_a_check_defined_beside_its_asset_runs_after_the_automation_rebuilds_it(
     run(dg.AssetSelection.checks(good))
     asked, cursor = requested(cursor)
     assert asked == ["child"]
+
+
+def test_the_checks_condition_runs_nothing_on_a_first_tick_over_a_built_graph(tmp_path, instance):
+    """A session started over an instance where the asset was built without the check: the first
+    tick asks for nothing (the check waits for the asset's next rebuild)."""
+    from eagle_assets.defs.sensors import after_its_asset
+
+    @dg.asset(code_version="1")
+    def parent() -> dg.MaterializeResult:
+        return dg.MaterializeResult(data_version=dg.DataVersion("one"))
+
+    def first_tick(condition) -> list[str]:
+        @dg.asset_check(asset=parent, blocking=True, automation_condition=condition)
+        def good() -> dg.AssetCheckResult:
+            return dg.AssetCheckResult(passed=True)
+
+        result = dg.evaluate_automation_conditions(defs=[parent, good], instance=instance)
+        return sorted(r.key.to_user_string() for r in result.results if r.true_subset.size)
+
+    dg.materialize([parent], instance=instance)  # no check ran on it
+    assert first_tick(after_its_asset()) == []
