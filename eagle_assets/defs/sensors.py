@@ -122,15 +122,10 @@ def stale_condition() -> dg.AutomationCondition:
 
 def after_its_asset() -> dg.AutomationCondition:
     """The automation condition of a check defined beside its asset (not in the asset's own
-    step): run it once the asset is rebuilt (in the same tick's run where the asset is requested),
-    and at no other time.
+    step): run it once the asset is rebuilt, in the same tick's run where the asset is requested.
     Without one, the automation rebuilds the asset and never checks it, and whatever waits for
     the asset's blocking checks (`stale_condition`) waits for ever."""
-    # Not Dagster's eager(): it also runs a check that looks missing, and a session over a copied
-    # instance found checks missing that had run, so its first tick re-ran them before anything changed.
-    AC = dg.AutomationCondition
-    updated = AC.any_deps_match(AC.newly_updated() | AC.will_be_requested())
-    return (updated & ~AC.any_deps_in_progress() & ~AC.in_progress()).with_label("after its asset")
+    return dg.AutomationCondition.eager().with_label("after its asset")
 
 
 def with_automation(assets: Sequence[dg.AssetsDefinition]) -> list[dg.AssetsDefinition]:

@@ -163,10 +163,8 @@ def test_a_new_prompt_file_rebuilds_the_corpus_and_everything_below_it_once(retr
     from eagle_assets.defs.sensors import AUTOMATION_RUN_TAGS, RETRAIN_TAG
 
     instance = retraining.session.instance
-    # Runs that rebuild something; a run of checks alone (the automation checking the drafter it
-    # found at its first tick) rebuilds nothing and is left out.
-    runs = [r for r in retraining.new_runs() if r.asset_selection]
-    assert all(r.status == dg.DagsterRunStatus.SUCCESS for r in retraining.new_runs())
+    runs = retraining.new_runs()
+    assert all(r.status == dg.DagsterRunStatus.SUCCESS for r in runs)
     first, *automation = runs
     # The sensor's run: the prompt file's prompts, and the corpus answering them.
     assert first.tags[RETRAIN_TAG].startswith("prompts-week1.jsonl-")
@@ -247,7 +245,7 @@ def test_docstring_edits_rebuild_nothing_and_a_failed_automation_run_is_retried_
     for run in (first, retry):
         assert run.status == dg.DagsterRunStatus.FAILURE
         assert {k.to_user_string() for k in run.asset_selection} == {"vocab_mapping"}
-        assert f"parent drafter {missing} has no model.safetensors" in run_error(instance, run)
+        assert f"drafter {missing}: no config.json there" in run_error(instance, run)
     ended = instance.get_run_record_by_id(retry.run_id).end_time
 
     # Not requested again until something changes: the next tick that starts after the retry failed asks for nothing.
