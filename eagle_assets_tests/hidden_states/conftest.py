@@ -15,6 +15,7 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
+from eagle_assets.corpus.store import CORPUS_SCHEMA
 from eagle_assets.formats import CORPUS_COLUMNS, CORPUS_MANIFEST, stable_id
 
 TOPICS = [
@@ -92,26 +93,7 @@ def corpus_row(sample_id: str, msgs, ids, mask, target: str) -> dict:
     }
 
 
-SCHEMA = pa.schema(
-    [
-        ("sample_id", pa.string()),
-        ("prompt_id", pa.string()),
-        ("source", pa.string()),
-        ("messages", pa.string()),
-        ("input_ids", pa.list_(pa.int32())),
-        ("loss_mask", pa.list_(pa.uint8())),
-        ("num_tokens", pa.int32()),
-        ("num_turns", pa.int32()),
-        ("finish_reason", pa.string()),
-        ("truncated", pa.bool_()),
-        ("reasoning_captured", pa.bool_()),
-        ("prompt_tokens", pa.int32()),
-        ("completion_tokens", pa.int32()),
-        ("latency_s", pa.float64()),
-        ("sampling", pa.string()),
-        ("target", pa.string()),
-    ]
-)
+SCHEMA = CORPUS_SCHEMA  # the corpus store's own, so a test corpus is written as the store writes one
 assert tuple(SCHEMA.names) == CORPUS_COLUMNS
 
 
