@@ -25,6 +25,21 @@ class JsonHandler(BaseHTTPRequestHandler):
         except (BrokenPipeError, ConnectionResetError):
             pass  # the client timed out and left: what timeout tests want
 
+    def answer_get(self) -> None:
+        """What a vLLM server answers to the GETs its clients send: /metrics (no request running),
+        /v1/models (one model, "m"), and an empty JSON object to anything else (/health)."""
+        if self.path == "/metrics":
+            body = b"# HELP vllm:num_requests_running Requests running.\nvllm:num_requests_running 0.0\n"
+            self.send_response(200)
+            self.send_header("Content-Type", "text/plain")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+        elif self.path == "/v1/models":
+            self.send_json(200, {"data": [{"id": "m"}]})
+        else:
+            self.send_json(200, {})
+
 
 class StubServer:
     """Serves `handler` (a JsonHandler subclass) at `self.url` until `close()`."""

@@ -36,17 +36,7 @@ class StallingServer(StubServer):
 
         class Handler(JsonHandler):
             def do_GET(self):
-                if self.path == "/metrics":
-                    body = b"# HELP vllm:num_requests_running Requests running.\nvllm:num_requests_running 0.0\n"
-                    self.send_response(200)
-                    self.send_header("Content-Type", "text/plain")
-                    self.send_header("Content-Length", str(len(body)))
-                    self.end_headers()
-                    self.wfile.write(body)
-                elif self.path == "/v1/models":
-                    self.send_json(200, {"data": [{"id": "m"}]})
-                else:
-                    self.send_json(200, {})
+                self.answer_get()
 
             def do_POST(self):
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
