@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import gc
 import itertools
 import json
 import math
@@ -48,6 +49,7 @@ import os
 import random
 import sys
 import time
+import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -1075,14 +1077,29 @@ def train(cfg: TrainConfig, reporter: Reporter | None = None) -> dict | None:
     """Run one training (joining torchrun's process group if there is one)."""
     env = setup_distributed()
     try:
-        with contextlib.ExitStack() as stack:
-            rep = _open_reporter(reporter, env, stack)
-            trainer = Trainer(cfg, env, rep)
-            stack.callback(trainer.close)
-            return trainer.run()
+        return _train_in(env, cfg, reporter)
+    except BaseException as err:
+        # The traceback's frames hold the trainer; freed after the group below, it would hang.
+        traceback.clear_frames(err.__traceback__)
+        raise
     finally:
         if env.owns_group and dist.is_initialized():
+            # The wrapped model (DDP's reducer, FSDP's mesh) must die while the group still
+            # holds the process group: if the model's reference is the last, its destructor
+            # joins gloo's worker threads holding the GIL, while a worker finishing a
+            # collective waits for the GIL to free that collective's tensors (a deadlock that
+            # leaves the next launch's rendezvous waiting 30 minutes). `_train_in` has
+            # returned, so only reference cycles can still hold it.
+            gc.collect()
             dist.destroy_process_group()
+
+
+def _train_in(env: DistEnv, cfg: TrainConfig, reporter: Reporter | None) -> dict | None:
+    with contextlib.ExitStack() as stack:
+        rep = _open_reporter(reporter, env, stack)
+        trainer = Trainer(cfg, env, rep)
+        stack.callback(trainer.close)
+        return trainer.run()
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import socket
+import time
 from pathlib import Path
 
 import pytest
@@ -24,6 +25,7 @@ from eagle_assets_tests.drafter.test_train import read_metrics, write_tiny_run
 
 STEPS = 3
 RESUMED_AT = 1  # the first launch stops (and checkpoints) after step 1; the second resumes
+LAUNCHES_DEADLINE_S = 300  # ~10 s here; a hung rendezvous would otherwise wait gloo's 30 minutes
 
 
 def free_ports(n: int) -> list[int]:
@@ -51,6 +53,17 @@ def _worker(rank: int, world: int, runs: list[tuple[str, int]]) -> None:
     for config, port in runs:  # each run joins and leaves its own process group
         os.environ["MASTER_PORT"] = str(port)
         main(["--config", config])
+
+
+def _run_ranks(launches: list[tuple[str, int]], deadline_s: float) -> None:
+    """Both ranks through every launch; a hang fails within `deadline_s` instead of gloo's 30 minutes."""
+    context = mp.start_processes(_worker, args=(2, launches), nprocs=2, start_method="spawn", join=False)
+    deadline = time.monotonic() + deadline_s
+    while not context.join(timeout=max(0.0, deadline - time.monotonic())):
+        if time.monotonic() >= deadline:
+            for process in context.processes:
+                process.kill()
+            pytest.fail(f"the two ranks did not finish {len(launches)} launches in {deadline_s:.0f} s (a hang at a launch's start or end)")
 
 
 def _step1_grads(cfg: TrainConfig) -> dict[str, torch.Tensor]:
@@ -90,7 +103,7 @@ def test_two_processes_equal_one_with_the_same_global_batch(tmp_path, one_thread
         configs.append(str(cfg.save(tmp_path / f"{mode}-first.json")))
         configs.append(str(cfg.replace(max_steps=STEPS).save(tmp_path / f"{mode}-resumed.json")))
     launches = list(zip(configs, free_ports(len(configs)), strict=True))
-    mp.start_processes(_worker, args=(2, launches), nprocs=2, start_method="spawn", join=True)
+    _run_ranks(launches, deadline_s=LAUNCHES_DEADLINE_S)
     train(single)
 
     ref_losses, ref_grads = _losses(single), _step1_grads(single)
