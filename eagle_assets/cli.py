@@ -648,6 +648,7 @@ def _check_bench_arguments(
     stall_timeout: float,
 ) -> None:
     """`bench`'s arguments checked on their own (no target, no model, no server): a ValueError naming the first wrong one."""
+    from eagle_assets.bench.reference_states import OFFLINE_REFERENCES
     from eagle_assets.bench.report import REPORT_JSON, REPORT_MD
     from eagle_assets.bench.served import SweepSettings, mt_bench_size, refuse_too_few_prompts
     from eagle_assets.corpus.prompt_formats import FORMATS
@@ -684,8 +685,8 @@ def _check_bench_arguments(
         raise ValueError(f"--interleave {interleave}: give 0 (one configuration after another) or more rounds")
     if control and interleave == 0:
         raise ValueError("--control serves a second server without speculation interleaved with the rest: leave out --interleave 0")
-    if offline_reference not in ("auto", "hf", "engine"):
-        raise ValueError(f"--offline-reference {offline_reference!r}: give one of auto, hf, engine")
+    if offline_reference not in OFFLINE_REFERENCES:
+        raise ValueError(f"--offline-reference {offline_reference!r}: give one of {', '.join(OFFLINE_REFERENCES)}")
 
 
 def _prompt_set(url: str | None, fmt: str, num_prompts: int, path: Path, preset, new_tokens: int):

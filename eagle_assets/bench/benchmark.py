@@ -44,7 +44,7 @@ from eagle_assets.bench.k_choice import confirmation_configs, fixed_k_label, rec
 from eagle_assets.bench.parity import AcceptanceNumbers, ParityTolerance, TrainingFacts
 from eagle_assets.bench.progress import Measurements, files_digest
 from eagle_assets.bench.reference_decoder import Result, speculative_generate
-from eagle_assets.bench.reference_states import BenchmarkReference
+from eagle_assets.bench.reference_states import OFFLINE_REFERENCES, BenchmarkReference
 from eagle_assets.bench.replay_reference import replay_reference
 from eagle_assets.bench.report import BenchmarkReport, build_report, write_report
 from eagle_assets.bench.served import (
@@ -151,9 +151,6 @@ class BenchmarkSettings:
             raise ValueError(f"request_timeout_s={self.request_timeout_s}: give a positive number of seconds")
         if self.offline_reference not in OFFLINE_REFERENCES:
             raise ValueError(f"offline_reference={self.offline_reference!r}: give one of {', '.join(OFFLINE_REFERENCES)}")
-
-
-OFFLINE_REFERENCES = ("auto", "hf", "engine")
 
 
 class ServerUnavailable(RuntimeError):

@@ -6,7 +6,7 @@ import dataclasses
 import hashlib
 import json
 from pathlib import Path
-from typing import Optional
+from typing import Literal, Optional
 
 import dagster as dg
 
@@ -14,11 +14,14 @@ from eagle_assets.bench import reference_states
 from eagle_assets.bench.benchmark import BenchmarkIncomplete, BenchmarkSettings, ServerUnavailable, benchmark_k, run_benchmark
 from eagle_assets.bench.checks import BASELINE, CONTROL, NGRAM, against, host_drift, round_speedups
 from eagle_assets.bench.parity import ParityTolerance
+from eagle_assets.bench.reference_states import OFFLINE_REFERENCES
 from eagle_assets.bench.served import PromptSet, context_fit, user_prompt_set
+from eagle_assets.corpus.prompt_formats import FORMATS
 from eagle_assets.defs.code_versions import code_version
 from eagle_assets.defs.common import GROUP, check_result, hash_files, image_markdown, metadata, target_of
 from eagle_assets.defs.drafter import drafter_checkpoint
 from eagle_assets.defs.hidden_state_settings import (
+    STATE_SOURCES,
     HiddenStatesConfig,
     engine_layer_ids,
     engine_max_model_len,
@@ -28,6 +31,7 @@ from eagle_assets.defs.hidden_state_settings import (
 from eagle_assets.defs.hidden_states import hidden_state_shards
 from eagle_assets.defs.hub import push_checked_drafter
 from eagle_assets.defs.settings import reference_settings, with_defaults
+from eagle_assets.drafter.run_config import ParentNumbering
 from eagle_assets.drafter.trackers import RECORD_FILE as TRACKER_RECORD
 from eagle_assets.drafter.trackers import benchmark_scalars, log_to_recorded_run
 from eagle_assets.engines.k_schedule import KSchedule
@@ -43,7 +47,7 @@ class BenchmarkConfig(dg.Config):
     """Benchmark on your own traffic instead of MT-Bench: a prompt file (any fsspec URL or
     pkg://PACKAGE/PATH; ShareGPT, OpenAI chat, Alpaca or text), the first user turn of each of
     its first num_prompts prompts that fit the target's context."""
-    prompts_format: str = "auto"
+    prompts_format: Literal[FORMATS] = "auto"
     """The prompts_url file's format: "auto" (detected), "sharegpt", "openai", "alpaca", "eagle" or "text"."""
     output_len: int = 64
     concurrencies: list[int] = [1, 4, 8]
@@ -69,7 +73,7 @@ class BenchmarkConfig(dg.Config):
     no speculation and its fixed K: the report says whether it serves as fast as the fastest."""
     al_tolerance: float = 0.15
     """Parity holds when |served AL - offline AL| <= this share of the offline AL."""
-    offline_reference: str = "auto"
+    offline_reference: Literal[OFFLINE_REFERENCES] = "auto"
     """"hf" (the reference decoder, the target in fp32 here), "engine" (replayed over the states
     an extraction server captures: the target is never loaded here) or "auto" (hf where the
     target fits this host)."""
@@ -119,17 +123,17 @@ class BenchmarkReferenceConfig(dg.Config):
 
     num_prompts: int = 8
     prompts_url: Optional[str] = None
-    prompts_format: str = "auto"
+    prompts_format: Literal[FORMATS] = "auto"
     output_len: int = 64
     k: Optional[int] = None
     also_k: list[int] = []
     ttt_steps: Optional[int] = None
     """The drafter's training unroll K, the benchmark's K where `k` is unset; default: the preset's."""
-    offline_reference: str = "auto"
+    offline_reference: Literal[OFFLINE_REFERENCES] = "auto"
     aux_layer_ids: Optional[list[int]] = None
     parent_drafter: Optional[str] = None
-    parent_numbering: str = "measure"
-    source: str = "auto"
+    parent_numbering: ParentNumbering = "measure"
+    source: Literal[STATE_SOURCES] = "auto"
     """The hidden-state stage's source: the reference is captured where it is the engine."""
 
 

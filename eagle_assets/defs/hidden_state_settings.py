@@ -11,7 +11,7 @@ import dagster as dg
 import torch
 
 from eagle_assets.defs.settings import location_settings
-from eagle_assets.drafter.run_config import TrainConfig
+from eagle_assets.drafter.run_config import ParentNumbering, TrainConfig
 from eagle_assets.drafter.warm_start import parent_layer_ids
 from eagle_assets.hidden_states.budget import predict_bytes
 from eagle_assets.hidden_states.corpus_io import corpus_token_counts
@@ -21,6 +21,9 @@ from eagle_assets.hidden_states.source import choose_source, choose_training_sou
 from eagle_assets.hub_target import drafter_folder
 from eagle_assets.resources.storage import StorageResource
 from eagle_assets.settings_env import env_int
+
+STATE_SOURCES = ("auto", "engine", "hf")
+"""Where the hidden-state stage takes its states (`HiddenStatesConfig.source`)."""
 
 NUM_SHARDS = env_int("EAGLE_ASSETS_NUM_SHARDS", 4, min=1)
 """Hidden-state shards. Samples go to shards by a stable hash of their id, so a rerun rebuilds
@@ -36,11 +39,11 @@ class HiddenStatesConfig(dg.Config):
     """Warm start: the parent drafter (a folder, or a hub id pulled with `eagle-assets target
     pull`); the states are taken at its layers. A parent whose config does not say how its ids
     count is taken at both readings' layers (`parent_numbering`)."""
-    parent_numbering: Literal["measure", "vllm", "sglang"] = "measure"
+    parent_numbering: ParentNumbering = "measure"
     """How an unmarked parent's ids count: "measure" (the states of both readings are kept; the
     trainer measures the parent's acceptance at each and trains at the better), "vllm" (as
     written) or "sglang" (one more)."""
-    source: Literal["auto", "engine", "hf"] = "auto"
+    source: Literal[STATE_SOURCES] = "auto"
     """"engine" (the serving engine extracts them: vLLM's extract_hidden_states, one server for
     every shard), "hf" (a Hugging Face forward pass here) or "auto": the preset's choice, else the
     engine wherever the target needs several GPUs or transformers cannot load it."""

@@ -32,6 +32,7 @@ Precision = Literal["auto", "fp32", "bf16"]
 HiddenStateSource = Literal["shards", "target", "server"]
 Tracker = Literal["tensorboard", "mlflow", "wandb", "none"]
 ExportEngine = Literal["vllm", "sglang"]
+ParentNumbering = Literal["measure", "vllm", "sglang"]
 PARALLELISMS = typing.get_args(Parallelism)
 PRECISIONS = typing.get_args(Precision)
 HIDDEN_STATE_SOURCES = typing.get_args(HiddenStateSource)
@@ -125,7 +126,7 @@ class TrainConfig(BaseModel):
     """A warm start with fewer training samples than this is not fine-tuned: so few cannot move a
     parent measurably, and the few samples such a corpus holds out cannot tell a fine-tune from
     its parent. The parent is then exported as it is, measured on every sample of the corpus."""
-    parent_numbering: str = "measure"
+    parent_numbering: ParentNumbering = "measure"
     """How the warm start's parent counts its layer ids where its config does not say (no
     `layer_id_numbering` marker): "measure" (its held-out acceptance at both readings, "vllm"
     as written and "sglang" one more, where the shards hold both; the better is trained and
@@ -253,8 +254,6 @@ class TrainConfig(BaseModel):
                 problems.append("drafter_num_layers is set beside a `drafter` dict: put num_hidden_layers in the dict")
             if self.warm_start:
                 problems.append("drafter_num_layers is set with warm_start: a warm start keeps the parent's architecture")
-        if self.parent_numbering not in ("measure", "vllm", "sglang"):
-            problems.append(f"parent_numbering={self.parent_numbering!r}: give measure, vllm or sglang")
         if self.ptd_token_id is not None and self.warm_start:
             problems.append(
                 "ptd_token_id is set with warm_start: a warm start keeps the parent's architecture (a parent trained "

@@ -13,6 +13,7 @@ reads the target's embedding), a different vocabulary, or layer ids the target d
 from __future__ import annotations
 
 import json
+import typing
 import warnings
 from dataclasses import replace
 from pathlib import Path
@@ -21,6 +22,7 @@ import torch
 
 from eagle_assets.drafter.export import load_drafter
 from eagle_assets.drafter.model import Eagle3Drafter
+from eagle_assets.drafter.run_config import ParentNumbering
 
 
 def _target_dict(target_config) -> dict:
@@ -88,7 +90,7 @@ def warm_start(
 
 
 NUMBERINGS = ("vllm", "sglang")
-PARENT_NUMBERING_CHOICES = ("measure", *NUMBERINGS)
+PARENT_NUMBERING_CHOICES = typing.get_args(ParentNumbering)
 """How an unmarked parent's layer ids are read: "measure" (both readings, the better on the
 user's corpus), or one reading as given."""
 
