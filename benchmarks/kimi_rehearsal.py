@@ -59,10 +59,13 @@ class TwoTargetServers(RuntimeError):
 
 @dataclass
 class ServerWatch:
-    """Polls the host for vLLM API servers serving `model` (a folder): each new one is a load;
-    a second one alive at once is a violation, and `on_violation` is called once."""
+    """Polls the host for vLLM API servers serving `model` (a folder) that the rehearsal started
+    (their log, where their output goes, lies under `runs`; None: any): each new one is a load; a
+    second one alive at once is a violation, and `on_violation` is called once. Servers of the same
+    model that something else started on the host (a test beside it) are not the rehearsal's."""
 
     model: Path
+    runs: Path | None = None
     on_violation: object = None
     interval_s: float = 0.5
     loads: list[dict] = field(default_factory=list)
@@ -79,8 +82,17 @@ class ServerWatch:
         for proc in psutil.process_iter(["pid", "cmdline"]):
             cmd = proc.info["cmdline"] or []
             if API_SERVER_MODULE in cmd and "--model" in cmd and Path(cmd[cmd.index("--model") + 1]).resolve() == self.model.resolve():
-                found.append(proc)
+                if self.runs is None or self._logs_under_runs(proc):
+                    found.append(proc)
         return found
+
+    def _logs_under_runs(self, proc: psutil.Process) -> bool:
+        # The engine's environment is an allow-list without EAGLE_ASSETS_RUNS; its output, the
+        # server's log in the runs folder, says who started it.
+        try:
+            return Path(os.readlink(f"/proc/{proc.pid}/fd/1")).is_relative_to(self.runs)
+        except OSError:
+            return False
 
     def _run(self) -> None:
         while not self._stop.is_set():
@@ -180,7 +192,7 @@ def rehearse(
     output: list[str] = []
     deadline = threading.Timer(timeout_s, lambda: stop_session(f"over {timeout_s:.0f} s"))
     try:
-        with ServerWatch(Path(target), on_violation=stop_session) as watch:
+        with ServerWatch(Path(target), runs=root / "runs", on_violation=stop_session) as watch:
             deadline.start()
             for line in proc.stdout:
                 output.append(line)

@@ -14,6 +14,7 @@ import time
 import urllib.request
 from pathlib import Path
 
+import psutil
 import pytest
 
 from eagle_assets.engines import process
@@ -25,7 +26,6 @@ from eagle_assets.engines.process import (
     descendants,
     free_port,
     port_in_use,
-    shm_entries,
     stop_recorded,
 )
 from eagle_assets.engines.serving import cold_sampling_check, launch_vllm
@@ -33,6 +33,7 @@ from eagle_assets.engines.vllm_launch import SMALL_CPU_HOST, cpu_threads_bind, e
 from eagle_assets.paths import engine_venv
 from eagle_assets.targets import EMBEDDED_TARGET
 from eagle_assets_tests.drafters import write_random_drafter
+from eagle_assets_tests.engines.server_probe import shm_held_by, still_there
 
 pytestmark = pytest.mark.engine
 ROOT = Path(__file__).resolve().parents[2]
@@ -51,8 +52,9 @@ def chat(base_url: str, model: str, prompt: str, max_tokens: int = 32, temperatu
         return json.loads(resp.read())
 
 
-def vllm_processes() -> list[int]:
-    """Live processes running vLLM's API server or engine core under this project's engine venv."""
+def vllm_processes(containing: str = "") -> list[int]:
+    """Live processes running vLLM's API server under this project's engine venv, whose command
+    line holds `containing` (a test's own path: servers of tests beside it do not count)."""
     found = []
     for d in Path("/proc").iterdir():
         if d.name.isdigit():
@@ -60,7 +62,7 @@ def vllm_processes() -> list[int]:
                 cmd = (d / "cmdline").read_bytes().decode(errors="replace")
             except OSError:
                 continue
-            if "vllm.entrypoints.openai.api_server" in cmd and str(ROOT) in cmd:
+            if "vllm.entrypoints.openai.api_server" in cmd and str(ROOT) in cmd and containing in cmd:
                 found.append(int(d.name))
     return found
 
@@ -205,7 +207,6 @@ def test_two_layer_export_serves_with_unchanged_greedy_output(vllm_server, smoll
 
 def test_cli_serve_answers_and_ctrl_c_leaves_nothing_running(smollm2_path, engine_python):
     port = free_port()
-    shm_before = shm_entries()
     # Started as a script's background job is: SIGINT inherited as ignored, which Python keeps.
     ignore_sigint = lambda: signal.signal(signal.SIGINT, signal.SIG_IGN)  # noqa: E731
     proc = subprocess.Popen(
@@ -219,6 +220,7 @@ def test_cli_serve_answers_and_ctrl_c_leaves_nothing_running(smollm2_path, engin
                 break
         assert proc.poll() is None, "".join(lines)
         tree = descendants(proc.pid)
+        held = shm_held_by([psutil.Process(p) for p in tree])  # the server's own (a test beside it has others)
         answer = chat(f"http://127.0.0.1:{port}", EMBEDDED_TARGET, "What is the capital of France?")
         assert "Paris" in answer["choices"][0]["message"]["content"]
         proc.send_signal(signal.SIGINT)
@@ -236,11 +238,11 @@ def test_cli_serve_answers_and_ctrl_c_leaves_nothing_running(smollm2_path, engin
         time.sleep(0.1)
     assert not [p for p in tree if _alive(p)], "server processes survived Ctrl-C"
     assert not port_in_use(port)
-    assert not (shm_entries() - shm_before), "shared memory left behind"
+    assert held and not still_there(held), "shared memory left behind"
 
 
 def test_broken_drafter_path_fails_fast_with_root_cause_and_no_orphans(smollm2_path, engine_python, tmp_path):
-    before = set(vllm_processes())
+    before = set(vllm_processes(str(tmp_path)))
     seen: dict[str, float] = {}
     stop = threading.Event()
 
@@ -267,7 +269,7 @@ def test_broken_drafter_path_fails_fast_with_root_cause_and_no_orphans(smollm2_p
     assert "uvloop" not in message.splitlines()[1]
     assert "at" in seen and raised_at - seen["at"] < 5.0, f"raised {raised_at - seen.get('at', 0):.1f} s after the log showed it"
     time.sleep(0.5)
-    assert set(vllm_processes()) <= before, "a vLLM process of ours survived the failed launch"
+    assert set(vllm_processes(str(tmp_path))) <= before, "a vLLM process of ours survived the failed launch"
 
 
 def test_cli_refuses_a_missing_drafter_before_launch(smollm2_path, engine_python, tmp_path):
