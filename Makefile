@@ -42,14 +42,15 @@ compose:
 
 # Two pytest-xdist workers: most of a test's time is a subprocess starting (vLLM, Dagster, torchrun)
 # on one core, so two tests side by side keep both cores busy; the shared graph runs stay one per
-# session (eagle_assets_tests/conftest.py groups their tests). TEST_WORKERS=0: one process.
+# session (eagle_assets_tests/conftest.py groups their tests and puts them first; xdist would otherwise
+# start the groups with the most tests first). TEST_WORKERS=0: one process.
 TEST_WORKERS ?= 2
 
 # Format and lint first (seconds): `ruff format .` and `ruff check --fix .` mend what they report.
 test: setup browser compose
 	$(BIN)/ruff format --check .
 	$(BIN)/ruff check .
-	$(BIN)/python -m pytest -q -ra --durations=25 -n $(TEST_WORKERS) --dist loadgroup
+	$(BIN)/python -m pytest -q -ra --durations=25 -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder
 
 # The Dagster web UI for a person: http://127.0.0.1:3000/asset-groups
 ui: setup
