@@ -648,9 +648,8 @@ def _check_bench_arguments(
     stall_timeout: float,
 ) -> None:
     """`bench`'s arguments checked on their own (no target, no model, no server): a ValueError naming the first wrong one."""
-    from eagle_assets.bench.reference_states import OFFLINE_REFERENCES
     from eagle_assets.bench.report import REPORT_JSON, REPORT_MD
-    from eagle_assets.bench.served import SweepSettings, mt_bench_size, refuse_too_few_prompts
+    from eagle_assets.bench.served import OFFLINE_REFERENCES, SweepSettings, mt_bench_size, refuse_too_few_prompts
     from eagle_assets.corpus.prompt_formats import FORMATS
     from eagle_assets.engines.k_schedule import KSchedule
 

@@ -58,10 +58,12 @@ that read them: each runs once, on one worker."""
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
-    """Under `make test`'s two pytest-xdist workers (`--dist loadgroup`): the tests of each shared
-    graph run go to one worker, which builds it once; every other test file is a unit of its own, so
-    its module fixtures are built once too. The two graph runs' groups come first, so that the two
-    workers start on them side by side instead of one waiting for the other at the end."""
+    """Under pytest-xdist workers (`make test TEST_WORKERS=2`, `--dist loadgroup`): the tests of
+    each shared graph run go to one worker, which builds it once; every other test file is a unit
+    of its own, so its module fixtures are built once too. The two graph runs' groups come first,
+    so that two workers start on them side by side. In one process the order stays the files'."""
+    if not config.getoption("numprocesses", None):
+        return
 
     def group(item) -> str:
         for fixture, name in SHARED_RUN_GROUPS.items():

@@ -44,10 +44,11 @@ from eagle_assets.bench.k_choice import confirmation_configs, fixed_k_label, rec
 from eagle_assets.bench.parity import AcceptanceNumbers, ParityTolerance, TrainingFacts
 from eagle_assets.bench.progress import Measurements, files_digest
 from eagle_assets.bench.reference_decoder import Result, speculative_generate
-from eagle_assets.bench.reference_states import OFFLINE_REFERENCES, BenchmarkReference
+from eagle_assets.bench.reference_states import BenchmarkReference
 from eagle_assets.bench.replay_reference import replay_reference
 from eagle_assets.bench.report import BenchmarkReport, build_report, write_report
 from eagle_assets.bench.served import (
+    OFFLINE_REFERENCES,
     PromptSet,
     ServedRequestError,
     ServedRun,

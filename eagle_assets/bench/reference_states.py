@@ -33,10 +33,6 @@ from safetensors.torch import load_file, save_file
 from eagle_assets.durable import replace_durably
 from eagle_assets.hidden_states.engine_extract import EngineStateClient, EngineStateError, take_spooled
 
-OFFLINE_REFERENCES = ("auto", "hf", "engine")
-"""Where a benchmark's offline reference comes from: "hf" (the reference decoder, the target
-loaded here), "engine" (replayed over states an extraction server captures, as here) or "auto"."""
-
 STATES_FILE = "reference.safetensors"
 MANIFEST_FILE = "reference.json"
 

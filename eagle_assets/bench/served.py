@@ -55,6 +55,10 @@ from eagle_assets.http_client import auth_headers, client, retry_after_s, retry_
 log = logging.getLogger(__name__)
 
 ENGINES = ("vllm", "sglang")
+OFFLINE_REFERENCES = ("auto", "hf", "engine")
+"""Where a benchmark's offline reference comes from: "hf" (the reference decoder, the target
+loaded here), "engine" (replayed over the states an extraction server captures,
+`reference_states.py`) or "auto" (hf where the target fits this host)."""
 Messages = list[dict[str, str]]
 
 

@@ -14,8 +14,7 @@ from eagle_assets.bench import reference_states
 from eagle_assets.bench.benchmark import BenchmarkIncomplete, BenchmarkSettings, ServerUnavailable, benchmark_k, run_benchmark
 from eagle_assets.bench.checks import BASELINE, CONTROL, NGRAM, against, host_drift, round_speedups
 from eagle_assets.bench.parity import ParityTolerance
-from eagle_assets.bench.reference_states import OFFLINE_REFERENCES
-from eagle_assets.bench.served import PromptSet, context_fit, user_prompt_set
+from eagle_assets.bench.served import OFFLINE_REFERENCES, PromptSet, context_fit, user_prompt_set
 from eagle_assets.corpus.prompt_formats import FORMATS
 from eagle_assets.defs.code_versions import code_version
 from eagle_assets.defs.common import GROUP, check_result, hash_files, image_markdown, metadata, target_of
