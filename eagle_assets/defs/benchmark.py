@@ -20,7 +20,6 @@ from eagle_assets.defs.code_versions import code_version
 from eagle_assets.defs.common import GROUP, check_result, hash_files, image_markdown, metadata, target_of
 from eagle_assets.defs.drafter import drafter_checkpoint
 from eagle_assets.defs.hidden_state_settings import (
-    STATE_SOURCES,
     HiddenStatesConfig,
     engine_layer_ids,
     engine_max_model_len,
@@ -34,6 +33,7 @@ from eagle_assets.drafter.run_config import ParentNumbering
 from eagle_assets.drafter.trackers import RECORD_FILE as TRACKER_RECORD
 from eagle_assets.drafter.trackers import benchmark_scalars, log_to_recorded_run
 from eagle_assets.engines.k_schedule import KSchedule
+from eagle_assets.hidden_states.source import SOURCES
 from eagle_assets.resources.inference_server import InferenceServerResource
 from eagle_assets.resources.storage import StorageResource
 from eagle_assets.url_scope import check_prompt_url
@@ -132,7 +132,7 @@ class BenchmarkReferenceConfig(dg.Config):
     aux_layer_ids: Optional[list[int]] = None
     parent_drafter: Optional[str] = None
     parent_numbering: ParentNumbering = "measure"
-    source: Literal[STATE_SOURCES] = "auto"
+    source: Literal[SOURCES] = "auto"
     """The hidden-state stage's source: the reference is captured where it is the engine."""
 
 

@@ -17,13 +17,10 @@ from eagle_assets.hidden_states.budget import predict_bytes
 from eagle_assets.hidden_states.corpus_io import corpus_token_counts
 from eagle_assets.hidden_states.extract import ExtractSettings
 from eagle_assets.hidden_states.reader import open_shards
-from eagle_assets.hidden_states.source import choose_source, choose_training_source, hf_loadable
+from eagle_assets.hidden_states.source import SOURCES, choose_source, choose_training_source, hf_loadable
 from eagle_assets.hub_target import drafter_folder
 from eagle_assets.resources.storage import StorageResource
 from eagle_assets.settings_env import env_int
-
-STATE_SOURCES = ("auto", "engine", "hf")
-"""Where the hidden-state stage takes its states (`HiddenStatesConfig.source`)."""
 
 NUM_SHARDS = env_int("EAGLE_ASSETS_NUM_SHARDS", 4, min=1)
 """Hidden-state shards. Samples go to shards by a stable hash of their id, so a rerun rebuilds
@@ -43,7 +40,7 @@ class HiddenStatesConfig(dg.Config):
     """How an unmarked parent's ids count: "measure" (the states of both readings are kept; the
     trainer measures the parent's acceptance at each and trains at the better), "vllm" (as
     written) or "sglang" (one more)."""
-    source: Literal[STATE_SOURCES] = "auto"
+    source: Literal[SOURCES] = "auto"
     """"engine" (the serving engine extracts them: vLLM's extract_hidden_states, one server for
     every shard), "hf" (a Hugging Face forward pass here) or "auto": the preset's choice, else the
     engine wherever the target needs several GPUs or transformers cannot load it."""
