@@ -1079,8 +1079,8 @@ def train(cfg: TrainConfig, reporter: Reporter | None = None) -> dict | None:
     try:
         return _train_in(env, cfg, reporter)
     except BaseException as err:
-        # The traceback's frames hold the trainer; freed after the group below, it would hang.
-        traceback.clear_frames(err.__traceback__)
+        if env.owns_group:  # the traceback's frames hold the trainer; freed after the group below, it would hang
+            traceback.clear_frames(err.__traceback__)
         raise
     finally:
         if env.owns_group and dist.is_initialized():
