@@ -147,9 +147,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.smoke:
         args.num_prompts, args.max_tokens, args.repeats, args.concurrency = 8, 16, 1, 4
 
-    from eagle_assets.embedded_target import pull
     from eagle_assets.engines.vllm_launch import engine_environment
     from eagle_assets.paths import engine_venv
+    from eagle_assets.targets.embedded import pull
 
     venv = Path(args.engine_python).resolve().parent.parent if args.engine_python else engine_venv("vllm")
     engine_python = venv / "bin" / "python"

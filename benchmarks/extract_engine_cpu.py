@@ -37,12 +37,12 @@ PROJECT_ROOT = Path(__file__).resolve().parents[1]
 if str(PROJECT_ROOT) not in sys.path:
     sys.path.insert(0, str(PROJECT_ROOT))
 
-from eagle_assets.embedded_target import resolve_target  # noqa: E402
 from eagle_assets.engines.serving import launch_vllm  # noqa: E402
 from eagle_assets.engines.vllm_launch import extraction_config, hidden_states_transfer  # noqa: E402
 from eagle_assets.formats import stable_id  # noqa: E402
 from eagle_assets.hidden_states.engine_extract import EngineExtractor, EngineStateClient, final_norm_of  # noqa: E402
 from eagle_assets.hidden_states.extract import ExtractSettings, extract_shard  # noqa: E402
+from eagle_assets.targets.embedded import resolve_target  # noqa: E402
 
 SHARDS = 2  # shard 0 warms up, shard 1 is measured
 

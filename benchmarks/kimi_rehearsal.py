@@ -234,8 +234,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--preset", default="standin-default", help="the stand-in's run preset (PRESET on the page)")
     parser.add_argument("--out", type=Path, default=None, help="the rehearsal's folder (default: a temporary one)")
     args = parser.parse_args(argv)
-    from eagle_assets.embedded_target import pull_standins
-    from eagle_assets.standins import KIMI_STANDIN
+    from eagle_assets.targets.embedded import pull_standins
+    from eagle_assets.targets.standins import KIMI_STANDIN
 
     target = pull_standins()[KIMI_STANDIN]
     root = args.out or Path(tempfile.mkdtemp(prefix="kimi-rehearsal-"))

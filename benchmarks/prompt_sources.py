@@ -120,7 +120,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--tokenizer", help="a target's folder, for its tokenizer (default the embedded SmolLM2's)")
     a = ap.parse_args(argv)
     from eagle_assets.corpus.target import load_tokenizer
-    from eagle_assets.embedded_target import pull
+    from eagle_assets.targets.embedded import pull
 
     tokenizer = load_tokenizer(a.tokenizer or pull(log=lambda m: None))
     columns = {}

@@ -130,7 +130,7 @@ def write_json(path: Path, obj) -> None:
 
 
 def stage_target(a) -> dict:
-    from eagle_assets.embedded_target import _sha256, pull
+    from eagle_assets.targets.embedded import _sha256, pull
 
     folder = pull()
     return {"path": str(folder), "model_sha256": _sha256(folder / "model.safetensors")}
@@ -143,7 +143,7 @@ async def _corpus(a, data: Path, deadline: float, budget_end: float) -> dict:
     from eagle_assets.corpus.prompts import load_prompt_file, write_prompts
     from eagle_assets.corpus.store import CorpusStore
     from eagle_assets.corpus.target import target_fingerprint
-    from eagle_assets.embedded_target import pull
+    from eagle_assets.targets.embedded import pull
 
     path = pull()
     p, c = settings_of(a.preset, "prompts"), settings_of(a.preset, "synthetic_corpus")
@@ -245,10 +245,10 @@ def stage_corpus(a, data: Path, deadline: float) -> dict:
 
 def stage_shards(a, data: Path) -> dict:
     from eagle_assets.corpus.target import target_fingerprint
-    from eagle_assets.embedded_target import pull
     from eagle_assets.hidden_states.extract import ExtractSettings, extract_all, load_target
     from eagle_assets.hidden_states.vocab import build_vocab_mapping, count_assistant_tokens, save_vocab_mapping
     from eagle_assets.targets import get_preset
+    from eagle_assets.targets.embedded import pull
 
     preset, path = get_preset("smollm2-135m-instruct"), pull()
     counts = count_assistant_tokens(str(data / "corpus"), preset.vocab_size)
@@ -280,8 +280,8 @@ def stage_train(a, data: Path) -> dict:
     from eagle_assets.drafter.config import vllm_only_reason
     from eagle_assets.drafter.run_config import TrainConfig
     from eagle_assets.drafter.train import train
-    from eagle_assets.embedded_target import pull
     from eagle_assets.targets import get_preset
+    from eagle_assets.targets.embedded import pull
 
     preset, d = get_preset("smollm2-135m-instruct"), settings_of(a.preset, "drafter_checkpoint")
     out = data / a.drafter_dir
@@ -416,7 +416,7 @@ def offline_part(a, data: Path) -> None:
     """One offline worker: the reference decoder on prompts i, i + N, ... of `--offline-part i/N`."""
     from eagle_assets.bench.benchmark import offline_results
     from eagle_assets.bench.served import mt_bench_categories, mt_bench_prompts
-    from eagle_assets.embedded_target import pull
+    from eagle_assets.targets.embedded import pull
 
     i, n = (int(x) for x in a.offline_part.split("/"))
     settings = offline_settings(a)

@@ -137,7 +137,7 @@ class DeadlineReached(Exception):
 
 
 def embedded_target() -> Path:
-    from eagle_assets.embedded_target import pull
+    from eagle_assets.targets.embedded import pull
 
     return pull(log=lambda m: None)
 

@@ -130,9 +130,9 @@ def write_corpus(folder: Path, tokens: int, seed: int = 0) -> int:
     import pyarrow.parquet as pq
 
     from eagle_assets.corpus.target import target_fingerprint
-    from eagle_assets.embedded_target import resolve_target
     from eagle_assets.formats import stable_id
     from eagle_assets.targets import EMBEDDED_TARGET
+    from eagle_assets.targets.embedded import resolve_target
 
     preset, path = resolve_target(EMBEDDED_TARGET, log=lambda m: None)
     rng = np.random.default_rng(seed)

@@ -3,7 +3,7 @@
     python benchmarks/standin_quality.py            # the pulled stand-in (built first if absent)
     python benchmarks/standin_quality.py --fresh    # also times a fresh build into a temporary folder
 
-The stand-ins (eagle_assets/standins.py) are distilled from SmolLM2 so that their greedy answers
+The stand-ins (eagle_assets/targets/standins.py) are distilled from SmolLM2 so that their greedy answers
 do not collapse into repetition and their logits are peaked: engines compared token for token
 then agree unless one of them is wrong. This prints, side by side for SmolLM2 (the teacher), the
 stand-in (tiny-deepseek-v3 as stored: bf16 weights, run in fp32) and the same architecture with
@@ -24,8 +24,9 @@ from pathlib import Path
 
 import torch
 
-from eagle_assets.embedded_target import pull
-from eagle_assets.standins import (
+from eagle_assets.targets import EMBEDDED_TARGET
+from eagle_assets.targets.embedded import pull
+from eagle_assets.targets.standins import (
     BUILD_RECORD,
     DEEPSEEK_STANDIN,
     build,
@@ -36,7 +37,6 @@ from eagle_assets.standins import (
     new_language_model,
     top2_margins,
 )
-from eagle_assets.targets import EMBEDDED_TARGET
 
 
 def measure(model, prompts_ids: list[list[int]], answer_tokens: int, pad_id: int) -> dict:

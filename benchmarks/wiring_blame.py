@@ -27,9 +27,9 @@ if str(PROJECT_ROOT) not in sys.path:
 
 from eagle_assets.bench.benchmark import BenchmarkSettings, run_benchmark  # noqa: E402
 from eagle_assets.bench.parity import judge_parity  # noqa: E402
-from eagle_assets.embedded_target import resolve_target  # noqa: E402
 from eagle_assets.engines.serving import launch_vllm  # noqa: E402
 from eagle_assets.engines.vllm_launch import extraction_config, hidden_states_transfer  # noqa: E402
+from eagle_assets.targets.embedded import resolve_target  # noqa: E402
 
 
 def shifted_copy(export: Path, out: Path, shift: str = "last") -> tuple[list[int], list[int]]:

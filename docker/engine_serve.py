@@ -10,7 +10,7 @@ itself with the engine's server (os.execve). Settings, from the environment:
     EAGLE_ASSETS_ENGINE_API_KEY        the key every request must carry, or
     EAGLE_ASSETS_ENGINE_API_KEY_FILE   a file holding it (a Docker or Kubernetes secret); required
     EAGLE_ASSETS_TARGET_PATH           the target's folder (default /models/target); its preset is
-                                       matched from its config.json (targets.py)
+                                       matched from its config.json (eagle_assets/targets)
     EAGLE_ASSETS_TP                    tensor-parallel size (default: the preset's)
     EAGLE_ASSETS_ENGINE_HOST           interface inside the container (default 0.0.0.0, the
                                        container's own: where it is published decides who reaches
@@ -36,10 +36,10 @@ import shlex
 import sys
 from pathlib import Path
 
-from eagle_assets.embedded_target import resolve_target
 from eagle_assets.engines.sglang_launch import launch_command
 from eagle_assets.engines.vllm_launch import VllmLaunch, engine_environment
 from eagle_assets.settings_env import SettingError, env_int, env_path, env_secret, env_str
+from eagle_assets.targets.embedded import resolve_target
 
 ENGINE_PYTHON = Path("/opt/engine/bin/python")
 DEFAULT_PORTS = {"vllm": 8000, "sglang": 30000}

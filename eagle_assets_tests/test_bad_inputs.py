@@ -397,8 +397,8 @@ def main(argv: list[str]) -> int:
     """Run the table against the code at ROOT (argv[0], default this checkout) and print it."""
     import tempfile
 
-    from eagle_assets.embedded_target import resolve_target
     from eagle_assets.targets import EMBEDDED_TARGET
+    from eagle_assets.targets.embedded import resolve_target
 
     root = Path(argv[0]).resolve() if argv else ROOT
     _, target = resolve_target(EMBEDDED_TARGET, log=lambda m: None)

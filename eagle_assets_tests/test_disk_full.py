@@ -187,8 +187,8 @@ def test_a_full_disk_is_named_with_its_path_and_leaves_nothing_half_written(row,
 
 
 def test_the_corpus_generator_stops_on_a_full_disk_with_one_clear_line(disk, tmp_path):
-    from eagle_assets.embedded_target import pull
     from eagle_assets.targets import EMBEDDED_TARGET
+    from eagle_assets.targets.embedded import pull
     from eagle_assets_tests.stall_stub import StallingServer
 
     for entry in disk.iterdir():

@@ -24,7 +24,7 @@ from eagle_assets.defs.common import hash_tree
 from eagle_assets.defs.hub import BLOCKING_CHECKS, DRAFTER_KEY, push_checked_drafter, recorded_checks
 from eagle_assets.drafter.model_card import target_hub_id
 from eagle_assets.hub_push import SGLANG_REVISION, Drafter, branch_operations, check_repo_id, commit_operations, find_drafter, push_drafter, refusals
-from eagle_assets.hub_target import HUB_RECORD
+from eagle_assets.targets.hub import HUB_RECORD
 from eagle_assets_tests.drafter.test_train import write_tiny_run
 from eagle_assets_tests.http_stub import JsonHandler, StubServer
 

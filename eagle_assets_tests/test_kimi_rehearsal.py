@@ -22,7 +22,7 @@ from eagle_assets.corpus.conversation import ChatTemplate
 from eagle_assets.corpus.store import CorpusStore
 from eagle_assets.corpus.target import load_tokenizer
 from eagle_assets.paths import PROJECT_ROOT
-from eagle_assets.standins import KIMI_STANDIN
+from eagle_assets.targets.standins import KIMI_STANDIN
 from eagle_assets_tests.scripts import load_script
 
 pytestmark = [pytest.mark.engine, pytest.mark.slow]

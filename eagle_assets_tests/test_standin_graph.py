@@ -22,7 +22,7 @@ import pytest
 from eagle_assets.engines.cpu_isa import host_cpu
 from eagle_assets.engines.serving import launch_vllm
 from eagle_assets.formats import SHARD_MANIFEST_FILE
-from eagle_assets.standins import KIMI_STANDIN
+from eagle_assets.targets.standins import KIMI_STANDIN
 from eagle_assets_tests.cpu_caps import KERNEL_LIBRARY, LESSER_CAPS, NATIVE, capped_environment, mla_backend
 
 pytestmark = [pytest.mark.engine, pytest.mark.slow]

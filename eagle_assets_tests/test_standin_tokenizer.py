@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from eagle_assets import standin_tokenizer as st
 from eagle_assets.corpus.conversation import ChatTemplate
 from eagle_assets.corpus.target import MOVED_NAMES, load_tokenizer, target_fingerprint
-from eagle_assets.standins import NUM_RANKS
+from eagle_assets.targets import standin_tokenizer as st
+from eagle_assets.targets.standins import NUM_RANKS
 
 
 @pytest.fixture(scope="module")

@@ -15,7 +15,8 @@ import torch
 from safetensors.torch import load_file
 
 from eagle_assets.checked_reads import read_safetensors_header
-from eagle_assets.standins import (
+from eagle_assets.targets import get_preset
+from eagle_assets.targets.standins import (
     BUILD_RECORD,
     DEEPSEEK_STANDIN,
     HUB_TEXT_FIELDS,
@@ -28,7 +29,6 @@ from eagle_assets.standins import (
     new_language_model,
     top2_margins,
 )
-from eagle_assets.targets import get_preset
 
 EOS = TEXT_SHAPE["eos_token_id"]
 
@@ -124,7 +124,7 @@ def test_configs_are_in_the_hubs_form(standin_paths):
 
 
 def test_folders_resolve_to_the_stand_in_presets(standin_paths):
-    from eagle_assets.embedded_target import resolve_target
+    from eagle_assets.targets.embedded import resolve_target
 
     for name, folder in standin_paths.items():
         preset, resolved = resolve_target(folder, log=lambda m: None)
@@ -137,7 +137,7 @@ def test_kimi_tokenizer_is_the_hubs_remote_code_and_the_deepseek_layout_shares_i
     from transformers import AutoTokenizer
 
     from eagle_assets.corpus.target import load_tokenizer
-    from eagle_assets.standins import NUM_RANKS, TOKENIZER_REVISION
+    from eagle_assets.targets.standins import NUM_RANKS, TOKENIZER_REVISION
 
     folder = standin_paths[KIMI_STANDIN]
     assert (folder / "tiktoken.model").is_file() and not (folder / "tokenizer.json").exists()
@@ -174,7 +174,7 @@ def test_pull_is_a_no_op_and_refuses_a_mixed_pair(standin_paths, tmp_path):
     from typer.testing import CliRunner
 
     from eagle_assets.cli import app
-    from eagle_assets.embedded_target import _record_checksums, _standins_verified
+    from eagle_assets.targets.embedded import _record_checksums, _standins_verified
 
     stamps = {n: (f / "model.safetensors").stat().st_mtime_ns for n, f in standin_paths.items()}
     out = CliRunner().invoke(app, ["target", "pull", KIMI_STANDIN])

@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 from filelock import FileLock
 
-from eagle_assets.hub_target import HUB_RECORD, is_pulled
 from eagle_assets.targets import read_target_config
+from eagle_assets.targets.hub import HUB_RECORD, is_pulled
 from eagle_assets_tests.http_stub import JsonHandler, StubServer
 
 REPO = "tiny-org/tiny-deepseek-v3"
@@ -125,7 +125,7 @@ def test_a_pull_from_the_cache_lands_the_target_files_and_leaves_the_rest(popula
     assert again.returncode == 0 and "present at" in again.stdout
 
     # The pulled hub id is a target by that id from now on, its preset matched by shape.
-    from eagle_assets.embedded_target import resolve_target
+    from eagle_assets.targets.embedded import resolve_target
 
     monkeypatch.setenv("EAGLE_ASSETS_CACHE", str(populated / "cache"))
     preset, resolved = resolve_target(REPO, log=lambda m: None)

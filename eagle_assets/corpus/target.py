@@ -39,7 +39,7 @@ def target_fingerprint(model_dir: str | Path) -> str:
     if not (folder / "config.json").is_file():
         raise FileNotFoundError(
             f"{folder} is not a model folder (no config.json); pass the target's HF folder "
-            "(for the embedded target: eagle_assets.embedded_target.pull())"
+            "(for the embedded target: eagle_assets.targets.embedded.pull())"
         )
     h = hashlib.sha256()
     for name in _HASHED_FILES:

@@ -10,8 +10,8 @@ from typing import Iterable
 
 import dagster as dg
 
-from eagle_assets.embedded_target import resolve_target
 from eagle_assets.targets import TargetPreset
+from eagle_assets.targets.embedded import resolve_target
 
 GROUP = "eagle3"
 

@@ -29,10 +29,10 @@ from eagle_assets.durable import write_durably
 from eagle_assets.engines.serving import SMOKE_PROMPTS, chat_once, cold_sampling_check
 from eagle_assets.formats import CORPUS_MANIFEST, SHARD_MANIFEST_FILE
 from eagle_assets.hidden_states.reader import stored_aux_layer_ids
-from eagle_assets.hub_target import drafter_folder
 from eagle_assets.resources.inference_server import NEEDS_DRAFTER_SERVER, InferenceServerResource
 from eagle_assets.resources.storage import StorageResource
 from eagle_assets.resources.trainer import TrainerResource
+from eagle_assets.targets.hub import drafter_folder
 
 DRAFTER_KEY = dg.AssetKey("drafter_checkpoint")
 

@@ -18,9 +18,9 @@ from eagle_assets.hidden_states.corpus_io import corpus_token_counts
 from eagle_assets.hidden_states.extract import ExtractSettings
 from eagle_assets.hidden_states.reader import open_shards
 from eagle_assets.hidden_states.source import SOURCES, choose_source, choose_training_source, hf_loadable
-from eagle_assets.hub_target import drafter_folder
 from eagle_assets.resources.storage import StorageResource
 from eagle_assets.settings_env import env_int
+from eagle_assets.targets.hub import drafter_folder
 
 NUM_SHARDS = env_int("EAGLE_ASSETS_NUM_SHARDS", 4, min=1)
 """Hidden-state shards. Samples go to shards by a stable hash of their id, so a rerun rebuilds

@@ -36,9 +36,9 @@ from eagle_assets.hidden_states.vocab import (
     load_parent_mapping,
     save_vocab_mapping,
 )
-from eagle_assets.hub_target import drafter_folder
 from eagle_assets.resources.inference_server import InferenceServerResource
 from eagle_assets.resources.storage import StorageResource
+from eagle_assets.targets.hub import drafter_folder
 
 
 class VocabConfig(dg.Config):

@@ -16,13 +16,13 @@ from urllib.parse import urlsplit
 import dagster as dg
 
 from eagle_assets.defs.settings import location_settings
-from eagle_assets.hub_target import hub_folder, is_hub_id, is_pulled
 from eagle_assets.paths import data_location
 from eagle_assets.resources.inference_server import InferenceServerResource
 from eagle_assets.resources.storage import StorageResource
 from eagle_assets.resources.trainer import TrainerResource
 from eagle_assets.settings_env import env_flag, env_holds, env_int, env_str
 from eagle_assets.targets import EMBEDDED_TARGET, PRESETS
+from eagle_assets.targets.hub import hub_folder, is_hub_id, is_pulled
 
 HTTP_URL = "an http:// or https:// URL with a host"
 

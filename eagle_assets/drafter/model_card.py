@@ -28,8 +28,8 @@ def target_hub_id(target: str | Path) -> str | None:
     from (its pull record), the `hf_repo` of the preset whose folder it is (the embedded
     SmolLM2), or its config's `_name_or_path` when that is a hub id; None for a folder known
     only here (the stand-ins, a model of your own)."""
-    from eagle_assets.hub_target import HUB_RECORD, is_hub_id
     from eagle_assets.targets import PRESETS
+    from eagle_assets.targets.hub import HUB_RECORD, is_hub_id
 
     folder = Path(target)
     candidates = []

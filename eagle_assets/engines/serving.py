@@ -17,7 +17,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterator
 
-from eagle_assets.embedded_target import resolve_target
 from eagle_assets.engines.envs import host_device
 from eagle_assets.engines.k_schedule import KSchedule
 from eagle_assets.engines.preflight import PreflightError, engine_args_for, preflight
@@ -35,6 +34,7 @@ from eagle_assets.http_client import auth_headers
 from eagle_assets.paths import engine_venv, runs_dir
 from eagle_assets.settings_env import env_secret
 from eagle_assets.targets import TargetPreset
+from eagle_assets.targets.embedded import resolve_target
 
 
 @dataclass

@@ -25,7 +25,6 @@ from typing import Callable, Iterator, NamedTuple, Optional, Sequence
 import dagster as dg
 from pydantic import PrivateAttr
 
-from eagle_assets.embedded_target import resolve_target
 from eagle_assets.engines.envs import host_device
 from eagle_assets.engines.host_memory import HEADROOM_BYTES, available_memory_bytes, config_footprint_bytes, why_not_at_once
 from eagle_assets.engines.process import ServerFailed
@@ -40,6 +39,7 @@ from eagle_assets.engines.vllm_launch import (
 )
 from eagle_assets.paths import runs_dir
 from eagle_assets.targets import EMBEDDED_TARGET
+from eagle_assets.targets.embedded import resolve_target
 
 # The drafter's check serves plain and speculative, then the benchmark serves both again: two
 # warm servers save a vLLM start-up in every run of the graph (docs/serving.md, "Warm servers and memory").

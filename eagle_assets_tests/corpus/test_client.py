@@ -100,8 +100,9 @@ def test_server_errors_and_dropped_connections_are_retried(serve):
 
 
 def test_a_stalled_attempt_is_tried_once_more_while_other_requests_finish(serve):
-    # Request 1 stalls; request 2 finishes within request 1's deadline, so the server works and
-    # request 1 is tried again (request 3), once.
+    # The first request to arrive stalls; the second finishes within its deadline, so the server
+    # works and the stalled one is tried again (request 3), once. Which of the two coroutines
+    # arrives first is the event loop's and the socket's choice, so the attempts are compared as a set.
     server = serve(["stall", "late", "ok"])
 
     async def run():
@@ -109,7 +110,7 @@ def test_a_stalled_attempt_is_tried_once_more_while_other_requests_finish(serve)
             return await asyncio.gather(*(client.chat([{"role": "user", "content": "2+2?"}], {}) for _ in range(2)))
 
     first, second = asyncio.run(run())
-    assert (first.attempts, second.attempts, len(server.requests)) == (2, 1, 3)
+    assert (sorted((first.attempts, second.attempts)), len(server.requests)) == ([1, 2], 3)
 
 
 def test_a_server_that_takes_requests_and_finishes_none_is_named_within_one_deadline(serve):

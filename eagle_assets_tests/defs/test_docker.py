@@ -184,7 +184,7 @@ def test_images_pin_the_versions_pyproject_pins():
 
 
 ENGINE_SERVE = DOCKER / "engine_serve.py"
-# Config files alone, matched to their presets by shape (targets.py): SmolLM2, which runs its own
+# Config files alone, matched to their presets by shape (eagle_assets/targets): SmolLM2, which runs its own
 # code, and Kimi-K2.5, whose preset asks for trust_remote_code.
 SMOLLM2_SHAPE = {
     "architectures": ["LlamaForCausalLM"],

@@ -50,8 +50,8 @@ def test_the_code_locations_settings_decide_where_the_drafter_trains(tmp_path, m
     from eagle_assets.defs.hidden_states import hidden_state_shards
     from eagle_assets.defs.resources import default_resources
     from eagle_assets.defs.settings import location_settings
-    from eagle_assets.embedded_target import resolve_target
     from eagle_assets.targets import EMBEDDED_TARGET
+    from eagle_assets.targets.embedded import resolve_target
 
     monkeypatch.setenv("EAGLE_ASSETS_DATA", str(tmp_path / "data"))
     resources = default_resources()

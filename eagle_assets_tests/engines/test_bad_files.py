@@ -17,9 +17,9 @@ import torch
 
 from eagle_assets.drafter.config import tiny_config
 from eagle_assets.drafter.export import export_sglang, export_vllm, load_drafter
-from eagle_assets.embedded_target import resolve_target, verify
 from eagle_assets.engines.preflight import PreflightReport, check_drafter, preflight
 from eagle_assets.engines.vllm_launch import speculative_config, vllm_drafter_config
+from eagle_assets.targets.embedded import resolve_target, verify
 from eagle_assets_tests.drafters import TINY_TARGET_CONFIG
 
 # The target tiny_config's drafter was made for: 4 layers, hidden 64, vocabulary 256.

@@ -120,7 +120,7 @@ def deepseek_states_against_hugging_faces(folder, chat_rows, spool) -> tuple[dic
 
     from eagle_assets.engines.serving import launch_vllm
     from eagle_assets.engines.vllm_launch import extraction_config, hidden_states_transfer
-    from eagle_assets.standins import DEEPSEEK_STANDIN
+    from eagle_assets.targets.standins import DEEPSEEK_STANDIN
 
     hf = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
     ids_captured = (*STANDIN_AUX, STANDIN_LAYERS)
@@ -156,7 +156,7 @@ def test_engine_states_equal_hugging_faces_for_the_deepseek_v3_stand_in(standin_
     yarn rotary are fp32 computations of the same function as transformers' eager ones, so they
     differ by summation order only. An AMX host serves MLA in bf16 (AMX_MLA), within bf16's."""
     from eagle_assets.engines.vllm_launch import served_dtype
-    from eagle_assets.standins import DEEPSEEK_STANDIN
+    from eagle_assets.targets.standins import DEEPSEEK_STANDIN
 
     folder = standin_paths[DEEPSEEK_STANDIN]
     errors, kernels = deepseek_states_against_hugging_faces(folder, chat_rows, tmp_path)
@@ -173,7 +173,7 @@ def test_engine_states_equal_hugging_faces_under_every_cpu_cap(cap, dtype, stand
     host serves MLA in, through CPU_MLA: each within its dtype's tolerance."""
     from eagle_assets.engines.cpu_isa import host_cpu
     from eagle_assets.engines.vllm_launch import served_dtype
-    from eagle_assets.standins import DEEPSEEK_STANDIN
+    from eagle_assets.targets.standins import DEEPSEEK_STANDIN
 
     for name, value in capped_environment(cap, {}).items():
         monkeypatch.setenv(name, value)

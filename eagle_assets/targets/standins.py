@@ -22,7 +22,7 @@ corpus openings and topics (never MT-Bench), written in Kimi's chat layout as a 
 
     eagle-assets target pull tiny-kimi-k2.5     # or tiny-deepseek-v3
 
-builds both (`build(teacher, out)`) into the cache with a checksum record (`embedded_target.pull`); `benchmarks/standin_quality.py` measures how peaked they are.
+builds both (`build(teacher, out)`) into the cache with a checksum record (`targets/embedded.py: pull`); `benchmarks/standin_quality.py` measures how peaked they are.
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ hash, so a pull can tell that the two folders came from one build of the current
 LAYOUT_VERSION = 3
 """Raised whenever what a build writes changes (2: Kimi-K2.5's media_placeholder_token_id; 3: the
 hub's tokenizer layout, thinking answers), so that stand-ins built before are built again. Each
-version's stand-ins live in a folder of their own (`embedded_target.standin_folder`), so that
+version's stand-ins live in a folder of their own (`targets/embedded.py: standin_folder`), so that
 checkouts of two versions sharing one cache do not rebuild each other's."""
 TOKENIZER_REVISION = "old"
 """The revision of `tokenization_kimi.py` the Kimi stand-in ships (`standin_tokenizer.REVISIONS`):
@@ -258,7 +258,7 @@ def thinking_sample(tokenizer, prompt: str, answer: str, finished: bool) -> tupl
     """(ids, answer start) of one distillation sample in the stand-in's chat layout: the
     generation prompt (ending in `<think>`), the reasoning, `</think>`, the answer and, where the
     teacher finished its answer, `<|im_end|>`: what the stand-in then writes itself."""
-    from eagle_assets.standin_tokenizer import THINK_END
+    from eagle_assets.targets.standin_tokenizer import THINK_END
 
     prompt_ids = chat_prompt_ids(tokenizer, prompt)
     reasoning, rest = reasoning_split(answer)
@@ -452,7 +452,7 @@ def write_deepseek(model, tokenizer_dir: Path, out: Path) -> None:
     """The hub's DeepSeek-V3 folder: bf16 weights in per-expert names (transformers'
     save_pretrained writes them so), hub config.json, the stand-ins' vocabulary as a fast
     tokenizer.json with the chat template (`tokenizer_dir`: the Kimi tokenizer's files)."""
-    from eagle_assets.standin_tokenizer import write_fast_tokenizer
+    from eagle_assets.targets.standin_tokenizer import write_fast_tokenizer
 
     biases = {n: b.float().clone() for n, b in model.named_buffers() if n.endswith("e_score_correction_bias")}
     model = model.to(torch.bfloat16)
@@ -537,7 +537,7 @@ def build(
 
     from eagle_assets.corpus.target import load_tokenizer
     from eagle_assets.engines.cpu_isa import host_cpu
-    from eagle_assets.standin_tokenizer import teacher_ranks, write_kimi_tokenizer
+    from eagle_assets.targets.standin_tokenizer import teacher_ranks, write_kimi_tokenizer
 
     teacher_dir, out_root = Path(teacher_dir), Path(out_root)
     started = time.perf_counter()
