@@ -401,7 +401,7 @@ def stage_offline(a, data: Path, prompt_set: str = "mt_bench") -> dict:
 
 
 def offline_settings(a):
-    from eagle_assets.bench.benchmark import BenchmarkSettings
+    from eagle_assets.bench.settings import BenchmarkSettings
     from eagle_assets.targets import get_preset
 
     b = settings_of(a.preset, "benchmark_report")

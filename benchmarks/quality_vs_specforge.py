@@ -1041,7 +1041,7 @@ def stage_validate(work: Path, sides: list[str]) -> dict:
 def bench_settings(a):
     """The reference decoder's settings: the preset benchmark's prompts, answer length and K
     (`--offline-num-prompts` / `--offline-output-len` override), as quality_drafter.py's offline stage."""
-    from eagle_assets.bench.benchmark import BenchmarkSettings
+    from eagle_assets.bench.settings import BenchmarkSettings
     from eagle_assets.targets import EMBEDDED_TARGET, get_preset
 
     b = qd.settings_of(a.preset, "benchmark_report")

@@ -25,8 +25,9 @@ PROJECT_ROOT = Path(__file__).resolve().parents[1]
 if str(PROJECT_ROOT) not in sys.path:
     sys.path.insert(0, str(PROJECT_ROOT))
 
-from eagle_assets.bench.benchmark import BenchmarkSettings, run_benchmark  # noqa: E402
+from eagle_assets.bench.benchmark import run_benchmark  # noqa: E402
 from eagle_assets.bench.parity import judge_parity  # noqa: E402
+from eagle_assets.bench.settings import BenchmarkSettings  # noqa: E402
 from eagle_assets.engines.serving import launch_vllm  # noqa: E402
 from eagle_assets.engines.vllm_launch import extraction_config, hidden_states_transfer  # noqa: E402
 from eagle_assets.targets.embedded import resolve_target  # noqa: E402

@@ -26,6 +26,7 @@ from typing import Optional
 
 import typer
 
+from eagle_assets.bench.settings import default as bench_default
 from eagle_assets.cli_corpus import corpus_app
 from eagle_assets.targets import EMBEDDED_TARGET, PRESETS, WEIGHTS_BUILT, WEIGHTS_EMBEDDED
 
@@ -382,7 +383,9 @@ def bench(
         "benchmark refuses to start, so an earlier report is never lost; "
         "an interrupted run's measurements in --out are resumed).",
     ),
-    num_prompts: int = typer.Option(8, help="MT-Bench first turns, spread over the categories (80 = all), or the first of --prompts."),
+    num_prompts: int = typer.Option(
+        bench_default("num_prompts"), help="MT-Bench first turns, spread over the categories (80 = all), or the first of --prompts."
+    ),
     prompts: Optional[str] = typer.Option(
         None,
         "--prompts",
@@ -394,8 +397,8 @@ def bench(
     prompts_format: str = typer.Option(
         "auto", "--prompts-format", help="The --prompts file's format: auto (detected), sharegpt, openai, alpaca, eagle or text."
     ),
-    output_len: int = typer.Option(64, help="Tokens per answer, exact (EOS ignored)."),
-    concurrency: list[int] = typer.Option([1, 4, 8], help="Concurrency levels of the sweep (repeat the option)."),
+    output_len: int = typer.Option(bench_default("output_len"), help="Tokens per answer, exact (EOS ignored)."),
+    concurrency: list[int] = typer.Option(list(bench_default("concurrencies")), help="Concurrency levels of the sweep (repeat the option)."),
     k: Optional[int] = typer.Option(
         None,
         "-k",
@@ -410,12 +413,14 @@ def bench(
         help="Also serve the drafter with K by batch size, e.g. 1-2:3,3-:0 (K 3 for "
         "batches of 1-2 requests, none from 3 up); the report recommends one.",
     ),
-    ngram: bool = typer.Option(True, help="Also serve vLLM's n-gram speculation on the same prompts."),
+    ngram: bool = typer.Option(bench_default("ngram"), help="Also serve vLLM's n-gram speculation on the same prompts."),
     baseline_again: bool = typer.Option(
-        True, "--baseline-again/--baseline-once", help="Serve no speculation again at the end, to measure the host's drift over the run."
+        bench_default("baseline_again"),
+        "--baseline-again/--baseline-once",
+        help="Serve no speculation again at the end, to measure the host's drift over the run.",
     ),
     interleave: Optional[int] = typer.Option(
-        None,
+        bench_default("interleave_rounds"),
         "--interleave",
         metavar="ROUNDS",
         help="CPU: serve every configuration at once, each level in ROUNDS rounds alternating "
@@ -423,12 +428,12 @@ def bench(
         "Default: 10 where every server fits in memory at once, else 0.",
     ),
     control: bool = typer.Option(
-        False,
+        bench_default("control"),
         "--control",
         help="Interleaved: also serve no speculation from a second server, an A/A control whose ratio to the first is the run's noise floor.",
     ),
     confirm_schedule: bool = typer.Option(
-        False,
+        bench_default("confirm_schedule"),
         "--confirm-schedule",
         help="Where the K served recommend a K schedule, serve it after the sweep beside no "
         "speculation and its fixed K, and say whether it serves as fast as the fastest.",
@@ -436,14 +441,14 @@ def bench(
     parent_al: Optional[float] = typer.Option(None, help="A parent drafter's AL to check against."),
     compiled: bool = typer.Option(False, "--compiled/--eager", help="CPU: serve compiled, as a deployment does (starts take ~2 min), or eagerly."),
     offline_reference: str = typer.Option(
-        "auto",
+        bench_default("offline_reference"),
         help="hf: the reference decoder runs the target here in fp32; engine: replayed "
         "over an extraction server's states (the target is never loaded here); "
         "auto: hf where the target fits this host.",
     ),
     api_key: Optional[str] = typer.Option(None, "--api-key", hidden=True, callback=_refuse_key_argument),
     stall_timeout: float = typer.Option(
-        180.0,
+        bench_default("request_timeout_s"),
         "--stall-timeout",
         metavar="SECONDS",
         help="A request that makes no progress for this long (no token streamed) is abandoned and the benchmark stops, "

@@ -15,9 +15,10 @@ from pathlib import Path
 import dagster as dg
 import pytest
 
-from eagle_assets.bench.benchmark import BenchmarkSettings, run_benchmark
+from eagle_assets.bench.benchmark import run_benchmark
 from eagle_assets.bench.checks import host_drift, round_speedups
 from eagle_assets.bench.served import SweepSettings, mt_bench_prompts, run_served
+from eagle_assets.bench.settings import BenchmarkSettings
 from eagle_assets.drafter.export import export_vllm, load_drafter
 from eagle_assets.drafter.model import Eagle3Drafter
 from eagle_assets.engines.serving import launch_vllm

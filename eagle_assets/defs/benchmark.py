@@ -11,10 +11,11 @@ from typing import Literal, Optional
 import dagster as dg
 
 from eagle_assets.bench import reference_states
-from eagle_assets.bench.benchmark import BenchmarkIncomplete, BenchmarkSettings, ServerUnavailable, benchmark_k, run_benchmark
+from eagle_assets.bench.benchmark import BenchmarkIncomplete, ServerUnavailable, benchmark_k, run_benchmark
 from eagle_assets.bench.checks import BASELINE, CONTROL, NGRAM, against, host_drift, round_speedups
 from eagle_assets.bench.parity import ParityTolerance
 from eagle_assets.bench.served import OFFLINE_REFERENCES, PromptSet, context_fit, user_prompt_set
+from eagle_assets.bench.settings import BenchmarkSettings, default
 from eagle_assets.corpus.prompt_formats import FORMATS
 from eagle_assets.defs.code_versions import code_version
 from eagle_assets.defs.common import GROUP, check_result, hash_files, image_markdown, metadata, target_of
@@ -40,7 +41,7 @@ from eagle_assets.url_scope import check_prompt_url
 
 
 class BenchmarkConfig(dg.Config):
-    num_prompts: int = 8
+    num_prompts: int = default("num_prompts")
     """MT-Bench first turns (or the first of `prompts_url`), served and offline."""
     prompts_url: Optional[str] = None
     """Benchmark on your own traffic instead of MT-Bench: a prompt file (any fsspec URL or
@@ -48,8 +49,8 @@ class BenchmarkConfig(dg.Config):
     its first num_prompts prompts that fit the target's context."""
     prompts_format: Literal[FORMATS] = "auto"
     """The prompts_url file's format: "auto" (detected), "sharegpt", "openai", "alpaca", "eagle" or "text"."""
-    output_len: int = 64
-    concurrencies: list[int] = [1, 4, 8]
+    output_len: int = default("output_len")
+    concurrencies: list[int] = list(default("concurrencies"))
     k: Optional[int] = None
     """Draft tokens per step; default: the drafter's training unroll K."""
     also_k: list[int] = []
@@ -57,26 +58,26 @@ class BenchmarkConfig(dg.Config):
     k_schedule: str = ""
     """Also serve the drafter with K by batch size, e.g. "1-2:3,3-:0" (K 3 for 1 or 2 requests in
     a batch, none from 3 up; vLLM's dynamic speculative decoding). The report recommends one."""
-    ngram: bool = True
-    baseline_again: bool = True
+    ngram: bool = default("ngram")
+    baseline_again: bool = default("baseline_again")
     """Serve no speculation again at the end: the report gives the host's drift over the run."""
-    interleave_rounds: Optional[int] = None
+    interleave_rounds: Optional[int] = default("interleave_rounds")
     """Serve all configurations at once, each concurrency level in this many rounds alternating
     between them, so a drifting host slows them alike (0: one after another). Default: 10 rounds
     on a CPU host with memory for every server at once, else one after another."""
-    control: bool = False
+    control: bool = default("control")
     """Served interleaved: also serve no speculation from a second server, an A/A control whose
     tokens/s over the baseline's is the run's noise floor."""
-    confirm_schedule: bool = False
+    confirm_schedule: bool = default("confirm_schedule")
     """Where the K served (k and also_k) recommend a K schedule, serve it after the sweep beside
     no speculation and its fixed K: the report says whether it serves as fast as the fastest."""
-    al_tolerance: float = 0.15
+    al_tolerance: float = default("tolerance").al_rel
     """Parity holds when |served AL - offline AL| <= this share of the offline AL."""
-    offline_reference: Literal[OFFLINE_REFERENCES] = "auto"
+    offline_reference: Literal[OFFLINE_REFERENCES] = default("offline_reference")
     """"hf" (the reference decoder, the target in fp32 here), "engine" (replayed over the states
     an extraction server captures: the target is never loaded here) or "auto" (hf where the
     target fits this host)."""
-    greedy_check: bool = True
+    greedy_check: bool = default("greedy_check")
     """Compare the drafter's served greedy output with plain greedy, token for token."""
     parent_al: Optional[float] = None
     """AL of the parent drafter on the same prompts, for a warm start's no-regression check."""
@@ -120,15 +121,15 @@ class BenchmarkReferenceConfig(dg.Config):
     location's settings of benchmark_report, hidden_state_shards and drafter_checkpoint
     (`run_presets.REFERENCE_FROM`), so the two agree; its own section of a run file goes on top."""
 
-    num_prompts: int = 8
+    num_prompts: int = default("num_prompts")
     prompts_url: Optional[str] = None
     prompts_format: Literal[FORMATS] = "auto"
-    output_len: int = 64
+    output_len: int = default("output_len")
     k: Optional[int] = None
     also_k: list[int] = []
     ttt_steps: Optional[int] = None
     """The drafter's training unroll K, the benchmark's K where `k` is unset; default: the preset's."""
-    offline_reference: Literal[OFFLINE_REFERENCES] = "auto"
+    offline_reference: Literal[OFFLINE_REFERENCES] = default("offline_reference")
     aux_layer_ids: Optional[list[int]] = None
     parent_drafter: Optional[str] = None
     parent_numbering: ParentNumbering = "measure"

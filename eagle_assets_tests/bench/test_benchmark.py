@@ -10,9 +10,10 @@ from types import SimpleNamespace
 import pytest
 
 from eagle_assets.bench import benchmark
-from eagle_assets.bench.benchmark import DEFAULT_INTERLEAVE_ROUNDS, BenchmarkSettings, benchmark_k, interleaving, served_configs
+from eagle_assets.bench.benchmark import DEFAULT_INTERLEAVE_ROUNDS, benchmark_k, interleaving, served_configs
 from eagle_assets.bench.progress import Measurements
 from eagle_assets.bench.served import SweepSettings
+from eagle_assets.bench.settings import BenchmarkSettings
 from eagle_assets.engines.k_schedule import KSchedule
 from eagle_assets.engines.vllm_launch import speculative_config
 from eagle_assets_tests.bench.test_report import _run, _served_with
@@ -197,3 +198,44 @@ def test_settings_refuse_fewer_prompts_than_a_level_keeps_in_flight():
     with pytest.raises(ValueError, match=r"num_prompts=4 cannot keep 8 requests in flight \(concurrencies \[1, 4, 8\]\): give at least 8 prompts"):
         BenchmarkSettings(num_prompts=4, concurrencies=(1, 4, 8))
     assert BenchmarkSettings(num_prompts=8, concurrencies=(1, 4, 8)).num_prompts == 8
+
+
+def test_the_bench_command_and_the_benchmark_asset_default_to_the_benchmarks_own_settings():
+    """Each default is BenchmarkSettings' (bench/settings.py): `eagle-assets bench` with no option
+    and the benchmark_report asset with no setting measure what the benchmark measures by default."""
+    import typer.main
+
+    from eagle_assets.bench.settings import default
+    from eagle_assets.cli import app
+    from eagle_assets.defs.benchmark import BenchmarkConfig, BenchmarkReferenceConfig
+
+    command = typer.main.get_command(app).commands["bench"]
+    cli = {p.name: p.default for p in command.params}
+    asset, reference = BenchmarkConfig(), BenchmarkReferenceConfig()
+    # setting: (the CLI's option, the asset's field); None where that side has no such setting
+    names = {
+        "num_prompts": ("num_prompts", "num_prompts"),
+        "output_len": ("output_len", "output_len"),
+        "concurrencies": ("concurrency", "concurrencies"),
+        "ngram": ("ngram", "ngram"),
+        "baseline_again": ("baseline_again", "baseline_again"),
+        "interleave_rounds": ("interleave", "interleave_rounds"),
+        "control": ("control", "control"),
+        "confirm_schedule": ("confirm_schedule", "confirm_schedule"),
+        "offline_reference": ("offline_reference", "offline_reference"),
+        "request_timeout_s": ("stall_timeout", None),
+        "greedy_check": (None, "greedy_check"),
+    }
+    norm = lambda v: tuple(v) if isinstance(v, list) else v  # noqa: E731
+    for setting, (option, field) in names.items():
+        expected = norm(default(setting))
+        if option:
+            assert norm(cli[option]) == expected, (setting, option)
+        if field:
+            assert norm(getattr(asset, field)) == expected, (setting, field)
+    assert asset.al_tolerance == default("tolerance").al_rel
+    assert (reference.num_prompts, reference.output_len, reference.offline_reference) == (
+        asset.num_prompts,
+        asset.output_len,
+        asset.offline_reference,
+    )

@@ -7,11 +7,11 @@ import json
 
 import pytest
 
-from eagle_assets.bench.benchmark import BenchmarkSettings
 from eagle_assets.bench.breakdown import WITHIN_ANSWER, offline_slices
 from eagle_assets.bench.reference_decoder import Result
 from eagle_assets.bench.report import build_report, load_report, summary_text, to_markdown, write_report
 from eagle_assets.bench.served import context_fit, mt_bench_categories, mt_bench_prompts, mt_bench_set, user_prompt_set
+from eagle_assets.bench.settings import BenchmarkSettings
 from eagle_assets.corpus.prompt_record import MT_BENCH_PATH, PromptFileError
 from eagle_assets_tests.bench.test_report import OFFLINE, RUNS
 
