@@ -24,6 +24,7 @@ VARIABLES: dict[str, str] = {
     "EAGLE_ASSETS_SGLANG_VENV": "an SGLang engine environment (unset: SGLang's own validation is skipped)",
     "EAGLE_ASSETS_NUM_SHARDS": "hidden-state shards, at least 1 (default 4)",
     "EAGLE_ASSETS_AUTOMATION": "0 leaves the assets' automation conditions and the automation sensor off (default 1)",
+    "EAGLE_ASSETS_AUTOMATION_INTERVAL_S": "seconds between the automation sensor's evaluations, at least 5 (default 30)",
     "EAGLE_ASSETS_PRESET": "the code location's run preset: the assets' settings (default: the target's own)",
     "EAGLE_ASSETS_RUN_FILE": "a run file whose settings the code location's assets take on top of the preset's (unset: none)",
     "EAGLE_ASSETS_PROMPTS_URL": "folder the new_prompt_files sensor watches (unset: none)",

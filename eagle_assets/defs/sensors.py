@@ -31,7 +31,7 @@ from collections.abc import Sequence
 import dagster as dg
 import fsspec
 
-from eagle_assets.settings_env import env_flag, env_str
+from eagle_assets.settings_env import env_flag, env_int, env_str
 
 RETRAIN_TAG = "eagle_assets/retrain"
 """Tag on every run the prompt-file sensor requests; its value names the file."""
@@ -133,18 +133,23 @@ def with_automation(assets: Sequence[dg.AssetsDefinition]) -> list[dg.AssetsDefi
     return [a.map_asset_specs(lambda spec: spec.replace_attributes(automation_condition=stale_condition())) for a in assets]
 
 
+AUTOMATION_ENV = "EAGLE_ASSETS_AUTOMATION"
+AUTOMATION_INTERVAL_ENV = "EAGLE_ASSETS_AUTOMATION_INTERVAL_S"
+MIN_AUTOMATION_INTERVAL_S = 5
+"""Dagster's asset daemon looks at the automation sensors every 5 s: a shorter interval is that."""
+
+
 def automation_sensor(name: str = "eagle3_automation") -> dg.AutomationConditionSensorDefinition:
-    """Evaluates the automation conditions of every asset; running from the start."""
+    """Evaluates the automation conditions of every asset, every EAGLE_ASSETS_AUTOMATION_INTERVAL_S
+    seconds (default 30: each rebuild of the chain waits at most that for its next step to be
+    requested); running from the start."""
     return dg.AutomationConditionSensorDefinition(
         name,
         target=dg.AssetSelection.all(),
         default_status=dg.DefaultSensorStatus.RUNNING,
-        minimum_interval_seconds=30,
+        minimum_interval_seconds=env_int(AUTOMATION_INTERVAL_ENV, 30, min=MIN_AUTOMATION_INTERVAL_S),
         run_tags=AUTOMATION_RUN_TAGS,
     )
-
-
-AUTOMATION_ENV = "EAGLE_ASSETS_AUTOMATION"
 
 
 def automation_enabled() -> bool:

@@ -102,3 +102,15 @@ def test_project_definitions_carry_automation_by_default_and_no_schedule_or_part
     plain = build_definitions(automation=False).get_repository_def()
     assert [s.name for s in plain.sensor_defs] == ["new_prompt_files"]
     assert all(plain.assets_defs_by_key[k].automation_conditions_by_key.get(k) is None for k in plain.assets_defs_by_key)
+
+
+def test_the_automation_sensor_evaluates_as_often_as_its_setting_says_and_refuses_less_than_the_daemons_loop(monkeypatch):
+    from eagle_assets.defs.sensors import AUTOMATION_INTERVAL_ENV, automation_sensor
+    from eagle_assets.settings_env import SettingError
+
+    assert automation_sensor().minimum_interval_seconds == 30
+    monkeypatch.setenv(AUTOMATION_INTERVAL_ENV, "5")
+    assert automation_sensor().minimum_interval_seconds == 5
+    monkeypatch.setenv(AUTOMATION_INTERVAL_ENV, "2")
+    with pytest.raises(SettingError, match="EAGLE_ASSETS_AUTOMATION_INTERVAL_S"):
+        automation_sensor()

@@ -1,7 +1,7 @@
 """Scheduled retraining on the real graph, with a real daemon ticking.
 
 The session is the one `eagle-assets ui --preset smollm2-tiny --config run.yaml` holds, its
-automation on as by default, with a watched prompt folder (EAGLE_ASSETS_PROMPTS_URL), over a copy
+automation on as by default (evaluated every 5 s here: EAGLE_ASSETS_AUTOMATION_INTERVAL_S), with a watched prompt folder (EAGLE_ASSETS_PROMPTS_URL), over a copy
 of the graph the shared fixture built (`materialized_graph`), so the runs here change nothing that
 other tests read. Its code location loads a copy of the project's package, so that a test can
 edit the code it runs without touching the checkout.
@@ -116,7 +116,7 @@ def _corpus_rows(data: Path) -> int:
 def retraining(materialized_graph, tmp_path_factory):
     """The session over the copy, once the prompt file's retraining has settled: the last
     asset rebuilt and no run queued or going. A failed run fails the fixture, naming its error."""
-    from eagle_assets.defs.sensors import AUTOMATION_ENV
+    from eagle_assets.defs.sensors import AUTOMATION_ENV, AUTOMATION_INTERVAL_ENV, MIN_AUTOMATION_INTERVAL_S
     from eagle_assets.defs.settings import PRESET_ENV, RUN_FILE_ENV
 
     root = tmp_path_factory.mktemp("retraining")
@@ -133,6 +133,7 @@ def retraining(materialized_graph, tmp_path_factory):
         RUN_FILE_ENV: str(run_file),
         "EAGLE_ASSETS_PROMPTS_URL": str(incoming),
         AUTOMATION_ENV: "1",
+        AUTOMATION_INTERVAL_ENV: str(MIN_AUTOMATION_INTERVAL_S),  # each step requested within seconds, not half a minute
         # The package copy would look for these beside itself: the checkout's own.
         "EAGLE_ASSETS_CACHE": str(cache_dir()),
         "EAGLE_ASSETS_VLLM_VENV": str(engine_venv("vllm")),
