@@ -117,7 +117,7 @@ STAGES = ("target", "corpus", "shards", "train", "offline", "held_out")
 
 
 def settings_of(preset: str, asset: str) -> dict:
-    return {**ASSET_DEFAULTS[asset], **RUN_PRESETS[preset].get(asset, {})}
+    return {**ASSET_DEFAULTS[asset], **RUN_PRESETS[preset].sections().get(asset, {})}
 
 
 def log(msg: str) -> None:

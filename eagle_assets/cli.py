@@ -782,7 +782,7 @@ def run(
     """
     from eagle_assets.bench.report import SUMMARY_TXT
     from eagle_assets.paths import data_dir
-    from eagle_assets.run_presets import RUN_PRESET_NOTES, RUN_PRESETS, default_preset
+    from eagle_assets.run_presets import RUN_PRESETS, default_preset
     from eagle_assets.settings_env import SettingError
 
     try:  # the definitions read (and check) every environment variable of a deployment as they load
@@ -829,8 +829,8 @@ def run(
         if summary.is_file():
             typer.echo(summary.read_text())
         typer.echo(f"report: {reports[-1]}")
-    if ran in RUN_PRESET_NOTES:
-        typer.echo(RUN_PRESET_NOTES[ran])
+    if ran in RUN_PRESETS and RUN_PRESETS[ran].note:
+        typer.echo(RUN_PRESETS[ran].note)
 
 
 def _unfinished_benchmarks(reports_root: Path) -> list[str]:

@@ -104,7 +104,7 @@ def test_trained_drafter_accepts_more_than_an_untrained_one(materialized_graph, 
     untrained.d2t.copy_(trained.d2t)
     untrained.t2d.copy_(trained.t2d)
     untrained_dir = export_vllm(untrained, config, tmp_path / "untrained")
-    bench = RUN_PRESETS["smollm2-tiny"]["benchmark_report"]
+    bench = RUN_PRESETS["smollm2-tiny"].benchmark_report
     sweep = SweepSettings(output_len=bench["output_len"], concurrencies=(1,), progress=False)
     with launch_vllm(EMBEDDED_TARGET, drafter=untrained_dir, k=3, log=lambda m: None) as server:
         run = run_served("untrained", server.base_url, server.model, mt_bench_prompts(bench["num_prompts"]), sweep)

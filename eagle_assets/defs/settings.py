@@ -46,7 +46,7 @@ class LocationSettings:
 
     def asset_settings(self, asset: str) -> dict:
         """The settings `asset` takes from the preset and the run file, by field."""
-        return {**RUN_PRESETS[self.preset].get(asset, {}), **self.changes.get(asset, {})}
+        return {**RUN_PRESETS[self.preset].sections().get(asset, {}), **self.changes.get(asset, {})}
 
 
 def read_location_settings() -> LocationSettings:

@@ -197,11 +197,11 @@ def test_after_the_graph_every_part_finds_its_upstream(materialized_graph):
 def test_run_preset_notes_name_presets_that_exist():
     import re
 
-    from eagle_assets.run_presets import RUN_PRESET_NOTES, RUN_PRESETS
+    from eagle_assets.run_presets import RUN_PRESETS
 
-    assert "smollm2-scratch" in RUN_PRESET_NOTES  # a drafter from nothing on 32 prompts does not pay: the run says so
-    for preset, note in RUN_PRESET_NOTES.items():
-        assert preset in RUN_PRESETS
+    notes = {preset: p.note for preset, p in RUN_PRESETS.items() if p.note}
+    assert "smollm2-scratch" in notes  # a drafter from nothing on 32 prompts does not pay: the run says so
+    for preset, note in notes.items():
         named = re.findall(r"--preset ([\w-]+)", note)
         assert named and set(named) <= set(RUN_PRESETS), (preset, named)
 
@@ -213,7 +213,7 @@ def test_every_run_preset_fits_its_assets_configs(defs, preset):
     from eagle_assets.run_presets import REFERENCE_FROM, RUN_PRESETS
 
     configs = _configs()
-    for asset, values in RUN_PRESETS[preset].items():
+    for asset, values in RUN_PRESETS[preset].sections().items():
         made = with_defaults(configs[asset], asset, LocationSettings(preset))()  # raises on a field the Config lacks
         assert {k: getattr(made, k) for k in values} == values, asset
     # The benchmark's settings refuse what cannot run, e.g. fewer prompts than a concurrency level
@@ -222,8 +222,8 @@ def test_every_run_preset_fits_its_assets_configs(defs, preset):
     # The reference takes the benchmark's, the hidden states' and the drafter's settings it shares.
     reference = with_defaults(configs["benchmark_reference"], "benchmark_reference", values=reference_settings(LocationSettings(preset)))()
     for asset, keys in REFERENCE_FROM.items():
-        for key in set(keys) & set(RUN_PRESETS[preset].get(asset, {})):
-            assert getattr(reference, key) == RUN_PRESETS[preset][asset][key], (asset, key)
+        for key in set(keys) & set(RUN_PRESETS[preset].sections().get(asset, {})):
+            assert getattr(reference, key) == RUN_PRESETS[preset].sections()[asset][key], (asset, key)
 
 
 def test_benchmark_config_reads_a_k_schedule_and_refuses_a_bad_one():

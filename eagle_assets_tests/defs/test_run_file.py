@@ -71,17 +71,17 @@ def test_a_run_file_changes_only_the_settings_it_names(tmp_path):
     assert run.target == "tiny-kimi-k2.5" and run.preset == "standin-default"
     assert run.asset_settings() == {"drafter_checkpoint": {"lr": 0.001}, "benchmark_report": {"num_prompts": 4}}
     ops = run_config(run.preset, changes=run.asset_settings())["ops"]
-    assert ops["drafter_checkpoint"]["config"] == {**RUN_PRESETS["standin-default"]["drafter_checkpoint"], "lr": 0.001}
+    assert ops["drafter_checkpoint"]["config"] == {**RUN_PRESETS["standin-default"].drafter_checkpoint, "lr": 0.001}
     assert ops["benchmark_report"]["config"]["num_prompts"] == 4
-    assert ops["prompts"]["config"] == RUN_PRESETS["standin-default"]["prompts"]
+    assert ops["prompts"]["config"] == RUN_PRESETS["standin-default"].prompts
 
 
 @pytest.mark.parametrize("preset", sorted(RUN_PRESETS))
 def test_every_run_preset_is_a_valid_run_file(preset):
     """The presets pass the same strict check as a user's file: a misspelt key in one fails here."""
-    run = check_run_file({"preset": preset, **RUN_PRESETS[preset]}, f"preset {preset}")
-    assert run.asset_settings() == RUN_PRESETS[preset]
-    assert set(RUN_PRESETS[preset]) <= set(ASSET_SECTIONS)
+    run = check_run_file({"preset": preset, **RUN_PRESETS[preset].sections()}, f"preset {preset}")
+    assert run.asset_settings() == RUN_PRESETS[preset].sections()
+    assert set(RUN_PRESETS[preset].sections()) <= set(ASSET_SECTIONS)
 
 
 def test_the_drafters_defaults_are_the_trainers():
