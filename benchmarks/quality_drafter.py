@@ -130,10 +130,11 @@ def write_json(path: Path, obj) -> None:
 
 
 def stage_target(a) -> dict:
-    from eagle_assets.targets.embedded import _sha256, pull
+    from eagle_assets.durable import file_sha256
+    from eagle_assets.targets.embedded import pull
 
     folder = pull()
-    return {"path": str(folder), "model_sha256": _sha256(folder / "model.safetensors")}
+    return {"path": str(folder), "model_sha256": file_sha256(folder / "model.safetensors")}
 
 
 async def _corpus(a, data: Path, deadline: float, budget_end: float) -> dict:

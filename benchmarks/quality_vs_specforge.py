@@ -58,7 +58,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import hashlib
 import json
 import math
 import os
@@ -89,6 +88,7 @@ from specforge_glue import (  # noqa: E402
 )
 
 from eagle_assets.drafter.train import WarmupCosine  # noqa: E402
+from eagle_assets.durable import file_sha256  # noqa: E402
 
 STAGES = ("init", "ours", "specforge", "export", "check", "validate", "offline", "report")
 SIDES = ("ours", "specforge")
@@ -119,14 +119,6 @@ def write_json(path: Path, obj) -> None:
 
 def read_json(path: Path, default=None):
     return json.loads(path.read_text()) if path.is_file() else default
-
-
-def sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 class DeadlineReached(Exception):
@@ -808,7 +800,7 @@ def stage_init(a, data: Path, work: Path) -> dict:
         "drafter_config": config.to_dict(),
         "run": json.loads(cfg.to_json()),
         "target": str(target),
-        "initial_weights_sha256": sha256(work / "init" / INITIAL_WEIGHTS),
+        "initial_weights_sha256": file_sha256(work / "init" / INITIAL_WEIGHTS),
     }
 
 
@@ -913,7 +905,7 @@ def stage_export(work: Path) -> dict:
     for side in SIDES:
         weights = work / side / EXPORT / "model.safetensors"
         if weights.is_file():  # ours exists once its training finished
-            result[side] = {"path": str(weights.parent), "bytes": weights.stat().st_size, "sha256": sha256(weights)}
+            result[side] = {"path": str(weights.parent), "bytes": weights.stat().st_size, "sha256": file_sha256(weights)}
     log(
         f"export: {result['mapped_tensors']} of our {result['our_tensors']} tensors filled from SpecForge's; exported to "
         f"{result['specforge']['path']}"
@@ -1456,7 +1448,7 @@ def main(argv=None) -> int:
     incomplete, failed = [], []
 
     def weights_sha(path: Path) -> str | None:
-        return sha256(path) if path.is_file() else None
+        return file_sha256(path) if path.is_file() else None
 
     def side_inputs(stage: str, side: str) -> str | None:
         """What a per-side measurement measured: its export (and the offline settings)."""

@@ -20,6 +20,7 @@ Local filesystems only; fsspec stores elsewhere do what they allow (see corpus/s
 from __future__ import annotations
 
 import errno
+import hashlib
 import os
 import shutil
 import uuid
@@ -80,6 +81,13 @@ def room_named(path: str | os.PathLike, what: str, kept: str = "nothing was half
         if full is None or full is exc:
             raise
         raise full from None
+
+
+def file_sha256(path: str | os.PathLike) -> str:
+    """SHA-256 of a file's bytes, read in large blocks (hashlib releases the GIL meanwhile): what
+    a committed file's record holds and what a reader checks it against."""
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 def fsync_file(path: str | os.PathLike) -> None:

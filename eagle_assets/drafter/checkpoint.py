@@ -28,7 +28,6 @@ either way): a few seconds per GB, on save, resume and the end-of-run summary.
 from __future__ import annotations
 
 import base64
-import hashlib
 import json
 import logging
 import os
@@ -44,7 +43,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from eagle_assets.checked_reads import parse_json_object, read_safetensors_header
-from eagle_assets.durable import fsync_dir, fsync_file
+from eagle_assets.durable import file_sha256, fsync_dir, fsync_file
 
 log = logging.getLogger(__name__)
 
@@ -183,11 +182,6 @@ def _unflatten_optimizer(tensors: dict[str, torch.Tensor], meta: dict) -> dict:
     return {"state": state, "param_groups": groups}
 
 
-def _sha256(path: Path) -> str:
-    with open(path, "rb") as f:
-        return hashlib.file_digest(f, "sha256").hexdigest()
-
-
 def save_checkpoint(
     root: str | os.PathLike,
     step: int,
@@ -211,7 +205,7 @@ def save_checkpoint(
         save_file(model_tensors, str(tmp / MODEL_FILE), metadata={"format": "pt", "step": str(step)})
         opt_tensors, opt_meta = _flatten_optimizer(optimizer_state)
         save_file(opt_tensors, str(tmp / OPTIMIZER_FILE), metadata={"format": "pt", "step": str(step)})
-        files = {f: {"bytes": (tmp / f).stat().st_size, "sha256": _sha256(tmp / f)} for f in (MODEL_FILE, OPTIMIZER_FILE)}
+        files = {f: {"bytes": (tmp / f).stat().st_size, "sha256": file_sha256(tmp / f)} for f in (MODEL_FILE, OPTIMIZER_FILE)}
         state = {"format": CHECKPOINT_FORMAT, "step": step, "optimizer": opt_meta, "files": files, **trainer_state}
         (tmp / STATE_FILE).write_text(json.dumps(state, indent=1))
         for f in (MODEL_FILE, OPTIMIZER_FILE, STATE_FILE):
@@ -286,7 +280,7 @@ def checkpoint_problem(path: str | os.PathLike) -> str | None:
         size = file.stat().st_size
         if size != want["bytes"]:
             return f"{file} is {size} bytes, {STATE_FILE} recorded {want['bytes']} at save"
-        digest = _sha256(file)
+        digest = file_sha256(file)
         if digest != want["sha256"]:
             return f"{file}: its SHA-256 is {digest[:16]}..., {STATE_FILE} recorded {want['sha256'][:16]}... at save"
     return None

@@ -29,7 +29,6 @@ a multiple of its element size) and their shapes:
 from __future__ import annotations
 
 import ctypes
-import hashlib
 import json
 import os
 import queue
@@ -43,7 +42,7 @@ import numpy as np
 import torch
 from safetensors import safe_open
 
-from eagle_assets.durable import fsync_dir, no_room, room_named
+from eagle_assets.durable import file_sha256, fsync_dir, no_room, room_named
 from eagle_assets.formats import SHARD_MANIFEST_FILE, SHARD_STATES_FILE, ShardManifest, shard_name
 
 SHARD_KEPT = "the complete shards are kept; this one is not, and a rerun builds it"
@@ -178,13 +177,6 @@ def start_writeback(fd: int, offset: int, nbytes: int) -> None:
     """
     if _SYNC_FILE_RANGE is not None and nbytes > 0:
         _SYNC_FILE_RANGE(fd, offset, nbytes, _SYNC_FILE_RANGE_WRITE)
-
-
-def file_sha256(path: str | os.PathLike) -> str:
-    """SHA-256 of a file, read in large blocks (hashlib releases the GIL: the next shard's
-    forward passes go on meanwhile; the file was just written, so it is mostly in the page cache)."""
-    with open(path, "rb") as f:
-        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 def _pwrite_all(fd: int, data, offset: int) -> None:

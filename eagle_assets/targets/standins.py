@@ -27,7 +27,6 @@ builds both (`build(teacher, out)`) into the cache with a checksum record (`targ
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import random
@@ -41,6 +40,8 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+
+from eagle_assets.durable import file_sha256
 
 DEEPSEEK_STANDIN = "tiny-deepseek-v3"
 KIMI_STANDIN = "tiny-kimi-k2.5"
@@ -586,7 +587,7 @@ def build(
     write_deepseek(model, tokenizer_dir, deepseek_dir)
     write_kimi(deepseek_dir, tokenizer_dir, kimi_dir, settings.seed)
     shutil.rmtree(tokenizer_dir)
-    weights = hashlib.sha256((deepseek_dir / "model.safetensors").read_bytes()).hexdigest()
+    weights = file_sha256(deepseek_dir / "model.safetensors")
     record = {
         "language_model_sha256": weights,
         "layout": LAYOUT_VERSION,
